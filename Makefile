@@ -1,0 +1,40 @@
+# Quick start on a fresh machine: `make demo`, then `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+DEMO   := build/demo
+
+export TF_CPP_MIN_LOG_LEVEL ?= 3
+export PYTHONWARNINGS ?= ignore
+
+.PHONY: install samples demo test bench clean
+
+install: $(STAMP)
+
+# Re-installs only when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+samples: install
+	$(PY) sample_models/build_samples.py --out build/samples
+
+demo: samples
+	rm -rf $(DEMO)
+	$(VENV)/bin/exportkit export build/samples/mixed_functional.keras -o $(DEMO)/ranker \
+	    --custom-objects sample_models.custom_layers --python-path .
+	$(VENV)/bin/exportkit verify $(DEMO)/ranker
+	$(VENV)/bin/exportkit inspect $(DEMO)/ranker
+	@echo "SavedModel ready: $(DEMO)/ranker/1"
+
+test: install
+	$(PY) -m pytest -q tests
+
+bench: samples
+	$(PY) benchmarks/bench.py
+
+clean:
+	rm -rf build .pytest_cache

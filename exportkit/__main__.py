@@ -1,0 +1,3 @@
+from exportkit.cli import main
+
+main()

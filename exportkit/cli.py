@@ -1,0 +1,198 @@
+"""The command line. Thin: parse options, call the API, render, exit with the documented code.
+
+Exit codes (every command): 0 success; 1 the model fails a check; 2 bad usage or input; 3 infrastructure.
+TensorFlow is imported lazily by the commands that need it, so `inspect` stays fast.
+"""
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from exportkit.errors import EXIT_INFRA, EXIT_USAGE, ExportkitError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Export Keras/TensorFlow models for TF Serving and prove they compute what the model computed.")
+
+
+def _fail(message: str, remedy: str | None, code: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    if remedy:
+        typer.echo(f"  fix: {remedy}", err=True)
+    raise typer.Exit(code)
+
+
+def _run(fn, debug: bool) -> None:
+    """Call `fn` (which returns an exit code) and turn every failure into one clear message and its exit code."""
+    try:
+        code = fn()
+    except ExportkitError as err:
+        if debug:
+            raise
+        _fail(err.message, err.remedy, err.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted", None, 130)
+    except typer.Exit:
+        raise
+    except Exception as err:  # an unexpected failure is ours or the environment's, never silent
+        if debug:
+            raise
+        _fail(f"unexpected {type(err).__name__}: {err}", "re-run with --debug for the traceback and report it", EXIT_INFRA)
+    else:
+        raise typer.Exit(code or 0)
+
+
+DEBUG = typer.Option(False, "--debug", help="Show tracebacks.")
+CUSTOM_OBJECTS = typer.Option(None, "--custom-objects", help="module or module:Name offering custom Keras objects (repeatable).")
+PYTHON_PATH = typer.Option(None, "--python-path", help="Directory searched first for custom objects and builders (repeatable).")
+BUILDER = typer.Option(None, "--builder", help="module:function that builds the model for a checkpoint.")
+BUILDER_ARG = typer.Option(None, "--builder-arg", help="key=value passed to the builder; values parsed as Python literals (repeatable).")
+MODEL_CONFIG = typer.Option(None, "--model-config", help="model.json (Keras config) to rebuild a checkpoint's model from.")
+POLICY = typer.Option(None, "--policy", help="Dtype policy to build under when rebuilding from code (e.g. mixed_float16).")
+FORMAT = typer.Option(None, "--format", help="Source format: h5, keras, checkpoint, weights (detected by default).")
+SPEC = typer.Option(None, "--spec", help="exportkit.toml with the export options (default: next to the source).")
+UNSAFE = typer.Option(False, "--unsafe", help="Let Keras deserialize Lambda layers / bytecode (unsafe for untrusted files).")
+INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tokens:-1,16:int32 (repeatable override).")
+
+
+def _source_options(**kwargs):
+    from exportkit.spec import SourceOptions
+
+    return SourceOptions.from_cli(**kwargs)
+
+
+@app.command()
+def export(
+    src: str = typer.Argument(..., help="A .h5/.hdf5 or .keras file, a checkpoint directory or a .weights.h5 file."),
+    output: str = typer.Option(..., "-o", "--output", help="Model base directory; the version goes below it."),
+    format: Optional[str] = FORMAT,
+    builder: Optional[str] = BUILDER,
+    builder_arg: Optional[List[str]] = BUILDER_ARG,
+    model_config: Optional[str] = MODEL_CONFIG,
+    spec: Optional[str] = SPEC,
+    custom_objects: Optional[List[str]] = CUSTOM_OBJECTS,
+    python_path: Optional[List[str]] = PYTHON_PATH,
+    policy: Optional[str] = POLICY,
+    version: Optional[int] = typer.Option(None, "--version", help="Version number (default: highest + 1, else 1)."),
+    asset: Optional[List[str]] = typer.Option(None, "--asset", help="File copied into assets/ and tracked (repeatable)."),
+    signature_name: Optional[str] = typer.Option(None, "--signature-name", help="Signature key (default serving_default)."),
+    input_spec: Optional[List[str]] = INPUT_SPEC,
+    keep_output_dtype: bool = typer.Option(False, "--keep-output-dtype", help="Keep float16/bfloat16 outputs (default: cast to float32)."),
+    unsafe: bool = UNSAFE,
+    no_verify: bool = typer.Option(False, "--no-verify", help="Skip the self-check after writing."),
+    debug: bool = DEBUG,
+):
+    """Export a model to BASE_DIR/<version>/ as a TF-Serving-ready SavedModel."""
+
+    def go():
+        from exportkit.export.pipeline import export_command
+
+        return export_command(
+            src=src, output=output, format=format, builder=builder, builder_args=builder_arg or [],
+            model_config=model_config, spec_path=spec, custom_objects=custom_objects or [],
+            python_path=python_path or [], policy=policy, version=version, assets=asset or [],
+            signature_name=signature_name, input_specs=input_spec or [], keep_output_dtype=keep_output_dtype,
+            unsafe=unsafe, no_verify=no_verify)
+
+    _run(go, debug)
+
+
+@app.command()
+def verify(
+    path: str = typer.Argument(..., help="A version directory, a model base directory or any SavedModel."),
+    against: Optional[str] = typer.Option(None, "--against", help="The training source to rebuild in eager Keras."),
+    format: Optional[str] = FORMAT,
+    builder: Optional[str] = BUILDER,
+    builder_arg: Optional[List[str]] = BUILDER_ARG,
+    model_config: Optional[str] = MODEL_CONFIG,
+    spec: Optional[str] = SPEC,
+    custom_objects: Optional[List[str]] = CUSTOM_OBJECTS,
+    python_path: Optional[List[str]] = PYTHON_PATH,
+    policy: Optional[str] = POLICY,
+    unsafe: bool = UNSAFE,
+    signature_name: str = typer.Option("serving_default", "--signature-name", help="Signature to verify."),
+    inputs: Optional[str] = typer.Option(None, "--inputs", help=".npz keyed by input name, or JSON."),
+    samples: int = typer.Option(8, "--samples", help="Batch size of the generated input batch (batch 1 is always added)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
+    int_range: str = typer.Option("0:10", "--int-range", help="LO:HI for generated integer inputs."),
+    save_inputs: Optional[str] = typer.Option(None, "--save-inputs", help="Write the inputs used, to reproduce a failure."),
+    save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="Write every runtime's outputs."),
+    atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance for every output."),
+    rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance for every output."),
+    tol: Optional[List[str]] = typer.Option(None, "--tol", help="KEY=ATOL,RTOL for one output (repeatable)."),
+    runtimes: Optional[str] = typer.Option(None, "--runtimes", help="Comma-separated subset of golden,keras,saved_model,session,serving."),
+    serving: str = typer.Option("auto", "--serving", help="auto | binary | embedded | none | HOST:PORT."),
+    model_server_bin: Optional[str] = typer.Option(None, "--model-server-bin", help="Path of tensorflow_model_server."),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name on the server (default: base directory name)."),
+    model_version: Optional[int] = typer.Option(None, "--model-version", help="Version to ask a remote server for."),
+    load_timeout: float = typer.Option(120.0, "--load-timeout", help="Seconds to wait for the server to report AVAILABLE."),
+    device: str = typer.Option("cpu", "--device", help="cpu | gpu | all, for the in-process runtimes."),
+    allow_tf32: bool = typer.Option(False, "--allow-tf32", help="Keep TensorFloat-32 on during GPU runs."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Previously released SavedModel: fail on breaking signature changes."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout)."),
+    junit: Optional[str] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
+    debug: bool = DEBUG,
+):
+    """Prove the SavedModel computes what the model computed, in every runtime. Exit 0 only if all agree."""
+
+    def go():
+        from exportkit.verify.run import verify_command
+
+        return verify_command(**{k: v for k, v in locals_.items() if k not in ("debug", "go")})
+
+    locals_ = dict(locals())
+    _run(go, debug)
+
+
+@app.command()
+def inspect(
+    path: str = typer.Argument(..., help="A SavedModel (version or base directory) or a source (.h5, .keras, checkpoint)."),
+    json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 if a finding is an error."),
+    format: Optional[str] = FORMAT,
+    builder: Optional[str] = BUILDER,
+    builder_arg: Optional[List[str]] = BUILDER_ARG,
+    model_config: Optional[str] = MODEL_CONFIG,
+    spec: Optional[str] = SPEC,
+    custom_objects: Optional[List[str]] = CUSTOM_OBJECTS,
+    python_path: Optional[List[str]] = PYTHON_PATH,
+    policy: Optional[str] = POLICY,
+    unsafe: bool = UNSAFE,
+    debug: bool = DEBUG,
+):
+    """Signatures, dtypes, shapes, ops, assets and findings of a SavedModel (or a source's inputs and outputs)."""
+
+    def go():
+        from exportkit.inspect import inspect_command
+
+        return inspect_command(**{k: v for k, v in locals_.items() if k not in ("debug", "go")})
+
+    locals_ = dict(locals())
+    _run(go, debug)
+
+
+@app.command()
+def serve(
+    path: str = typer.Argument(..., help="A model base directory (highest version is served) or a version directory."),
+    port: int = typer.Option(8500, "--port", help="gRPC port on 127.0.0.1 (0 picks a free one)."),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name (default: base directory name)."),
+    device: str = typer.Option("cpu", "--device", help="cpu | gpu."),
+    debug: bool = DEBUG,
+):
+    """Serve a SavedModel over TF Serving's gRPC API (PredictionService, ModelService) on loopback."""
+
+    def go():
+        from exportkit.serving.server import serve_command
+
+        return serve_command(path=path, port=port, model_name=model_name, device=device)
+
+    _run(go, debug)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""One exception family. Each kind maps to one exit code and carries the fix."""
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INFRA = 3
+
+
+class ExportkitError(Exception):
+    """An error the user can act on: `message` says what is wrong, `remedy` how to fix it."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, remedy: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.remedy = remedy
+
+    def __str__(self) -> str:
+        return f"{self.message}: {self.remedy}" if self.remedy else self.message
+
+
+class UsageError(ExportkitError):
+    """Bad usage or bad input: no such file, not a model, missing custom object, misfit checkpoint."""
+
+    exit_code = EXIT_USAGE
+
+
+class CheckFailed(ExportkitError):
+    """The model fails a check (mismatch, a runtime cannot load or run it)."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+
+class InfraError(ExportkitError):
+    """The environment failed: no GPU, no server binary, a worker process died."""
+
+    exit_code = EXIT_INFRA

@@ -1,0 +1,39 @@
+"""The TF1-style loader: how TF Serving loads a SavedModel (MetaGraph + Session.run on SignatureDef tensors).
+
+Used by the `session` runtime and by `exportkit serve`. Both run it in a process that never imports user code,
+so a SavedModel that only works when the training code is importable fails here as it would in TF Serving.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from exportkit.tfenv import import_tf
+
+
+class Tf1SavedModel:
+    """A SavedModel loaded with `tf.compat.v1.saved_model.loader.load` into its own graph and session."""
+
+    def __init__(self, path: str, tags: tuple[str, ...] = ("serve",), device: str | None = None):
+        tf = import_tf()
+        self.path = path
+        self.graph = tf.Graph()
+        config = tf.compat.v1.ConfigProto()
+        if device == "cpu":
+            config.device_count["GPU"] = 0
+        self.session = tf.compat.v1.Session(graph=self.graph, config=config)
+        with self.graph.as_default():
+            self.meta_graph = tf.compat.v1.saved_model.loader.load(self.session, list(tags), path)
+        self.signatures = dict(self.meta_graph.signature_def)
+
+    def run(self, signature_name: str, inputs: dict[str, np.ndarray],
+            output_keys: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Feed `inputs` by signature key, fetch outputs by signature key (all of them unless `output_keys`)."""
+        signature = self.signatures[signature_name]
+        feed = {signature.inputs[key].name: value for key, value in inputs.items()}
+        keys = list(output_keys) if output_keys else sorted(signature.outputs)
+        fetches = [signature.outputs[key].name for key in keys]
+        values = self.session.run(fetches, feed_dict=feed)
+        return dict(zip(keys, values))
+
+    def close(self) -> None:
+        self.session.close()
