@@ -1,0 +1,184 @@
+"""exportkit export: load -> build -> trace -> write -> check, with one progress line per stage."""
+from __future__ import annotations
+
+import datetime
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from exportkit import __version__
+from exportkit.errors import CheckFailed
+from exportkit.export import signature as sig
+from exportkit.export import writer
+from exportkit.spec import ExportOptions, export_options
+from exportkit.verify.inputs import InputSpec
+
+GOLDEN_SAMPLES = 8
+GOLDEN_SEED = 0
+
+
+class Progress:
+    """`  load      0.42 s  detail` lines on stderr, so stdout carries only the summary."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.start = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    def stage(self, name: str, detail: str = "") -> None:
+        now = time.perf_counter()
+        self.times[name] = now - self.start
+        self.stream.write(f"  {name:<6} {now - self.start:6.2f} s  {detail}\n")
+        self.stream.flush()
+        self.start = now
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    version: int
+    signature_name: str
+    inputs: list[InputSpec]
+    outputs: dict[str, str]  # key -> dtype in the signature
+    policy: str
+    source_format: str
+    checked: bool
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _tolerance_dtype(policy: str, raw_dtype: str) -> str:
+    """Outputs computed in half precision are compared with half-precision tolerances, even when cast."""
+    if raw_dtype in sig.HALF_DTYPES:
+        return raw_dtype
+    if policy.startswith("mixed_") and raw_dtype.startswith("float"):
+        return policy.removeprefix("mixed_")
+    return raw_dtype
+
+
+def export_model(options: ExportOptions, progress: Progress | None = None) -> ExportResult:
+    progress = progress or Progress()
+    base = Path(options.output)
+    version = writer.choose_version(base, options.version)  # an existing version is refused before any work
+    overrides = [sig.parse_input_spec(text) for text in options.input_specs]
+
+    session = None
+    if options.verify:
+        from exportkit.runtimes.session import SessionRuntime
+
+        # Start the serving-equivalent worker now: its TensorFlow import overlaps with loading and tracing.
+        session = SessionRuntime(str(base / str(version)), options.signature_name, device="cpu")
+    try:
+        from exportkit.sources.load import load_source
+        from exportkit.tfenv import import_tf
+
+        tf = import_tf()
+        import keras
+
+        loaded = load_source(options.source)
+        progress.stage("load", f"{loaded.format} {options.source.src} (policy {loaded.policy})")
+
+        specs = sig.model_input_specs(loaded.model, overrides)
+        from exportkit.verify.compare import default_tolerance
+        from exportkit.verify.inputs import generate_batches
+
+        golden_inputs = generate_batches(specs, samples=GOLDEN_SAMPLES, seed=GOLDEN_SEED)
+        raw = sig.feed_model(loaded.model, {s.key: tf.constant(golden_inputs[0][s.key]) for s in specs})
+        keys = sig.output_keys(loaded.model, raw)
+        raw_dtypes = {k: _dtype(v) for k, v in zip(keys, sig.flat_outputs(raw, keys))}
+        serve = sig.make_serving_fn(loaded.model, specs, keys, options.keep_output_dtype)
+        golden_outputs = [_numpy(serve(*[tf.constant(batch[s.key]) for s in specs])) for batch in golden_inputs]
+        out_dtypes = {k: str(v.dtype) if v.dtype != object else "string" for k, v in golden_outputs[0].items()}
+        progress.stage("build", f"{len(specs)} input(s), {len(keys)} output(s), golden record of "
+                                f"{len(golden_inputs)} batches")
+
+        archive = keras.export.ExportArchive()
+        archive.track(loaded.model)
+        for asset in writer.copy_assets(options.assets):
+            archive.track(asset)
+        archive.add_endpoint(options.signature_name, serve, input_signature=sig.tensor_specs(specs))
+        progress.stage("trace", f"signature '{options.signature_name}'")
+
+        with writer.staged_version_dir(base, version) as staging:
+            archive.write_out(str(staging), verbose=False)
+            from exportkit.batchfile import save_batches
+            from exportkit.serving.warmup import write_warmup_records
+
+            write_warmup_records(str(staging), base.resolve().name, options.signature_name, golden_inputs)
+            (staging / writer.EXTRA_DIR).mkdir(parents=True, exist_ok=True)
+            save_batches(staging / writer.GOLDEN_INPUTS, golden_inputs)
+            save_batches(staging / writer.GOLDEN_OUTPUTS, golden_outputs)
+            tolerances = {k: vars(default_tolerance(_tolerance_dtype(loaded.policy, raw_dtypes[k]))) for k in keys}
+            writer.write_json(staging / writer.MANIFEST, {
+                "exportkit_version": __version__,
+                "tensorflow_version": tf.__version__,
+                "keras_version": keras.__version__,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "source": {"path": loaded.path, "format": loaded.format, "sha256": loaded.sha256},
+                "dtype_policy": loaded.policy,
+                "signature_name": options.signature_name,
+                "signature": {
+                    "inputs": {s.key: {"dtype": s.dtype, "shape": s.shape} for s in specs},
+                    "outputs": {k: {"dtype": out_dtypes[k], "compute_dtype": raw_dtypes[k]} for k in keys},
+                },
+                "tolerances": tolerances,
+                "golden": {"inputs": str(writer.GOLDEN_INPUTS), "outputs": str(writer.GOLDEN_OUTPUTS),
+                           "batch_sizes": [len(next(iter(b.values()))) for b in golden_inputs], "seed": GOLDEN_SEED},
+                "assets": [Path(a).name for a in options.assets],
+                "custom_objects": sorted(loaded.custom_objects),
+            })
+            progress.stage("write", f"{base / str(version)}")
+            if session is not None:
+                session.path = str(staging.resolve())
+                _self_check(session, golden_inputs, golden_outputs, tolerances)
+                progress.stage("check", "TF1 loader in a fresh process agrees with eager Keras on the golden record")
+    finally:
+        if session is not None:
+            session.close()
+
+    return ExportResult(path=base / str(version), version=version, signature_name=options.signature_name,
+                        inputs=specs, outputs=out_dtypes, policy=loaded.policy, source_format=loaded.format,
+                        checked=options.verify, stage_seconds=progress.times)
+
+
+def _self_check(session, inputs, expected, tolerances) -> None:
+    """The TF-Serving-equivalent load must reproduce the eager outputs; otherwise the export fails."""
+    from exportkit.verify.compare import Tolerance, compare_batches
+
+    session.load()
+    actual = [session.run(batch) for batch in inputs]
+    results = compare_batches(expected, actual, lambda key, dtype: Tolerance(**tolerances[key]))
+    failed = [r for r in results if not r.passed]
+    if failed:
+        detail = "; ".join(f"output '{r.key}': {r.reason} (max abs err {r.max_abs_err})" for r in failed)
+        raise CheckFailed(f"the exported SavedModel does not reproduce eager Keras: {detail}",
+                          "the version was not written; re-run with --debug, or --no-verify to keep it for inspection")
+
+
+def _dtype(tensor) -> str:
+    name = getattr(getattr(tensor, "dtype", None), "name", None) or str(tensor.dtype)
+    return "string" if name in ("string", "object") else name
+
+
+def _numpy(outputs: dict) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in outputs.items()}
+
+
+def render_summary(result: ExportResult) -> str:
+    lines = [f"exported {result.path} (version {result.version}, from {result.source_format}, policy {result.policy})",
+             f"signature '{result.signature_name}':"]
+    for spec in result.inputs:
+        lines.append(f"  input   {spec.key:<24} {spec.dtype:<9} {spec.shape}")
+    for key, dtype in result.outputs.items():
+        lines.append(f"  output  {key:<24} {dtype}")
+    lines.append("self-check: passed (TF1 loader, fresh process)" if result.checked else "self-check: skipped (--no-verify)")
+    return "\n".join(lines)
+
+
+def export_command(*, src, output, spec_path=None, **flags) -> int:
+    options = export_options(src, output, spec_path, **flags)
+    result = export_model(options)
+    print(render_summary(result))
+    return 0

@@ -1,0 +1,82 @@
+"""Writing a version directory: SavedModel (ExportArchive), assets, warm-up records, manifest and golden record.
+
+Everything is written into a hidden temporary sibling inside the base directory and renamed into place at the
+end, so TF Serving (which polls for integer-named directories) never sees a half-written version.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from exportkit.errors import UsageError
+
+EXTRA_DIR = Path("assets.extra") / "exportkit"
+MANIFEST = EXTRA_DIR / "manifest.json"
+GOLDEN_INPUTS = EXTRA_DIR / "golden_inputs.npz"
+GOLDEN_OUTPUTS = EXTRA_DIR / "golden_outputs.npz"
+WARMUP = Path("assets.extra") / "tf_serving_warmup_requests"
+
+
+def integer_versions(base: Path) -> list[int]:
+    if not base.is_dir():
+        return []
+    return sorted(int(p.name) for p in base.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def choose_version(base: Path, requested: int | None) -> int:
+    """`requested`, or one above the highest integer version; never an existing one."""
+    if base.exists() and not base.is_dir():
+        raise UsageError(f"{base} exists and is not a directory", "pass a model base directory to -o")
+    if (base / "saved_model.pb").exists():
+        raise UsageError(f"{base} is itself a SavedModel, not a model base directory",
+                         f"pass its parent, or a new directory, to -o (versions go to {base}/<N>/)")
+    versions = integer_versions(base)
+    if requested is None:
+        return (versions[-1] + 1) if versions else 1
+    if requested < 0:
+        raise UsageError(f"--version {requested} is negative", "pass a positive integer")
+    if (base / str(requested)).exists():
+        raise UsageError(f"version {requested} already exists in {base}",
+                         f"pass --version {(versions[-1] + 1) if versions else requested + 1} or omit --version")
+    return requested
+
+
+@contextlib.contextmanager
+def staged_version_dir(base: Path, version: int):
+    """Yield a temporary directory; on success rename it to base/version, on any failure leave base as it was."""
+    created_base = not base.exists()
+    base.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".exportkit-{version}-", dir=base))
+    final = base / str(version)
+    try:
+        yield staging
+        if final.exists():
+            raise UsageError(f"version {version} appeared in {base} while exporting", "export again with another --version")
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created_base:
+            shutil.rmtree(base, ignore_errors=True)
+        raise
+
+
+def copy_assets(files: list[str]) -> list:
+    """Check the --asset files; return tf.saved_model.Asset objects to track (they are copied into assets/)."""
+    import tensorflow as tf
+
+    assets = []
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            raise UsageError(f"--asset {name} is not a file", "pass files (vocabularies, label maps) to --asset")
+        assets.append(tf.saved_model.Asset(str(path.resolve())))
+    return assets
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

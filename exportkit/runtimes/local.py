@@ -1,0 +1,126 @@
+"""In-process runtimes: the golden record, eager Keras from the training source, and tf.saved_model.load."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from exportkit.errors import CheckFailed, InfraError
+
+
+def tf_device(device: str | None) -> str | None:
+    """`cpu`/`gpu` -> a TF device string; `gpu` without a visible GPU is an infrastructure failure."""
+    if device in (None, "cpu"):
+        return "/CPU:0" if device else None
+    if device == "gpu":
+        import tensorflow as tf
+
+        if not tf.config.list_logical_devices("GPU"):
+            raise InfraError("--device gpu, but TensorFlow sees no GPU",
+                             "run on a machine with a GPU and `pip install 'exportkit[gpu]'`, or use --device cpu")
+        return "/GPU:0"
+    if device.startswith("/"):
+        return device  # an explicit TF device string, e.g. a logical device in tests
+    raise InfraError(f"unknown device {device!r}", "use --device cpu, gpu or all")
+
+
+class GoldenRuntime:
+    """The outputs eager Keras computed at export time, for the golden inputs only."""
+
+    name = "golden"
+    kind = "recorded"
+    device = None
+    server = None
+
+    def __init__(self, inputs: list[dict], outputs: list[dict]):
+        self._answers = list(zip(inputs, outputs))
+
+    def load(self) -> None:
+        pass
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        for recorded_inputs, recorded_outputs in self._answers:
+            if recorded_inputs.keys() == inputs.keys() and all(
+                    np.array_equal(recorded_inputs[k], inputs[k]) for k in inputs):
+                return recorded_outputs
+        return None  # not a golden batch: nothing recorded to compare
+
+    def close(self) -> None:
+        pass
+
+
+class SavedModelRuntime:
+    """`tf.saved_model.load` and the signature's concrete function (the TF2 way of loading)."""
+
+    name = "saved_model"
+    kind = "in-process"
+    server = None
+
+    def __init__(self, path: str, signature_name: str, input_dtypes: dict[str, str], device: str | None = "cpu"):
+        self.path = str(Path(path).resolve())
+        self.signature_name = signature_name
+        self.input_dtypes = input_dtypes
+        self.device = device
+        self._fn = None
+
+    def load(self) -> None:
+        import tensorflow as tf
+
+        with tf.device(tf_device(self.device)):
+            try:
+                self._loaded = tf.saved_model.load(self.path)
+            except Exception as err:
+                raise CheckFailed(f"tf.saved_model.load failed: {type(err).__name__}: {str(err).splitlines()[0]}",
+                                  "the SavedModel is damaged or needs ops this TensorFlow lacks") from err
+        if self.signature_name not in self._loaded.signatures:
+            raise CheckFailed(f"no signature '{self.signature_name}' (available: {', '.join(self._loaded.signatures)})",
+                              "pass --signature-name with one of them")
+        self._fn = self._loaded.signatures[self.signature_name]
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import tensorflow as tf
+
+        with tf.device(tf_device(self.device)):
+            feed = {k: tf.constant(v, dtype=tf.as_dtype(self.input_dtypes[k])) for k, v in inputs.items()}
+            return {k: v.numpy() for k, v in self._fn(**feed).items()}
+
+    def close(self) -> None:
+        self._fn = self._loaded = None
+
+
+class KerasRuntime:
+    """Eager Keras rebuilt from the training source (`--against`), outputs cast to the signature's dtypes."""
+
+    name = "keras"
+    kind = "in-process"
+    server = None
+
+    def __init__(self, source_options, output_dtypes: dict[str, str], device: str | None = "cpu"):
+        self.source_options = source_options
+        self.output_dtypes = output_dtypes
+        self.device = device
+        self._model = None
+
+    def load(self) -> None:
+        from exportkit.sources.load import load_source
+
+        self._model = load_source(self.source_options).model
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import tensorflow as tf
+
+        from exportkit.export import signature as sig
+
+        with tf.device(tf_device(self.device)):
+            raw = sig.feed_model(self._model, {k: tf.constant(v) for k, v in inputs.items()})
+        keys = sig.output_keys(self._model, raw)
+        outputs = {}
+        for key, tensor in zip(keys, sig.flat_outputs(raw, keys)):
+            want = self.output_dtypes.get(key)
+            if want and want != "string" and tensor.dtype.name != want:
+                tensor = tf.cast(tensor, want)
+            outputs[key] = np.asarray(tensor)
+        return outputs
+
+    def close(self) -> None:
+        self._model = None

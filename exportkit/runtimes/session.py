@@ -1,0 +1,106 @@
+"""The `session` runtime: TF1 loader + Session.run in a separate process, as TF Serving loads models."""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from exportkit.batchfile import load_batches, save_batches
+from exportkit.errors import CheckFailed, InfraError
+
+REPLY_TIMEOUT = 600.0
+
+
+def isolated_env(device: str | None) -> dict:
+    """The child's environment: no PYTHONPATH (no user code), GPUs hidden unless asked for."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+class SessionRuntime:
+    """Starts its worker at once, so TensorFlow's import overlaps with whatever the caller does next."""
+
+    name = "session"
+    kind = "subprocess"
+    server = None
+
+    def __init__(self, path: str, signature_name: str = "serving_default", device: str | None = "cpu"):
+        self.path = str(Path(path).resolve())
+        self.signature_name = signature_name
+        self.device = device
+        self._dir = tempfile.TemporaryDirectory(prefix="exportkit-session-")
+        self._log = open(Path(self._dir.name) / "worker.log", "w+")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-m", "exportkit.runtimes.session_worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=self._dir.name,
+            env=isolated_env(device), text=True, start_new_session=True)
+        self._ready = False
+        self._runs = 0
+
+    def _log_tail(self, lines: int = 15) -> str:
+        self._log.flush()
+        self._log.seek(0)
+        tail = [line.rstrip() for line in self._log.read().splitlines() if line.strip()][-lines:]
+        return "\n".join(tail)
+
+    def _receive(self) -> dict:
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        while True:
+            ready, _, _ = select.select([self._proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise InfraError(f"the session worker did not answer within {REPLY_TIMEOUT:.0f} s", "re-run with --debug")
+            line = self._proc.stdout.readline()
+            if not line:
+                raise InfraError(f"the session worker died (exit {self._proc.poll()}): {self._log_tail()}",
+                                 "check that exportkit is installed in this Python environment")
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def _request(self, **payload) -> dict:
+        if not self._ready:
+            self._receive()  # the "ready" line, sent once TensorFlow is imported
+            self._ready = True
+        try:
+            self._proc.stdin.write(json.dumps(payload) + "\n")
+            self._proc.stdin.flush()
+        except BrokenPipeError as err:
+            raise InfraError(f"the session worker died: {self._log_tail()}", "re-run with --debug") from err
+        reply = self._receive()
+        if not reply.get("ok"):
+            raise CheckFailed(f"session runtime (TF1 loader, as TF Serving loads models): {reply.get('message')}",
+                              "export with `exportkit export`, which tracks every variable the signature uses")
+        return reply
+
+    def load(self) -> None:
+        self._request(op="load", path=self.path, signature=self.signature_name, device=self.device)
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self._runs += 1
+        in_file = Path(self._dir.name) / f"in{self._runs}.npz"
+        out_file = Path(self._dir.name) / f"out{self._runs}.npz"
+        save_batches(in_file, [inputs])
+        self._request(op="run", inputs=str(in_file), outputs=str(out_file))
+        return load_batches(out_file)[0]
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.close()
+                self._proc.wait(timeout=10)
+            except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
+                self._proc.kill()
+                self._proc.wait()
+        if self._proc.stdout:
+            self._proc.stdout.close()
+        self._log.close()
+        self._dir.cleanup()

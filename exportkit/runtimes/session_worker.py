@@ -1,0 +1,61 @@
+"""The serving-equivalent runtime's process: TF1 loader + Session.run, with no user code importable.
+
+Started as `python -I -m exportkit.runtimes.session_worker` from a neutral working directory, so neither the
+caller's cwd nor PYTHONPATH is on sys.path. It imports TensorFlow at once (so the import overlaps with the
+caller's work) and then answers one JSON request per line on stdin:
+
+    {"op": "load", "path": DIR, "signature": NAME}        -> {"ok": true}
+    {"op": "run", "inputs": IN.npz, "outputs": OUT.npz}   -> {"ok": true}     (one npz per batch)
+    failures                                              -> {"ok": false, "kind": "model"|"infra", "message": ...}
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+
+def _reply(stream, **payload) -> None:
+    stream.write(json.dumps(payload) + "\n")
+    stream.flush()
+
+
+def main() -> int:
+    # Keep our protocol channel clean: anything TF prints goes to stderr.
+    channel = sys.stdout
+    sys.stdout = sys.stderr
+    from exportkit.tfenv import import_tf
+
+    import_tf()
+    import numpy as np
+
+    from exportkit.tf1_loader import Tf1SavedModel
+    from exportkit.batchfile import load_batches, save_batches
+
+    _reply(channel, ok=True, ready=True)
+    model = signature = None
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            if request["op"] == "load":
+                signature = request["signature"]
+                model = Tf1SavedModel(request["path"], device=request.get("device"))
+                if signature not in model.signatures:
+                    _reply(channel, ok=False, kind="model",
+                           message=f"no signature {signature!r} (available: {', '.join(sorted(model.signatures))})")
+                    continue
+                _reply(channel, ok=True)
+            elif request["op"] == "run":
+                batches = load_batches(request["inputs"])
+                outputs = [model.run(signature, batch) for batch in batches]
+                save_batches(request["outputs"], outputs)
+                _reply(channel, ok=True)
+        except Exception as err:  # the model's failure: report it, stay alive for the caller to close
+            message = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+            _reply(channel, ok=False, kind="model", message=message, detail=traceback.format_exc()[-4000:])
+    del np
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

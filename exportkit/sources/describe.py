@@ -1,0 +1,87 @@
+"""`exportkit inspect SRC` for a model source: inputs, outputs, dtype policy and the custom objects it needs."""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from exportkit.errors import EXIT_OK, EXIT_USAGE, UsageError
+
+
+@dataclass
+class SourceDescription:
+    path: str
+    format: str
+    sha256: str | None = None
+    policy: str | None = None
+    inputs: list[dict] = field(default_factory=list)
+    outputs: list[dict] = field(default_factory=list)
+    custom_objects_needed: list[dict] = field(default_factory=list)
+    parameters: int | None = None
+    load_error: str | None = None
+    exit_code: int = EXIT_OK
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.pop("exit_code")
+        return data
+
+    def render_text(self) -> str:
+        lines = [f"source   {self.path}", f"format   {self.format}"]
+        if self.policy:
+            lines.append(f"policy   {self.policy}")
+        if self.parameters is not None:
+            lines.append(f"params   {self.parameters:,}")
+        if self.inputs:
+            lines.append("inputs:")
+            lines += [f"  {i['key']:<24} {i['dtype']:<9} {i['shape']}" for i in self.inputs]
+        if self.outputs:
+            lines.append("outputs:")
+            lines += [f"  {o['key']:<24} {o['dtype']:<9} {o['shape']}" for o in self.outputs]
+        if self.custom_objects_needed:
+            lines.append("custom objects needed:")
+            lines += [f"  {c['name']:<24} from {c['module'] or '?'}" for c in self.custom_objects_needed]
+        if self.load_error:
+            lines.append(f"error: {self.load_error}")
+        return "\n".join(lines)
+
+
+def describe_source(path: str, *, spec=None, **flags) -> SourceDescription:
+    from exportkit.sources import load
+    from exportkit.spec import source_options
+
+    options = source_options(path, spec, **flags)
+    fmt = load.detect_format(path, options.format)
+    description = SourceDescription(path=str(Path(path).resolve()), format=fmt)
+    if fmt in ("h5", "keras"):
+        config = load._read_config(Path(path), fmt)
+        if config is not None:
+            load.import_tf()
+            needed = load.unresolved_classes(copy.deepcopy(config), {})
+            description.custom_objects_needed = [{"name": n, "module": m} for n, m in needed]
+    try:
+        loaded = load.load_source(options)
+    except UsageError as err:
+        description.load_error = str(err)
+        description.exit_code = EXIT_USAGE
+        return description
+    description.sha256, description.policy = loaded.sha256, loaded.policy
+    description.parameters = int(loaded.model.count_params())
+    _describe_io(loaded.model, description)
+    return description
+
+
+def _describe_io(model, description: SourceDescription) -> None:
+    import tensorflow as tf
+
+    from exportkit.export import signature as sig
+    from exportkit.verify.inputs import generate_batches
+
+    specs = sig.model_input_specs(model, [])
+    description.inputs = [{"key": s.key, "dtype": s.dtype, "shape": s.shape} for s in specs]
+    batch = generate_batches(specs, samples=1, seed=0)[0]
+    outputs = sig.feed_model(model, {k: tf.constant(v) for k, v in batch.items()})
+    keys = sig.output_keys(model, outputs)
+    for key, tensor in zip(keys, sig.flat_outputs(outputs, keys)):
+        shape = [-1] + [int(d) for d in tensor.shape[1:]]
+        description.outputs.append({"key": key, "dtype": tensor.dtype.name, "shape": shape})

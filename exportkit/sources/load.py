@@ -1,0 +1,351 @@
+"""Source path -> LoadedModel: a Keras model with its dtype policy, custom objects and origin digest.
+
+Formats: full-model .h5/.hdf5 (Keras 3 or tf.keras 2), .keras archives, TF checkpoints and .weights.h5 files
+(the last two rebuilt by a builder function or a model.json config, then restored strictly).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import importlib
+import inspect as pyinspect
+import json
+import re
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exportkit.errors import UsageError
+from exportkit.spec import SourceOptions
+from exportkit.tfenv import dtype_policy, import_tf
+
+FORMATS = ("h5", "keras", "checkpoint", "weights")
+
+
+@dataclass
+class LoadedModel:
+    model: object  # keras.Model
+    format: str
+    path: str
+    sha256: str
+    policy: str  # the dtype policy the model computes under, e.g. "mixed_float16"
+    custom_objects: dict = field(default_factory=dict)
+
+
+def detect_format(src: str, explicit: str | None = None) -> str:
+    path = Path(src)
+    if explicit:
+        if explicit not in FORMATS:
+            raise UsageError(f"unknown --format {explicit!r}", f"use one of: {', '.join(FORMATS)}")
+        return explicit
+    if path.is_dir():
+        if (path / "saved_model.pb").exists():
+            raise UsageError(f"{src} is already a SavedModel", "run `exportkit verify` or `exportkit inspect` on it")
+        if (path / "checkpoint").exists() or any(path.glob("*.index")):
+            return "checkpoint"
+        raise UsageError(f"{src} is a directory without a checkpoint",
+                         "pass a .h5/.keras file, or a directory with a `checkpoint` file and *.index/data shards")
+    if Path(str(src) + ".index").exists():
+        return "checkpoint"  # a checkpoint prefix such as ckpt/ckpt-3
+    if not path.exists():
+        raise UsageError(f"{src} does not exist", "check the path of the model to export")
+    name = path.name.lower()
+    if name.endswith(".weights.h5"):
+        return "weights"
+    if name.endswith((".h5", ".hdf5")):
+        return "h5"
+    if name.endswith(".keras"):
+        return "keras"
+    raise UsageError(f"cannot tell the format of {src}",
+                     "pass a .h5, .hdf5, .keras, .weights.h5 file or a checkpoint directory, or set --format")
+
+
+def sha256_of(src: str) -> str:
+    """Digest of a file, or of every file of a directory (names and contents, sorted)."""
+    path = Path(src)
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    if not path.exists():  # checkpoint prefix: its .index and shards
+        files = sorted(path.parent.glob(path.name + ".*"))
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+        with open(file, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def python_path(dirs: list[str]):
+    """Search `dirs` first for custom objects and builders, for the duration of the block."""
+    for d in dirs:
+        if not Path(d).is_dir():
+            raise UsageError(f"--python-path {d} is not a directory", "pass a directory that contains your modules")
+    saved = list(sys.path)
+    sys.path[:0] = [str(Path(d).resolve()) for d in dirs]
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
+def _import_module(name: str, what: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        raise UsageError(f"cannot import {what} module {name!r} ({err})",
+                         "check the name, and pass --python-path DIR for the directory that contains it")
+
+
+def _is_keras_object(obj, module_name: str) -> bool:
+    import keras
+
+    if getattr(obj, "__module__", None) != module_name:
+        return False
+    if pyinspect.isclass(obj):
+        bases = (keras.layers.Layer, keras.Model, keras.losses.Loss, keras.metrics.Metric,
+                 keras.initializers.Initializer, keras.regularizers.Regularizer, keras.constraints.Constraint,
+                 keras.optimizers.schedules.LearningRateSchedule, keras.DTypePolicy)
+        return issubclass(obj, bases)
+    return pyinspect.isfunction(obj)
+
+
+def import_custom_objects(refs: list[str]) -> dict:
+    """`module` offers every Keras class or function defined in it; `module:Name` offers one object."""
+    import keras
+
+    objects = {}
+    for ref in refs:
+        module_name, _, attr = ref.partition(":")
+        module = _import_module(module_name, "custom objects")
+        if attr:
+            if not hasattr(module, attr):
+                raise UsageError(f"{module_name} has no attribute {attr!r}", f"check --custom-objects {ref}")
+            found = {attr: getattr(module, attr)}
+        else:
+            found = {n: o for n, o in vars(module).items() if _is_keras_object(o, module.__name__)}
+            if not found:
+                raise UsageError(f"module {module_name} defines no Keras layers, models or functions",
+                                 "pass the module that defines the custom objects, or module:Name")
+        for name, obj in found.items():
+            objects[name] = obj
+            registered = keras.saving.get_registered_name(obj)
+            if registered and registered != name:
+                objects[registered] = obj
+    return objects
+
+
+def _import_builder(ref: str):
+    module_name, sep, func_name = ref.partition(":")
+    if not sep or not func_name:
+        raise UsageError(f"--builder {ref!r} is not module:function", "write it as --builder my_pkg.models:build_ranker")
+    module = _import_module(module_name, "builder")
+    builder = getattr(module, func_name, None)
+    if not callable(builder):
+        raise UsageError(f"{module_name} has no function {func_name!r}", f"check --builder {ref}")
+    return builder
+
+
+# ---- missing custom objects -------------------------------------------------------------------------------
+
+def _read_config(path: Path, fmt: str) -> dict | None:
+    try:
+        if fmt == "keras":
+            with zipfile.ZipFile(path) as archive:
+                return json.loads(archive.read("config.json"))
+        if fmt == "h5":
+            import h5py
+
+            with h5py.File(path, "r") as handle:
+                raw = handle.attrs.get("model_config")
+                if raw is None:
+                    return None
+                return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+    return None
+
+
+def _known_builtin(class_name: str) -> bool:
+    import keras
+
+    namespaces = (keras.layers, keras.models, keras, keras.initializers, keras.regularizers, keras.constraints,
+                  keras.losses, keras.metrics, keras.optimizers, keras.dtype_policies, keras.activations)
+    return class_name in ("Functional", "Sequential", "Policy", "TFOpLambda", "SlicingOpLambda") or any(
+        hasattr(ns, class_name) for ns in namespaces)
+
+
+def unresolved_classes(config, custom_objects: dict) -> list[tuple[str, str | None]]:
+    """(class name, module it came from) for every object in a Keras config that nothing here can build."""
+    import keras
+
+    missing: dict[str, str | None] = {}
+
+    def walk(node):
+        if isinstance(node, dict):
+            class_name = node.get("class_name")
+            if isinstance(class_name, str) and "config" in node:
+                module = node.get("module")
+                registered = node.get("registered_name") or class_name
+                resolvable = (
+                    class_name in custom_objects or registered in custom_objects
+                    or keras.saving.get_registered_object(registered) is not None
+                    or (module or "").startswith(("keras", "tf_keras"))
+                    or (not module and _known_builtin(class_name))
+                )
+                if not resolvable:
+                    missing.setdefault(class_name.split(">")[-1], module)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(config)
+    return sorted(missing.items())
+
+
+def _missing_object_error(path: Path, missing: list[tuple[str, str | None]]) -> UsageError:
+    names = ", ".join(f"'{name}'" for name, _ in missing)
+    modules = sorted({module for _, module in missing if module})
+    hint = " ".join(f"--custom-objects {m}" for m in modules) or "--custom-objects module.that.defines." + missing[0][0]
+    return UsageError(f"Unknown layer {names} in {path.name}",
+                      f"pass {hint} (and --python-path DIR if that module is not importable)")
+
+
+# ---- loading ------------------------------------------------------------------------------------------------
+
+def _load_file(path: Path, fmt: str, custom: dict, unsafe: bool):
+    import keras
+
+    config = None
+    try:
+        if fmt == "h5":
+            from exportkit.sources.h5compat import load_h5
+
+            return load_h5(str(path), custom_objects=custom, safe_mode=not unsafe)
+        return keras.models.load_model(str(path), custom_objects=custom, compile=False, safe_mode=not unsafe)
+    except UsageError:
+        raise
+    except Exception as err:  # Keras raises TypeError/ValueError/AttributeError: find out why, then say it clearly
+        config = _read_config(path, fmt)
+        if config is None:
+            raise UsageError(f"{path} is not a Keras {fmt} model file ({type(err).__name__}: {err})",
+                             "pass a model saved with model.save(...) (.keras or .h5)") from err
+        missing = unresolved_classes(copy.deepcopy(config), custom)
+        if missing:
+            raise _missing_object_error(path, missing) from err
+        text = str(err)
+        if "Lambda" in text or "safe_mode" in text or "unsafe" in text.lower():
+            raise UsageError(f"{path.name} contains a Lambda layer or Python bytecode, refused in safe mode",
+                             "pass --unsafe if you trust this file") from err
+        raise UsageError(f"could not load {path}: {type(err).__name__}: {text.splitlines()[0] if text else ''}",
+                         "check the file and its custom objects; --debug shows the traceback") from err
+
+
+def _rebuild(opts: SourceOptions, custom: dict):
+    """A fresh model from --builder or --model-config, built under --policy."""
+    import keras
+
+    if not opts.builder and not opts.model_config:
+        raise UsageError(f"{opts.src} holds weights only; exportkit needs the architecture",
+                         "pass --builder module:function or --model-config model.json (or put them in exportkit.toml)")
+    with dtype_policy(opts.policy):
+        if opts.builder:
+            builder = _import_builder(opts.builder)
+            try:
+                model = builder(**opts.builder_args)
+            except TypeError as err:
+                raise UsageError(f"builder {opts.builder} rejected its arguments ({err})",
+                                 "check --builder-arg / [builder_args]") from err
+        else:
+            config_path = Path(opts.model_config)
+            if not config_path.is_file():
+                raise UsageError(f"--model-config {config_path} does not exist", "pass the model.json saved with model.to_json()")
+            text = config_path.read_text()
+            try:
+                model = keras.models.model_from_json(text, custom_objects=custom)
+            except Exception as err:
+                missing = unresolved_classes(json.loads(text), custom)
+                if missing:
+                    raise _missing_object_error(config_path, missing) from err
+                raise UsageError(f"could not build a model from {config_path} ({err})",
+                                 "pass a config written by model.to_json()") from err
+    if not isinstance(model, keras.Model):
+        raise UsageError(f"{opts.builder or opts.model_config} did not give a keras.Model", "return the model from the builder")
+    if not model.built:
+        raise UsageError(f"the model from {opts.builder or opts.model_config} is not built, so it has no weights to restore",
+                         "build it in the builder (call it on an input or use keras.Input)")
+    return model
+
+
+def _checkpoint_prefix(src: str) -> str:
+    tf = import_tf()
+    path = Path(src)
+    if not path.is_dir():
+        return src
+    prefix = tf.train.latest_checkpoint(str(path))
+    if prefix:
+        return prefix
+    indexes = sorted(path.glob("*.index"))
+    if len(indexes) == 1:
+        return str(indexes[0])[: -len(".index")]
+    raise UsageError(f"{src} has no `checkpoint` file and {len(indexes)} *.index files",
+                     "pass the checkpoint prefix itself, e.g. ckpt/ckpt-3")
+
+
+def _restore_checkpoint(model, src: str) -> None:
+    tf = import_tf()
+    prefix = _checkpoint_prefix(src)
+    try:
+        status = tf.train.Checkpoint(model=model).restore(prefix)
+        status.assert_existing_objects_matched()
+        status.expect_partial()
+    except (AssertionError, ValueError, tf.errors.OpError) as err:
+        text = str(err)
+        names = re.findall(r"path=([^\s,>\]]+)", text) or re.findall(r"'([\w/.:]+)'", text)
+        detail = f"variables that did not match: {', '.join(names[:8])}" if names else text.splitlines()[0][:300]
+        if len(names) > 8:
+            detail += f" and {len(names) - 8} more"
+        raise UsageError(f"checkpoint {prefix} does not fit the model's architecture ({detail})",
+                         "rebuild the model exactly as it was trained (same --builder and --builder-arg values, "
+                         "same --policy), or pass the matching checkpoint") from err
+
+
+def _restore_weights(model, src: str) -> None:
+    try:
+        model.load_weights(src)
+    except (ValueError, KeyError, OSError) as err:
+        raise UsageError(f"weights file {src} does not fit the model's architecture ({str(err).splitlines()[0][:300]})",
+                         "rebuild the model exactly as it was trained (same --builder/--builder-arg or --model-config)") from err
+
+
+def model_policy(model) -> str:
+    """The policy the layers compute under: a mixed policy on any layer wins over the model's own float32."""
+    names = [layer.dtype_policy.name for layer in model._flatten_layers(include_self=False)
+             if hasattr(layer, "dtype_policy")]
+    mixed = [n for n in names if n.startswith("mixed_")]
+    if mixed:
+        return max(set(mixed), key=mixed.count)
+    return model.dtype_policy.name
+
+
+def load_source(opts: SourceOptions) -> LoadedModel:
+    fmt = detect_format(opts.src, opts.format)
+    import_tf()
+    with python_path(opts.python_path):
+        custom = import_custom_objects(opts.custom_objects)
+        if fmt in ("h5", "keras"):
+            path = Path(opts.src)
+            if not path.is_file():
+                raise UsageError(f"{opts.src} does not exist", "check the path of the model to export")
+            model = _load_file(path, fmt, custom, opts.unsafe)
+        else:
+            model = _rebuild(opts, custom)
+            (_restore_checkpoint if fmt == "checkpoint" else _restore_weights)(model, opts.src)
+    return LoadedModel(model=model, format=fmt, path=str(Path(opts.src).resolve()), sha256=sha256_of(opts.src),
+                       policy=model_policy(model), custom_objects=custom)

@@ -1,0 +1,323 @@
+"""exportkit verify: the same inputs through every runtime, every runtime compared with the reference.
+
+Order of work, chosen so fixed costs overlap: subprocess runtimes (session worker, embedded server) are started
+first and import TensorFlow while this process reads the SavedModel, lints it and runs the in-process runtimes.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from exportkit import __version__
+from exportkit.errors import CheckFailed, InfraError, UsageError
+from exportkit.findings import Finding
+from exportkit.verify.compare import Tolerance, compare_batches, parse_tol, resolve_tolerance
+from exportkit.verify.inputs import InputSpec, generate_batches, load_inputs, parse_int_range
+from exportkit.verify.report import RuntimeResult, VerifyReport
+
+ALL_RUNTIMES = ("golden", "keras", "saved_model", "session", "serving")
+REFERENCE_ORDER = ("golden", "keras", "saved_model", "session", "serving")
+
+
+def _devices(device: str) -> list[str]:
+    if device not in ("cpu", "gpu", "all"):
+        raise UsageError(f"--device {device!r} is not cpu, gpu or all", "pass --device cpu, --device gpu or --device all")
+    return ["cpu", "gpu"] if device == "all" else [device]
+
+
+def _selected_runtimes(spec: str | None, serving: str, against: str | None) -> list[str]:
+    if spec:
+        names = [n.strip() for n in spec.split(",") if n.strip()]
+        unknown = sorted(set(names) - set(ALL_RUNTIMES))
+        if unknown:
+            raise UsageError(f"--runtimes: unknown runtime(s) {', '.join(unknown)}", f"use some of {','.join(ALL_RUNTIMES)}")
+        if "keras" in names and not against:
+            raise UsageError("--runtimes keras needs the training source", "pass --against SRC (and its source options)")
+        return names
+    names = [n for n in ALL_RUNTIMES if n != "keras" or against]
+    return [n for n in names if n != "serving" or serving != "none"]
+
+
+class _Labeled:
+    """A runtime with a display name that includes its device when several devices run."""
+
+    def __init__(self, runtime, label: str):
+        self.runtime = runtime
+        self.label = label
+
+
+def _read_model(path: str, signature_name: str):
+    from exportkit.lint import lint_saved_model
+    from exportkit.savedmodel import read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph, signatures_of
+
+    version_dir = resolve_savedmodel_dir(path)
+    proto = read_saved_model_proto(version_dir)
+    findings = lint_saved_model(proto, signature_name)
+    signature = signatures_of(select_meta_graph(proto)).get(signature_name)
+    return version_dir, proto, findings, signature
+
+
+def _read_golden(version_dir: Path):
+    from exportkit.batchfile import load_batches
+    from exportkit.export import writer
+
+    manifest_path = version_dir / writer.MANIFEST
+    if not manifest_path.is_file():
+        return None, None, None
+    manifest = json.loads(manifest_path.read_text())
+    inputs_file, outputs_file = version_dir / writer.GOLDEN_INPUTS, version_dir / writer.GOLDEN_OUTPUTS
+    if not (inputs_file.is_file() and outputs_file.is_file()):
+        return manifest, None, None
+    return manifest, load_batches(inputs_file), load_batches(outputs_file)
+
+
+def _input_batches(specs, golden_inputs, inputs_file, samples, seed, int_range):
+    """[(origin, batch)]: golden batches, then --inputs batches, then generated ones (batch sizes 1 and N)."""
+    batches = [("golden", b) for b in (golden_inputs or [])]
+    if inputs_file:
+        batches += [("file", b) for b in load_inputs(inputs_file, specs)]
+    if samples < 1:
+        raise UsageError(f"--samples {samples} must be at least 1", "pass --samples 8 (for example)")
+    batches += [("generated", b) for b in generate_batches(specs, samples=samples, seed=seed, int_range=int_range)]
+    return batches
+
+
+def _per_output_tolerances(atol, rtol, tol_flags, manifest):
+    per_output = dict(parse_tol(t) for t in tol_flags or [])
+    recorded = (manifest or {}).get("tolerances", {})
+    compute = {k: v.get("compute_dtype") for k, v in (manifest or {}).get("signature", {}).get("outputs", {}).items()}
+
+    def tolerance(key: str, dtype: str) -> Tolerance:
+        if key not in per_output and atol is None and rtol is None and key in recorded:
+            return Tolerance(**recorded[key])
+        return resolve_tolerance(key, compute.get(key) or dtype, atol=atol, rtol=rtol, per_output=per_output)
+
+    return tolerance
+
+
+def _run_all(runtime, batches) -> list:
+    runtime.load()
+    return [runtime.run(batch) for _, batch in batches]
+
+
+def verify_command(*, path, against=None, format=None, builder=None, builder_arg=None, model_config=None, spec=None,
+                   custom_objects=None, python_path=None, policy=None, unsafe=False,
+                   signature_name="serving_default", inputs=None, samples=8, seed=0, int_range="0:10",
+                   save_inputs=None, save_outputs=None, atol=None, rtol=None, tol=None, runtimes=None,
+                   serving="auto", model_server_bin=None, model_name=None, model_version=None, load_timeout=120.0,
+                   device="cpu", allow_tf32=False, baseline=None, json_out=None, junit=None) -> int:
+    started = time.perf_counter()
+    devices = _devices(device)
+    names = _selected_runtimes(runtimes, serving, against)
+    lo_hi = parse_int_range(int_range)
+    version_dir, proto, findings, signature = _read_model(path, signature_name)
+    manifest, golden_inputs, golden_outputs = _read_golden(version_dir)
+    if "golden" in names and golden_inputs is None:
+        names.remove("golden")  # a third-party SavedModel: nothing recorded, the other runtimes still agree or not
+
+    if baseline:
+        from exportkit.verify.baseline import compare_signatures
+
+        _, _, _, old_signature = _read_model(baseline, signature_name)
+        if old_signature is None:
+            raise UsageError(f"baseline {baseline} has no signature '{signature_name}'", "pass the previous release's SavedModel")
+        if signature is not None:
+            findings = findings + compare_signatures(old_signature, signature)
+
+    report = VerifyReport(path=str(version_dir), signature=signature_name, reference="", runtimes=[],
+                          findings=list(findings), inputs={}, tf32=None, exportkit_version=__version__)
+    if signature is None:
+        return _finish(report, json_out, junit)
+
+    specs = [InputSpec(key=k, dtype=v["dtype"], shape=v["shape"] if v["shape"] is not None else [-1])
+             for k, v in signature["inputs"].items()]
+    output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
+    batches = _input_batches(specs, golden_inputs, inputs, samples, seed, lo_hi)
+    report.inputs = {"sources": sorted({origin for origin, _ in batches}, key=["golden", "file", "generated"].index),
+                     "batch_sizes": [int(np.shape(next(iter(b.values())))[0]) if b and np.ndim(next(iter(b.values()))) else 1
+                                     for _, b in batches], "seed": seed}
+    if save_inputs:
+        _save(save_inputs, "inputs", [b for _, b in batches])
+
+    # Subprocess runtimes first: they import TensorFlow while we work here.
+    runtimes_ = _build_runtimes(names, devices, version_dir, signature_name, specs, output_dtypes, golden_inputs,
+                                golden_outputs, against=against, source_flags=dict(
+                                    format=format, builder=builder, builder_args=builder_arg or [],
+                                    model_config=model_config, custom_objects=custom_objects or [],
+                                    python_path=python_path or [], policy=policy, unsafe=unsafe),
+                                spec=spec, serving=serving, model_server_bin=model_server_bin, model_name=model_name,
+                                model_version=model_version, load_timeout=load_timeout)
+    outputs: dict[str, list] = {}
+    try:
+        from exportkit.tfenv import import_tf, tf32
+
+        if any(r.runtime.kind == "in-process" for r in runtimes_):
+            import_tf()
+        report.tf32 = allow_tf32 if "gpu" in devices else None
+        with tf32(allow_tf32) if "gpu" in devices else _nothing():
+            for item in runtimes_:
+                report.runtimes.append(_execute(item, batches, outputs))
+        _serving_checks(runtimes_, signature, version_dir, report)
+    finally:
+        for item in runtimes_:
+            try:
+                item.runtime.close()
+            except Exception:  # closing must never hide the verdict
+                pass
+
+    _compare_all(report, outputs, batches, _per_output_tolerances(atol, rtol, tol, manifest), devices)
+    if save_outputs:
+        for label, per_batch in outputs.items():
+            _save(save_outputs, label, [o for o in per_batch if o is not None])
+    report.seconds = time.perf_counter() - started
+    return _finish(report, json_out, junit)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _build_runtimes(names, devices, version_dir, signature_name, specs, output_dtypes, golden_inputs, golden_outputs,
+                    *, against, source_flags, spec, serving, model_server_bin, model_name, model_version, load_timeout):
+    from exportkit.runtimes.local import GoldenRuntime, KerasRuntime, SavedModelRuntime
+
+    built: list[_Labeled] = []
+    multi = len(devices) > 1
+
+    def label(name, dev):
+        return f"{name}@{dev}" if multi else name
+
+    # Subprocess runtimes are constructed (and so started) first.
+    if "session" in names:
+        from exportkit.runtimes.session import SessionRuntime
+
+        for dev in devices:
+            built.append(_Labeled(SessionRuntime(str(version_dir), signature_name, device=dev), label("session", dev)))
+    if "serving" in names:
+        from exportkit.runtimes.serving import ServingRuntime
+
+        runtime = ServingRuntime(str(version_dir), mode=serving, signature_name=signature_name,
+                                 model_name=model_name, model_version=model_version, binary=model_server_bin,
+                                 load_timeout=load_timeout, device=devices[-1])
+        built.append(_Labeled(runtime, "serving"))
+    if "golden" in names:
+        built.insert(0, _Labeled(GoldenRuntime(golden_inputs, golden_outputs), "golden"))
+    if "keras" in names:
+        from exportkit.spec import source_options
+
+        options = source_options(against, spec, **source_flags)
+        for dev in devices:
+            built.append(_Labeled(KerasRuntime(options, output_dtypes, device=dev), label("keras", dev)))
+    if "saved_model" in names:
+        dtypes = {s.key: s.dtype for s in specs}
+        for dev in devices:
+            built.append(_Labeled(SavedModelRuntime(str(version_dir), signature_name, dtypes, device=dev),
+                                  label("saved_model", dev)))
+    order = {n: i for i, n in enumerate(REFERENCE_ORDER)}
+    built.sort(key=lambda item: (order[item.runtime.name], item.label))
+    # Start the slow ones early where the runtime supports it (server launch, worker import).
+    for item in built:
+        start = getattr(item.runtime, "start", None)
+        if callable(start):
+            start()
+    return built
+
+
+def _execute(item: _Labeled, batches, outputs) -> RuntimeResult:
+    runtime = item.runtime
+    began = time.perf_counter()
+    result = RuntimeResult(name=item.label, kind=runtime.kind, device=runtime.device, server=runtime.server,
+                           status="ok", error=None, seconds=0.0, is_reference=False, comparisons=[])
+    try:
+        outputs[item.label] = _run_all(runtime, batches)
+    except CheckFailed as err:  # the model cannot load or run here: the model's failure
+        result.status, result.error = "error", str(err)
+    except InfraError:
+        raise
+    except Exception as err:
+        result.status, result.error = "error", f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    result.server = runtime.server
+    result.device = runtime.device
+    result.seconds = time.perf_counter() - began
+    return result
+
+
+def _serving_checks(runtimes_, signature, version_dir, report) -> None:
+    for item in runtimes_:
+        runtime = item.runtime
+        if runtime.name != "serving" or not getattr(runtime, "loaded", True):
+            continue
+        result = next(r for r in report.runtimes if r.name == item.label)
+        if result.status != "ok":
+            continue
+        for problem in runtime.check_metadata(signature):
+            report.findings.append(Finding("error", "serving-metadata", problem))
+        for problem in runtime.replay_warmup(str(version_dir)):
+            report.findings.append(Finding("error", "serving-warmup", problem))
+
+
+def _compare_all(report: VerifyReport, outputs: dict[str, list], batches, tolerance, devices) -> None:
+    """Per batch, the reference is the first runtime in REFERENCE_ORDER that has outputs for it."""
+    labels = [r.name for r in report.runtimes if r.name in outputs]
+    if not labels:
+        return
+    references = []
+    for index in range(len(batches)):
+        ref = next((lab for lab in labels if outputs[lab][index] is not None), None)
+        references.append(ref)
+    primary = references[0]
+    report.reference = primary or ""
+    others = sorted({r for r in references if r and r != primary})
+    if others:
+        report.reference_note = f"{', '.join(others)} for inputs without a golden record"
+    for result in report.runtimes:
+        if result.name not in outputs:
+            continue
+        pairs = [(outputs[references[i]][i], outputs[result.name][i]) for i in range(len(batches))
+                 if references[i] and references[i] != result.name and outputs[result.name][i] is not None]
+        if result.name == primary:
+            result.is_reference = True
+        if pairs:
+            result.comparisons = compare_batches([p[0] for p in pairs], [p[1] for p in pairs], tolerance)
+    if len(devices) > 1:  # --device all: also GPU against CPU, runtime by runtime
+        for result in list(report.runtimes):
+            if not result.name.endswith("@gpu"):
+                continue
+            cpu = result.name[: -len("@gpu")] + "@cpu"
+            if cpu in outputs and result.name in outputs:
+                pairs = [(a, b) for a, b in zip(outputs[cpu], outputs[result.name]) if a is not None and b is not None]
+                report.runtimes.append(RuntimeResult(
+                    name=f"{result.name} vs cpu", kind="comparison", device="gpu", server=None, status="ok",
+                    error=None, seconds=0.0, is_reference=False,
+                    comparisons=compare_batches([p[0] for p in pairs], [p[1] for p in pairs], tolerance)))
+
+
+def _save(directory: str, name: str, batches) -> None:
+    from exportkit.batchfile import save_batches
+
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_batches(folder / f"{name}.npz", batches)
+
+
+def _finish(report: VerifyReport, json_out, junit) -> int:
+    from exportkit.verify.report import render_text, to_json, to_junit_xml
+
+    if json_out == "-":
+        print(json.dumps(to_json(report), indent=2))
+    else:
+        print(render_text(report))
+        if json_out:
+            Path(json_out).write_text(json.dumps(to_json(report), indent=2) + "\n")
+    if junit:
+        Path(junit).write_text(to_junit_xml(report))
+    sys.stdout.flush()
+    return 0 if report.passed else 1
