@@ -5,7 +5,9 @@ TensorFlow is imported lazily by the commands that need it, so `inspect` stays f
 """
 from __future__ import annotations
 
+import signal
 import sys
+import warnings
 from typing import List, Optional
 
 import typer
@@ -54,12 +56,6 @@ FORMAT = typer.Option(None, "--format", help="Source format: h5, keras, checkpoi
 SPEC = typer.Option(None, "--spec", help="exportkit.toml with the export options (default: next to the source).")
 UNSAFE = typer.Option(False, "--unsafe", help="Let Keras deserialize Lambda layers / bytecode (unsafe for untrusted files).")
 INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tokens:-1,16:int32 (repeatable override).")
-
-
-def _source_options(**kwargs):
-    from exportkit.spec import SourceOptions
-
-    return SourceOptions.from_cli(**kwargs)
 
 
 @app.command()
@@ -191,6 +187,10 @@ def serve(
 
 
 def main() -> None:
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `exportkit ... | head` ends quietly
+    if "--debug" not in sys.argv:
+        warnings.simplefilter("ignore")  # Keras' UserWarnings about the user's model are noise in a CI log
     app()
 
 

@@ -103,13 +103,12 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
 
         with writer.staged_version_dir(base, version) as staging:
             archive.write_out(str(staging), verbose=False)
-            from exportkit.batchfile import save_batches
             from exportkit.serving.warmup import write_warmup_records
+            from exportkit.verify.inputs import save_batches
 
             write_warmup_records(str(staging), base.resolve().name, options.signature_name, golden_inputs)
-            (staging / writer.EXTRA_DIR).mkdir(parents=True, exist_ok=True)
-            save_batches(staging / writer.GOLDEN_INPUTS, golden_inputs)
-            save_batches(staging / writer.GOLDEN_OUTPUTS, golden_outputs)
+            save_batches(staging / writer.EXTRA_DIR, golden_inputs, writer.GOLDEN_INPUTS)
+            save_batches(staging / writer.EXTRA_DIR, golden_outputs, writer.GOLDEN_OUTPUTS)
             tolerances = {k: vars(default_tolerance(_tolerance_dtype(loaded.policy, raw_dtypes[k]))) for k in keys}
             writer.write_json(staging / writer.MANIFEST, {
                 "exportkit_version": __version__,
@@ -124,7 +123,7 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
                     "outputs": {k: {"dtype": out_dtypes[k], "compute_dtype": raw_dtypes[k]} for k in keys},
                 },
                 "tolerances": tolerances,
-                "golden": {"inputs": str(writer.GOLDEN_INPUTS), "outputs": str(writer.GOLDEN_OUTPUTS),
+                "golden": {"dir": str(writer.EXTRA_DIR), "inputs": writer.GOLDEN_INPUTS, "outputs": writer.GOLDEN_OUTPUTS,
                            "batch_sizes": [len(next(iter(b.values()))) for b in golden_inputs], "seed": GOLDEN_SEED},
                 "assets": [Path(a).name for a in options.assets],
                 "custom_objects": sorted(loaded.custom_objects),

@@ -16,8 +16,8 @@ from exportkit.errors import UsageError
 
 EXTRA_DIR = Path("assets.extra") / "exportkit"
 MANIFEST = EXTRA_DIR / "manifest.json"
-GOLDEN_INPUTS = EXTRA_DIR / "golden_inputs.npz"
-GOLDEN_OUTPUTS = EXTRA_DIR / "golden_outputs.npz"
+GOLDEN_INPUTS = "golden_inputs"  # batch-file prefixes inside EXTRA_DIR (exportkit.verify.inputs.save_batches)
+GOLDEN_OUTPUTS = "golden_outputs"
 WARMUP = Path("assets.extra") / "tf_serving_warmup_requests"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit.batchfile import load_batches, save_batches
+from exportkit.verify.inputs import load_batches, save_batches
 from exportkit.errors import CheckFailed, InfraError
 
 REPLY_TIMEOUT = 600.0
@@ -86,11 +86,10 @@ class SessionRuntime:
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self._runs += 1
-        in_file = Path(self._dir.name) / f"in{self._runs}.npz"
-        out_file = Path(self._dir.name) / f"out{self._runs}.npz"
-        save_batches(in_file, [inputs])
-        self._request(op="run", inputs=str(in_file), outputs=str(out_file))
-        return load_batches(out_file)[0]
+        inputs_prefix, outputs_prefix = f"in{self._runs}", f"out{self._runs}"
+        save_batches(self._dir.name, [inputs], inputs_prefix)
+        self._request(op="run", dir=self._dir.name, inputs=inputs_prefix, outputs=outputs_prefix)
+        return load_batches(self._dir.name, outputs_prefix)[0]
 
     def close(self) -> None:
         if self._proc.poll() is None:

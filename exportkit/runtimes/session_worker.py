@@ -5,7 +5,7 @@ caller's cwd nor PYTHONPATH is on sys.path. It imports TensorFlow at once (so th
 caller's work) and then answers one JSON request per line on stdin:
 
     {"op": "load", "path": DIR, "signature": NAME}        -> {"ok": true}
-    {"op": "run", "inputs": IN.npz, "outputs": OUT.npz}   -> {"ok": true}     (one npz per batch)
+    {"op": "run", "dir": DIR, "inputs": PREFIX, "outputs": PREFIX} -> {"ok": true}   (batch files, see inputs.py)
     failures                                              -> {"ok": false, "kind": "model"|"infra", "message": ...}
 """
 from __future__ import annotations
@@ -27,10 +27,8 @@ def main() -> int:
     from exportkit.tfenv import import_tf
 
     import_tf()
-    import numpy as np
-
     from exportkit.tf1_loader import Tf1SavedModel
-    from exportkit.batchfile import load_batches, save_batches
+    from exportkit.verify.inputs import load_batches, save_batches
 
     _reply(channel, ok=True, ready=True)
     model = signature = None
@@ -46,14 +44,13 @@ def main() -> int:
                     continue
                 _reply(channel, ok=True)
             elif request["op"] == "run":
-                batches = load_batches(request["inputs"])
+                batches = load_batches(request["dir"], request["inputs"])
                 outputs = [model.run(signature, batch) for batch in batches]
-                save_batches(request["outputs"], outputs)
+                save_batches(request["dir"], outputs, request["outputs"])
                 _reply(channel, ok=True)
         except Exception as err:  # the model's failure: report it, stay alive for the caller to close
             message = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
             _reply(channel, ok=False, kind="model", message=message, detail=traceback.format_exc()[-4000:])
-    del np
     return 0
 
 

@@ -188,7 +188,7 @@ def unresolved_classes(config, custom_objects: dict) -> list[tuple[str, str | No
     def walk(node):
         if isinstance(node, dict):
             class_name = node.get("class_name")
-            if isinstance(class_name, str) and "config" in node:
+            if isinstance(class_name, str) and "config" in node and not class_name.startswith("__"):
                 module = node.get("module")
                 registered = node.get("registered_name") or class_name
                 resolvable = (

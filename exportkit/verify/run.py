@@ -62,17 +62,18 @@ def _read_model(path: str, signature_name: str):
 
 
 def _read_golden(version_dir: Path):
-    from exportkit.batchfile import load_batches
     from exportkit.export import writer
+    from exportkit.verify.inputs import load_batches
 
     manifest_path = version_dir / writer.MANIFEST
     if not manifest_path.is_file():
         return None, None, None
     manifest = json.loads(manifest_path.read_text())
-    inputs_file, outputs_file = version_dir / writer.GOLDEN_INPUTS, version_dir / writer.GOLDEN_OUTPUTS
-    if not (inputs_file.is_file() and outputs_file.is_file()):
+    folder = version_dir / writer.EXTRA_DIR
+    try:
+        return manifest, load_batches(folder, writer.GOLDEN_INPUTS), load_batches(folder, writer.GOLDEN_OUTPUTS)
+    except UsageError:  # a manifest without its golden record: verify like a third-party SavedModel
         return manifest, None, None
-    return manifest, load_batches(inputs_file), load_batches(outputs_file)
 
 
 def _input_batches(specs, golden_inputs, inputs_file, samples, seed, int_range):
@@ -110,7 +111,6 @@ def verify_command(*, path, against=None, format=None, builder=None, builder_arg
                    save_inputs=None, save_outputs=None, atol=None, rtol=None, tol=None, runtimes=None,
                    serving="auto", model_server_bin=None, model_name=None, model_version=None, load_timeout=120.0,
                    device="cpu", allow_tf32=False, baseline=None, json_out=None, junit=None) -> int:
-    started = time.perf_counter()
     devices = _devices(device)
     names = _selected_runtimes(runtimes, serving, against)
     lo_hi = parse_int_range(int_range)
@@ -137,7 +137,8 @@ def verify_command(*, path, against=None, format=None, builder=None, builder_arg
              for k, v in signature["inputs"].items()]
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
     batches = _input_batches(specs, golden_inputs, inputs, samples, seed, lo_hi)
-    report.inputs = {"sources": sorted({origin for origin, _ in batches}, key=["golden", "file", "generated"].index),
+    origins = sorted({origin for origin, _ in batches}, key=["golden", "file", "generated"].index)
+    report.inputs = {"source": "+".join(origins),
                      "batch_sizes": [int(np.shape(next(iter(b.values())))[0]) if b and np.ndim(next(iter(b.values()))) else 1
                                      for _, b in batches], "seed": seed}
     if save_inputs:
@@ -173,7 +174,6 @@ def verify_command(*, path, against=None, format=None, builder=None, builder_arg
     if save_outputs:
         for label, per_batch in outputs.items():
             _save(save_outputs, label, [o for o in per_batch if o is not None])
-    report.seconds = time.perf_counter() - started
     return _finish(report, json_out, junit)
 
 
@@ -277,7 +277,7 @@ def _compare_all(report: VerifyReport, outputs: dict[str, list], batches, tolera
     report.reference = primary or ""
     others = sorted({r for r in references if r and r != primary})
     if others:
-        report.reference_note = f"{', '.join(others)} for inputs without a golden record"
+        report.inputs["reference_without_golden"] = ", ".join(others)
     for result in report.runtimes:
         if result.name not in outputs:
             continue
@@ -301,11 +301,9 @@ def _compare_all(report: VerifyReport, outputs: dict[str, list], batches, tolera
 
 
 def _save(directory: str, name: str, batches) -> None:
-    from exportkit.batchfile import save_batches
+    from exportkit.verify.inputs import save_batches
 
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_batches(folder / f"{name}.npz", batches)
+    save_batches(directory, batches, name)
 
 
 def _finish(report: VerifyReport, json_out, junit) -> int:

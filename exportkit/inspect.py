@@ -1,0 +1,242 @@
+"""`exportkit inspect`: read saved_model.pb into a SavedModelInfo and render it (text or JSON).
+
+Reading never imports TensorFlow (see exportkit.savedmodel), so inspecting takes a fraction of a second where
+`saved_model_cli show --all` takes several. Model sources (.h5, .keras, checkpoints) are described by
+exportkit.sources.describe, which does need TensorFlow and is imported only for them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exportkit.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
+from exportkit.findings import Finding, has_errors
+
+MANIFEST_PATH = "assets.extra/exportkit/manifest.json"
+ASSET_DIRS = ("assets", "assets.extra")
+SOURCE_SUFFIXES = (".h5", ".hdf5", ".keras")
+
+
+@dataclass
+class SavedModelInfo:
+    path: str  # the resolved version directory
+    tags: list[str]
+    tensorflow_version: str | None  # the TensorFlow that wrote the SavedModel (meta_info_def)
+    signatures: dict  # see exportkit.savedmodel.signatures_of
+    ops: dict[str, int]  # op type -> node count, graph + function library
+    assets: list[str]  # paths relative to `path`, under assets/ and assets.extra/
+    variables_bytes: int
+    manifest: dict | None  # assets.extra/exportkit/manifest.json, when present and valid
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "tags": list(self.tags),
+            "tensorflow_version": self.tensorflow_version,
+            "signatures": self.signatures,
+            "ops": dict(self.ops),
+            "assets": list(self.assets),
+            "variables_bytes": self.variables_bytes,
+            "manifest": self.manifest,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def _files_under(root: Path, top: Path) -> list[str]:
+    out = []
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            out.append((Path(dirpath) / name).relative_to(top).as_posix())
+    return out
+
+
+def _dir_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            try:
+                total += (Path(dirpath) / name).stat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def _read_manifest(directory: Path) -> tuple[dict | None, list[Finding]]:
+    path = directory / MANIFEST_PATH
+    if not path.is_file():
+        return None, []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        return None, [Finding("warning", "bad-manifest", f"{MANIFEST_PATH} cannot be read ({err}); export again")]
+    if not isinstance(data, dict):
+        return None, [Finding("warning", "bad-manifest", f"{MANIFEST_PATH} is not a JSON object; export again")]
+    return data, []
+
+
+def read_info(path: str | Path, *, signature_name: str | None = None, check_registry: bool = True) -> SavedModelInfo:
+    """Everything `inspect` shows about the SavedModel at `path` (version or base directory). No TF import.
+
+    `signature_name` and `check_registry` are passed to the lint (see exportkit.lint.lint_saved_model).
+    """
+    from exportkit.lint import lint_saved_model, op_counts
+    from exportkit.savedmodel import read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph, signatures_of
+
+    directory = resolve_savedmodel_dir(path)
+    proto = read_saved_model_proto(directory)
+    meta_graph = select_meta_graph(proto)
+    assets = sorted(a for d in ASSET_DIRS if (directory / d).is_dir() for a in _files_under(directory / d, directory))
+    manifest, manifest_findings = _read_manifest(directory)
+    findings = lint_saved_model(proto, signature_name, check_registry=check_registry) + manifest_findings
+    return SavedModelInfo(
+        path=os.path.abspath(directory),
+        tags=list(meta_graph.meta_info_def.tags),
+        tensorflow_version=meta_graph.meta_info_def.tensorflow_version or None,
+        signatures=signatures_of(meta_graph),
+        ops=op_counts(meta_graph),
+        assets=assets,
+        variables_bytes=_dir_bytes(directory / "variables"),
+        manifest=manifest,
+        findings=findings,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+def _fmt_shape(shape) -> str:
+    if shape is None:
+        return "unknown rank"
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _fmt_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit} ({n} bytes)"
+        size /= 1024
+    return f"{n} B"
+
+
+def _table(rows: list[tuple[str, ...]], indent: str) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [c.ljust(w) for c, w in zip(row, widths)]
+        lines.append((indent + "  ".join(cells)).rstrip())
+    return lines
+
+
+def _summary(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(list(value)[:6]) + (", ..." if len(value) > 6 else "") + "}"
+    if isinstance(value, list):
+        return f"[{len(value)} items]"
+    return str(value)
+
+
+def render_text(info: SavedModelInfo) -> str:
+    """Human output: `saved_model_cli show --all` layout, sorted and aligned, plus ops, assets and findings."""
+    out = [f"SavedModel: {info.path}",
+           f"  tags: {', '.join(info.tags) or '(none)'}    written by TensorFlow {info.tensorflow_version or '?'}",
+           ""]
+    if not info.signatures:
+        out += ["signatures: none", ""]
+    for name, sig in info.signatures.items():
+        out.append(f"signature_def['{name}']:")
+        for kind in ("inputs", "outputs"):
+            tensors = sig[kind]
+            out.append(f"  {kind}:")
+            if not tensors:
+                out.append("    (none)")
+                continue
+            rows = [("key", "dtype", "shape", "name")]
+            rows += [(k, t["dtype"], _fmt_shape(t["shape"]), t.get("name") or t.get("encoding") or "")
+                     for k, t in tensors.items()]
+            out += _table(rows, "    ")
+        out.append(f"  method name: {sig['method'] or '(none)'}")
+        out.append("")
+
+    total = sum(info.ops.values())
+    out.append(f"ops: {len(info.ops)} types, {total} nodes (graph and function library)")
+    if info.ops:
+        out += _table([(op, str(n)) for op, n in info.ops.items()], "  ")
+    out.append("")
+    out.append(f"assets: {len(info.assets)}")
+    out += [f"  {a}" for a in info.assets]
+    out.append(f"variables: {_fmt_bytes(info.variables_bytes)}")
+    if info.manifest is None:
+        out.append("manifest: none (not exported by exportkit)")
+    else:
+        out.append("manifest:")
+        out += _table([(str(k), _summary(v)) for k, v in sorted(info.manifest.items())], "  ") if info.manifest else []
+    out.append("")
+    if info.findings:
+        counts = [(sev, sum(f.severity == sev for f in info.findings)) for sev in ("error", "warning", "info")]
+        out.append("findings: " + ", ".join(f"{n} {sev}{'s' if n != 1 else ''}" for sev, n in counts if n))
+        out += [f"  {f.severity:<7}  {f.code:<22}  {f.message}" for f in info.findings]
+    else:
+        out.append("findings: none")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------------ command
+def is_model_source(path: str | Path, format: str | None = None) -> bool:
+    """True for what `export` reads (.h5/.hdf5/.keras/.weights.h5, checkpoint directories or prefixes)."""
+    if format:
+        return True
+    p = Path(path)
+    if p.is_file():
+        return p.name.lower().endswith(SOURCE_SUFFIXES)
+    if p.is_dir():
+        return (p / "checkpoint").is_file() and not (p / "saved_model.pb").is_file()
+    return Path(str(p) + ".index").is_file()  # a checkpoint prefix like ckpt/model-100
+
+
+def _print(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+
+
+def _describe(path, json_out, format, builder, builder_arg, model_config, spec, custom_objects, python_path,
+              policy, unsafe) -> int:
+    from exportkit.sources.describe import describe_source
+
+    result = describe_source(path, format=format, builder=builder, builder_args=builder_arg or [],
+                             model_config=model_config, spec=spec, custom_objects=custom_objects or [],
+                             python_path=python_path or [], policy=policy, unsafe=unsafe)
+    if json_out:
+        data = result.to_dict() if hasattr(result, "to_dict") else result
+        _print(json.dumps(data, indent=2, sort_keys=False, default=str))
+    elif hasattr(result, "render_text"):
+        _print(result.render_text())
+    else:
+        _print(str(result))
+    return int(getattr(result, "exit_code", EXIT_OK) or EXIT_OK)
+
+
+def inspect_command(path, json_out=False, strict=False, format=None, builder=None, builder_arg=None,
+                    model_config=None, spec=None, custom_objects=None, python_path=None, policy=None,
+                    unsafe=False) -> int:
+    """Show a SavedModel (or describe a model source). Returns the exit code: 0 readable; 1 with --strict and
+    an error finding; unreadable input raises UsageError (exit 2)."""
+    p = Path(path).expanduser()
+    if not p.exists() and not Path(str(p) + ".index").is_file():
+        raise UsageError(f"no such file or directory: {p}",
+                         "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")
+    if is_model_source(p, format):
+        return _describe(str(p), json_out, format, builder, builder_arg, model_config, spec, custom_objects,
+                         python_path, policy, unsafe)
+    if p.is_file() and p.name not in ("saved_model.pb", "saved_model.pbtxt"):
+        raise UsageError(f"{p} is neither a SavedModel nor a model source exportkit reads",
+                         "pass a SavedModel directory, a .h5/.hdf5/.keras/.weights.h5 file or a checkpoint directory")
+    info = read_info(p)
+    if json_out:
+        _print(json.dumps(info.to_dict(), indent=2))
+    else:
+        _print(render_text(info))
+    return EXIT_CHECK_FAILED if strict and has_errors(info.findings) else EXIT_OK

@@ -1,0 +1,322 @@
+"""Static checks of a SavedModel: the one implementation used by `inspect` and `verify`.
+
+Errors mean TF Serving cannot load or run the model; warnings mean it can, but clients or later exports will
+likely trip over it. Everything here works on the parsed protobuf and never imports TensorFlow, except the
+one-time fill of the registered-op cache (a subprocess, see `registered_ops`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from exportkit.findings import Finding
+from exportkit.savedmodel import SERVE_TAG, dtype_name, select_meta_graph, shape_list, signature_names
+
+# Ops that run Python in the exporting process: TF Serving (C++) cannot run them.
+PY_FUNC_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
+# `saved_model_cli scan`'s default denylist (tensorflow/python/tools/saved_model_cli.py, `_OP_DENYLIST`).
+DENYLIST_OPS = frozenset({"WriteFile", "ReadFile", "PrintV2"})
+# Keys TF/Keras generate when inputs or outputs are not named: unstable between exports.
+AUTO_KEY = re.compile(r"(keras_tensor|args)_\d+")
+HALF_DTYPES = ("float16", "bfloat16")
+DEFAULT_SIGNATURE = "serving_default"
+
+OP_CACHE_ENV = "EXPORTKIT_CACHE_DIR"
+_REGISTRY_TIMEOUT_S = 300
+
+_registry_lock = threading.Lock()
+_registry: dict[str, frozenset[str] | None] = {}
+
+
+# ------------------------------------------------------------------------------------- graph traversal
+def iter_nodes(meta_graph) -> Iterator[tuple[str | None, object]]:
+    """(function name or None for the top-level graph, NodeDef) for every node of the graph and its library.
+
+    The library is flat (nested functions are listed there too), so this reaches every function recursively.
+    """
+    graph = meta_graph.graph_def
+    for node in graph.node:
+        yield None, node
+    for fdef in graph.library.function:
+        for node in fdef.node_def:
+            yield fdef.signature.name, node
+
+
+def library_function_names(meta_graph) -> set[str]:
+    return {f.signature.name for f in meta_graph.graph_def.library.function}
+
+
+def op_counts(meta_graph) -> dict[str, int]:
+    """{op type: number of nodes} over the graph and, recursively, its function library; sorted by op name."""
+    counts = Counter(node.op for _, node in iter_nodes(meta_graph))
+    return dict(sorted(counts.items()))
+
+
+# ------------------------------------------------------------------------------------- op registry cache
+def tensorflow_version() -> str | None:
+    """The installed TensorFlow's version, from package metadata (does not import TensorFlow)."""
+    from importlib import metadata
+
+    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos", "tf-nightly",
+                 "tf-nightly-cpu", "tensorflow-aarch64"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def cache_dir() -> Path:
+    """`$EXPORTKIT_CACHE_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/exportkit`."""
+    override = os.environ.get(OP_CACHE_ENV)
+    if override:
+        return Path(override).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "exportkit"
+
+
+def op_cache_path(version: str | None = None) -> Path:
+    version = version or tensorflow_version() or "unknown"
+    return cache_dir() / f"ops-{re.sub(r'[^A-Za-z0-9_.+-]', '_', version)}.json"
+
+
+# Runs in a fresh interpreter: TF's C registry after `import tensorflow` holds every op of the core
+# libraries and of the kernel libraries TF loads at import time (including tensorflow-plugins).
+_REGISTRY_SCRIPT = r"""
+import json, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf
+from tensorflow.core.framework import op_def_pb2
+from tensorflow.python.client import pywrap_tf_session as c_api
+buf = c_api.TF_GetAllOpList()
+try:
+    op_list = op_def_pb2.OpList()
+    op_list.ParseFromString(c_api.TF_GetBuffer(buf))
+finally:
+    c_api.TF_DeleteBuffer(buf)
+names = sorted({op.name for op in op_list.op})
+sys.stdout.write(json.dumps({"tensorflow_version": tf.__version__, "ops": names}))
+"""
+
+
+def compute_registered_ops() -> dict:
+    """Ask a fresh Python with TensorFlow for its op registry: {"tensorflow_version", "ops": [names]}."""
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "")
+    proc = subprocess.run([sys.executable, "-c", _REGISTRY_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=_REGISTRY_TIMEOUT_S)
+    if proc.returncode != 0:
+        tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"listing TensorFlow's ops failed (exit {proc.returncode}): {tail[0]}")
+    data = json.loads(proc.stdout)
+    if not data.get("ops"):
+        raise RuntimeError("TensorFlow reported no registered ops")
+    return data
+
+
+def _write_atomic(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(payload, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def registered_ops() -> frozenset[str] | None:
+    """Names of every op registered in the installed TensorFlow; None if TensorFlow cannot say.
+
+    Read from `<cache dir>/ops-<tf version>.json`; the first call per TensorFlow version fills it from a
+    subprocess (a few seconds) and writes it atomically. Later calls cost a JSON read.
+    """
+    version = tensorflow_version()
+    key = version or "unknown"
+    if key in _registry:
+        return _registry[key]
+    with _registry_lock:
+        if key in _registry:
+            return _registry[key]
+        path = op_cache_path(version)
+        ops = None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("ops") and (version is None or data.get("tensorflow_version") == version):
+                ops = frozenset(data["ops"])
+        except (OSError, ValueError, AttributeError):
+            pass
+        if ops is None:
+            if sys.stderr.isatty():
+                sys.stderr.write(f"exportkit: listing the ops TensorFlow {key} registers (once; cached in {path})\n")
+            try:
+                data = compute_registered_ops()
+            except (OSError, RuntimeError, ValueError, subprocess.SubprocessError):
+                _registry[key] = None
+                return None
+            ops = frozenset(data["ops"])
+            try:
+                _write_atomic(op_cache_path(data.get("tensorflow_version") or version), data)
+            except OSError:
+                pass  # a read-only cache dir only costs speed
+        _registry[key] = ops
+        return ops
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def _where(function: str | None) -> str:
+    return f"function '{function}'" if function else "the top-level graph"
+
+
+def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]:
+    findings: list[Finding] = []
+    functions = library_function_names(meta_graph)
+    py_funcs: dict[str, list[str]] = {}
+    denylisted: dict[str, list[str]] = {}
+    unknown: dict[str, list[str]] = {}
+    for function, node in iter_nodes(meta_graph):
+        op = node.op
+        where = _where(function)
+        if op in PY_FUNC_OPS:
+            py_funcs.setdefault(op, []).append(f"{node.name} in {where}")
+        if op in DENYLIST_OPS:
+            denylisted.setdefault(op, []).append(where)
+        if op not in functions:
+            unknown.setdefault(op, []).append(where)
+
+    for op, places in sorted(py_funcs.items()):
+        findings.append(Finding(
+            "error", "py-func",
+            f"{prefix}op {op} ({_few(places)}) runs Python code; TF Serving cannot run it: replace "
+            f"tf.py_function/tf.numpy_function with TensorFlow ops"))
+    for op, places in sorted(denylisted.items()):
+        findings.append(Finding(
+            "warning", "denylisted-op",
+            f"{prefix}op {op} (in {_few(sorted(set(places)))}) is on saved_model_cli scan's denylist: it touches the "
+            f"file system or prints on the server"))
+
+    if check_registry:
+        registry = registered_ops()
+        if registry is None:
+            findings.append(Finding(
+                "warning", "op-registry-unavailable",
+                f"{prefix}could not list the ops registered in this TensorFlow, so unregistered ops were not "
+                f"checked: make sure `python -c 'import tensorflow'` works"))
+        else:
+            version = tensorflow_version() or "(installed)"
+            for op, places in sorted(unknown.items()):
+                if op in registry or not op:
+                    continue
+                findings.append(Finding(
+                    "error", "unknown-op",
+                    f"{prefix}op '{op}' (in {_few(sorted(set(places)))}) is not registered in TensorFlow {version}: "
+                    f"TF Serving fails to load the model unless the op's kernel library is linked into the server"))
+    return findings
+
+
+def _few(items: list[str], limit: int = 3) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _signature_findings(meta_graph, prefix: str, names: Iterable[str]) -> list[Finding]:
+    findings: list[Finding] = []
+    for name in names:
+        sig = meta_graph.signature_def[name]
+        for key in sorted(sig.inputs):
+            info = sig.inputs[key]
+            where = f"{prefix}signature '{name}' input '{key}'"
+            dtype = dtype_name(info.dtype)
+            shape = shape_list(info.tensor_shape) if info.HasField("tensor_shape") else None
+            if info.WhichOneof("encoding") == "name" and shape is None:
+                findings.append(Finding("warning", "unknown-rank",
+                                        f"{where} has unknown rank: clients cannot tell what shape to send; "
+                                        f"give the input_signature a shape"))
+            elif shape and shape[0] != -1:
+                findings.append(Finding("warning", "fixed-batch",
+                                        f"{where} has a fixed batch dimension {shape[0]} (shape {shape}): TF Serving "
+                                        f"batching and other batch sizes fail; use None as the first dimension"))
+            if dtype == "float64":
+                findings.append(Finding("warning", "float64-input",
+                                        f"{where} is float64: most clients send float32; export a float32 input"))
+            if AUTO_KEY.fullmatch(key):
+                findings.append(Finding("warning", "auto-key",
+                                        f"{where}: key '{key}' was generated and changes between exports; name the "
+                                        f"input (keras.Input(name=...) or TensorSpec(name=...))"))
+        for key in sorted(sig.outputs):
+            info = sig.outputs[key]
+            where = f"{prefix}signature '{name}' output '{key}'"
+            dtype = dtype_name(info.dtype)
+            if dtype in HALF_DTYPES:
+                findings.append(Finding("warning", "half-output",
+                                        f"{where} is {dtype}: clients usually expect float32 and lose precision; "
+                                        f"cast the output to float32 in the serving function"))
+            if AUTO_KEY.fullmatch(key):
+                findings.append(Finding("warning", "auto-key",
+                                        f"{where}: key '{key}' was generated and changes between exports; name the "
+                                        f"output (return a dict from the serving function)"))
+    return findings
+
+
+def lint_meta_graph(meta_graph, signature_name: str | None = None, prefix: str = "",
+                    check_registry: bool = True) -> list[Finding]:
+    """Findings for one MetaGraph. With `signature_name`, signature checks cover that signature only."""
+    findings: list[Finding] = []
+    available = signature_names(meta_graph)
+    if signature_name is not None and signature_name not in available:
+        findings.append(Finding(
+            "error", "missing-signature",
+            f"{prefix}no signature '{signature_name}'; available: {', '.join(available) or 'none'}"))
+        names: list[str] = []
+    elif signature_name is not None:
+        names = [signature_name]
+    else:
+        names = available
+        if not available:
+            findings.append(Finding("error", "missing-signature",
+                                    f"{prefix}the MetaGraph has no signatures: TF Serving has nothing to serve; "
+                                    f"export with signatures"))
+        elif DEFAULT_SIGNATURE not in meta_graph.signature_def:
+            findings.append(Finding("warning", "no-default-signature",
+                                    f"{prefix}no '{DEFAULT_SIGNATURE}' signature (available: {', '.join(available)}): "
+                                    f"requests must name a signature"))
+    findings.extend(_signature_findings(meta_graph, prefix, names))
+    findings.extend(_op_findings(meta_graph, prefix, check_registry))
+    return findings
+
+
+def lint_saved_model(saved_model_proto, signature_name: str | None = None, *,
+                     check_registry: bool = True) -> list[Finding]:
+    """All findings for a parsed SavedModel, errors first (stable order within a severity).
+
+    Checks the MetaGraph TF Serving loads (tag `serve`; the first one if none has it). `signature_name`
+    restricts the signature checks to that signature and reports `missing-signature` if it is absent.
+    `check_registry=False` skips the unregistered-op check (which may need a one-time TensorFlow subprocess).
+    """
+    graphs = list(saved_model_proto.meta_graphs)
+    findings: list[Finding] = []
+    if not graphs:
+        return [Finding("error", "no-meta-graph", "the SavedModel holds no MetaGraph; export it again")]
+    meta_graph = select_meta_graph(saved_model_proto)
+    if SERVE_TAG not in meta_graph.meta_info_def.tags:
+        tags = ["{" + ",".join(mg.meta_info_def.tags) + "}" for mg in graphs]
+        findings.append(Finding("error", "no-serve-tag",
+                                f"no MetaGraph is tagged '{SERVE_TAG}' (tag sets: {', '.join(tags)}): TF Serving "
+                                f"loads '{SERVE_TAG}' by default; export with tags=['serve']"))
+    findings.extend(lint_meta_graph(meta_graph, signature_name, check_registry=check_registry))
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(findings, key=lambda f: order.get(f.severity, 3))

@@ -1,0 +1,266 @@
+"""Finding and reading SavedModels fast: saved_model.pb is parsed without importing TensorFlow.
+
+`import tensorflow` costs about 3 s. The generated protobuf modules under `tensorflow/core/...` need only
+`google.protobuf`, so they are imported with a throw-away stand-in for the top-level `tensorflow` package
+(whose `__init__` is what is slow). The stand-in lives in `sys.modules` only while those modules import and
+is removed afterwards, so a later real `import tensorflow` works and even reuses the same message classes.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.machinery
+import importlib.util
+import re
+import sys
+import threading
+import types
+from pathlib import Path
+
+from exportkit.errors import UsageError
+
+SAVED_MODEL_PB = "saved_model.pb"
+SAVED_MODEL_PBTXT = "saved_model.pbtxt"
+SERVE_TAG = "serve"
+
+_lock = threading.Lock()
+_protos: dict[str, types.ModuleType] = {}
+
+_PROTO_MODULES = {
+    "saved_model": "tensorflow.core.protobuf.saved_model_pb2",
+    "meta_graph": "tensorflow.core.protobuf.meta_graph_pb2",
+    "types": "tensorflow.core.framework.types_pb2",
+    "tensor_shape": "tensorflow.core.framework.tensor_shape_pb2",
+    "graph": "tensorflow.core.framework.graph_pb2",
+    "op_def": "tensorflow.core.framework.op_def_pb2",
+}
+
+
+# --------------------------------------------------------------------------------------------- protobufs
+def _tensorflow_module_lock():
+    """Hold the import system's lock for `tensorflow` so another thread's `import tensorflow` waits for the
+    real module instead of picking up the stand-in (CPython's private API; without it, no lock)."""
+    try:
+        from importlib._bootstrap import _ModuleLockManager  # type: ignore[attr-defined]
+
+        return _ModuleLockManager("tensorflow")
+    except Exception:  # pragma: no cover - other Pythons
+        return contextlib.nullcontext()
+
+
+def _import_protos_without_tf() -> None:
+    """Import the *_pb2 modules with a temporary stand-in for the `tensorflow` package (see module doc)."""
+    spec = importlib.util.find_spec("tensorflow")  # locates the package without executing its __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError("TensorFlow is not installed in this Python environment; it is needed to read SavedModels",
+                         "pip install tensorflow")
+    with _tensorflow_module_lock():
+        if "tensorflow" in sys.modules:  # another thread imported the real one meanwhile
+            for key, name in _PROTO_MODULES.items():
+                _protos[key] = importlib.import_module(name)
+            return
+        stub = types.ModuleType("tensorflow")
+        stub.__path__ = list(spec.submodule_search_locations)
+        stub.__exportkit_stub__ = True
+        stub_spec = importlib.machinery.ModuleSpec("tensorflow", None, is_package=True)
+        stub_spec.submodule_search_locations = list(spec.submodule_search_locations)
+        stub_spec._initializing = True  # other threads treat it as "being imported" and wait on the lock
+        stub.__spec__ = stub_spec
+
+        def __getattr__(attr):  # a thread that got hold of the stand-in is handed the real TensorFlow
+            if sys.modules.get("tensorflow") is stub or attr.startswith("__"):
+                raise AttributeError(attr)
+            return getattr(importlib.import_module("tensorflow"), attr)
+
+        stub.__getattr__ = __getattr__
+        sys.modules["tensorflow"] = stub
+        try:
+            for key, name in _PROTO_MODULES.items():
+                _protos[key] = importlib.import_module(name)
+        finally:
+            # Only the stand-in goes. `tensorflow.core*` are the real (empty) packages and the *_pb2 modules the
+            # real modules: a later `import tensorflow` runs the real __init__ and reuses them (same classes).
+            if sys.modules.get("tensorflow") is stub:
+                del sys.modules["tensorflow"]
+
+
+def protos() -> dict[str, types.ModuleType]:
+    """The generated protobuf modules, keyed `saved_model`, `meta_graph`, `types`, `tensor_shape`, ..."""
+    if len(_protos) == len(_PROTO_MODULES):
+        return _protos
+    with _lock:
+        if len(_protos) == len(_PROTO_MODULES):
+            return _protos
+        tf = sys.modules.get("tensorflow")
+        already = all(name in sys.modules for name in _PROTO_MODULES.values())
+        if (tf is not None and not getattr(tf, "__exportkit_stub__", False)) or already:
+            # TensorFlow (or the modules themselves) are already there: importing is free.
+            for key, name in _PROTO_MODULES.items():
+                _protos[key] = importlib.import_module(name)
+        else:
+            _import_protos_without_tf()
+    return _protos
+
+
+def read_saved_model_proto(path: str | Path):
+    """Parse `<dir>/saved_model.pb` (or .pbtxt) into a `tensorflow.SavedModel` message, without importing TF.
+
+    `path` may be a version directory or a model base directory (see `resolve_savedmodel_dir`).
+    """
+    directory = resolve_savedmodel_dir(path)
+    pb = protos()["saved_model"]
+    proto = pb.SavedModel()
+    binary, text = directory / SAVED_MODEL_PB, directory / SAVED_MODEL_PBTXT
+    try:
+        if binary.is_file():
+            proto.ParseFromString(binary.read_bytes())
+        else:
+            from google.protobuf import text_format
+
+            text_format.Parse(text.read_text(encoding="utf-8"), proto)
+    except Exception as err:  # DecodeError, ParseError, OSError
+        raise UsageError(f"cannot parse {binary if binary.is_file() else text}: {type(err).__name__}: {err}",
+                         "the file is damaged or not a SavedModel; export the model again") from err
+    if not proto.meta_graphs:
+        raise UsageError(f"{directory} holds a SavedModel without any MetaGraph", "export the model again")
+    return proto
+
+
+# ------------------------------------------------------------------------------------------- directories
+def _has_saved_model(directory: Path) -> bool:
+    return (directory / SAVED_MODEL_PB).is_file() or (directory / SAVED_MODEL_PBTXT).is_file()
+
+
+def list_versions(base: str | Path) -> list[int]:
+    """Integer-named subdirectories of a model base directory that hold a SavedModel, ascending."""
+    base = Path(base)
+    versions = []
+    try:
+        children = list(base.iterdir())
+    except OSError:
+        return []
+    for child in children:
+        if child.is_dir() and re.fullmatch(r"\d+", child.name) and _has_saved_model(child):
+            versions.append(int(child.name))
+    return sorted(versions)
+
+
+def resolve_savedmodel_dir(path: str | Path) -> Path:
+    """The SavedModel directory meant by `path`.
+
+    A version directory (holds saved_model.pb) is returned as is; a model base directory resolves, like TF
+    Serving, to its highest integer-named subdirectory that holds saved_model.pb. Anything else is a UsageError.
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise UsageError(f"no such file or directory: {p}", "check the path (a SavedModel version or base directory)")
+    if p.is_file():
+        if p.name in (SAVED_MODEL_PB, SAVED_MODEL_PBTXT):
+            return p.parent
+        raise UsageError(f"{p} is a file, not a SavedModel directory",
+                         "pass the directory that contains saved_model.pb, or its model base directory")
+    if _has_saved_model(p):
+        return p
+    versions = list_versions(p)
+    if versions:
+        return p / _version_name(p, versions[-1])
+    numeric = sorted(c.name for c in p.iterdir() if c.is_dir() and re.fullmatch(r"\d+", c.name))
+    if numeric:
+        raise UsageError(f"{p} has version directories ({', '.join(numeric[:5])}) but none contains saved_model.pb",
+                         "the export did not finish or wrote elsewhere; export the model again")
+    raise UsageError(f"{p} contains no saved_model.pb and no integer-named version directory with one",
+                     "pass a SavedModel version directory (with saved_model.pb) or its base directory "
+                     "(models/NAME holding 1/, 2/, ...)")
+
+
+def _version_name(base: Path, version: int) -> str:
+    """The real name of version `version` (`007` stays `007`)."""
+    for child in base.iterdir():
+        if child.is_dir() and re.fullmatch(r"\d+", child.name) and int(child.name) == version and _has_saved_model(child):
+            return child.name
+    return str(version)
+
+
+# ---------------------------------------------------------------------------------------- MetaGraph choice
+def select_meta_graph(saved_model, tags: list[str] | tuple[str, ...] | None = None):
+    """The MetaGraph with exactly `tags` (default: the one TF Serving loads, tagged `serve`), else the first."""
+    graphs = list(saved_model.meta_graphs)
+    wanted = set(tags) if tags else {SERVE_TAG}
+    for mg in graphs:
+        if set(mg.meta_info_def.tags) == wanted:
+            return mg
+    if not tags:
+        for mg in graphs:
+            if SERVE_TAG in mg.meta_info_def.tags:
+                return mg
+        return graphs[0]
+    available = ["{" + ",".join(mg.meta_info_def.tags) + "}" for mg in graphs]
+    raise UsageError(f"no MetaGraph with tags {sorted(wanted)}; available: {', '.join(available)}",
+                     "pick one of the available tag sets")
+
+
+# ----------------------------------------------------------------------------------------- dtypes, shapes
+_DTYPE_NAMES = {
+    "DT_FLOAT": "float32", "DT_DOUBLE": "float64", "DT_HALF": "float16", "DT_BFLOAT16": "bfloat16",
+    "DT_STRING": "string", "DT_BOOL": "bool", "DT_INVALID": "invalid",
+}
+
+
+def dtype_name(dtype_enum: int) -> str:
+    """A DataType enum value as a numpy-style name: float32, float16, bfloat16, int64, string, bool, ..."""
+    types_pb2 = protos()["types"]
+    try:
+        name = types_pb2.DataType.Name(int(dtype_enum))
+    except ValueError:
+        return f"dtype_{int(dtype_enum)}"
+    if name.endswith("_REF"):
+        name = name[: -len("_REF")]
+    return _DTYPE_NAMES.get(name, name[len("DT_"):].lower() if name.startswith("DT_") else name.lower())
+
+
+def shape_list(shape_proto) -> list[int] | None:
+    """A TensorShapeProto as a list with -1 for unknown dimensions; None when the rank is unknown."""
+    if shape_proto is None or shape_proto.unknown_rank:
+        return None
+    return [int(d.size) if d.size >= 0 else -1 for d in shape_proto.dim]
+
+
+# -------------------------------------------------------------------------------------------- signatures
+def tensor_info_dict(info) -> dict:
+    """A TensorInfo as {"dtype", "shape", "name"} (plus "encoding" for sparse/composite tensors)."""
+    out = {"dtype": dtype_name(info.dtype),
+           "shape": shape_list(info.tensor_shape) if info.HasField("tensor_shape") else None,
+           "name": None}
+    encoding = info.WhichOneof("encoding")
+    if encoding == "name":
+        out["name"] = info.name
+    elif encoding == "coo_sparse":
+        out["name"] = info.coo_sparse.values_tensor_name
+        out["encoding"] = "coo_sparse"
+    elif encoding == "composite_tensor":
+        out["encoding"] = "composite_tensor"
+    return out
+
+
+INIT_OP_SIGNATURE = "__saved_model_init_op"  # TF's table/asset initializer: not servable, hidden by default
+
+
+def signature_names(meta_graph, include_internal: bool = False) -> list[str]:
+    """Sorted signature keys; `__saved_model_init_op` only with `include_internal`."""
+    return sorted(n for n in meta_graph.signature_def if include_internal or n != INIT_OP_SIGNATURE)
+
+
+def signatures_of(meta_graph, include_internal: bool = False) -> dict:
+    """{NAME: {"method", "inputs": {KEY: {"dtype", "shape", "name"}}, "outputs": {...}}}, sorted by name/key.
+
+    Shapes use -1 for unknown dimensions and None for unknown rank; dtypes are numpy-style names.
+    """
+    result = {}
+    for name in signature_names(meta_graph, include_internal):
+        sig = meta_graph.signature_def[name]
+        result[name] = {
+            "method": sig.method_name,
+            "inputs": {k: tensor_info_dict(sig.inputs[k]) for k in sorted(sig.inputs)},
+            "outputs": {k: tensor_info_dict(sig.outputs[k]) for k in sorted(sig.outputs)},
+        }
+    return result

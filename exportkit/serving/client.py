@@ -1,0 +1,187 @@
+"""A thin client for TF Serving's gRPC API (the official stubs), for any server: real binary, remote, embedded.
+
+Every call has a deadline. Errors come back as `ServingError` carrying the gRPC status code name and message,
+so reports can say exactly what the server answered. Only `wait_available` retries (UNAVAILABLE while a server
+starts up); everything else fails on the first error. `predict` adds little over a bare stub call: one fast
+TensorProto fill per input, one `np.frombuffer` per output.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import grpc
+import numpy as np
+
+from exportkit.serving.warmup import _np_to_dt, ndarray_to_tensor_proto, tensor_proto_to_ndarray
+from exportkit.tfenv import import_tf
+
+GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+_RETRY_WHILE_STARTING = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class ServingError(Exception):
+    """The server answered with an error status (`code`: e.g. "INVALID_ARGUMENT") or never became AVAILABLE."""
+
+    def __init__(self, code: str, message: str, rpc: str | None = None):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.rpc = rpc
+
+
+class ModelLoadFailed(ServingError):
+    """GetModelStatus says the version ended (END) with an error: the model failed to load."""
+
+
+def _error(err: grpc.RpcError, rpc: str) -> ServingError:
+    code = err.code() if hasattr(err, "code") else None
+    details = err.details() if hasattr(err, "details") else str(err)
+    return ServingError(code.name if code else "UNKNOWN", details or "", rpc)
+
+
+class ServingClient:
+    """Talks to one model (name, optional version, signature) at `address` ("host:port")."""
+
+    def __init__(self, address: str, model_name: str, version: int | None = None,
+                 signature_name: str = "serving_default", timeout: float = 30.0):
+        import_tf()  # the serving protos import TF; do it quietly first
+        from tensorflow_serving.apis import model_pb2, model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc
+
+        self.address = address
+        self.model_name = model_name
+        self.version = version
+        self.signature_name = signature_name
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        prediction = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
+        self._predict = prediction.Predict
+        self._metadata = prediction.GetModelMetadata
+        self._status = model_service_pb2_grpc.ModelServiceStub(self._channel).GetModelStatus
+        self._PredictRequest = predict_pb2.PredictRequest
+        spec = model_pb2.ModelSpec(name=model_name, signature_name=signature_name)
+        if version is not None:
+            spec.version.value = int(version)
+        self._spec = spec
+        self._np_to_dt = _np_to_dt()
+
+    # -- status -------------------------------------------------------------------------------------------------
+    def status(self, timeout: float | None = None):
+        """The raw GetModelStatusResponse for this model (and version, if one was given)."""
+        from tensorflow_serving.apis import get_model_status_pb2
+
+        request = get_model_status_pb2.GetModelStatusRequest()
+        request.model_spec.name = self.model_name
+        if self.version is not None:
+            request.model_spec.version.value = int(self.version)
+        try:
+            return self._status(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as err:
+            raise _error(err, "GetModelStatus") from None
+
+    def wait_available(self, deadline_seconds: float = 60.0, check: Callable[[], None] | None = None) -> int:
+        """Poll GetModelStatus (with backoff) until the version is AVAILABLE; return that version.
+
+        Retries UNAVAILABLE (server not listening yet) until the deadline; raises ModelLoadFailed with the
+        server's error message on END, ServingError("DEADLINE_EXCEEDED") on timeout, ServingError for any other
+        status (e.g. NOT_FOUND: wrong model name). `check` is called each round; a launcher uses it to raise as
+        soon as its server process died.
+        """
+        from tensorflow_serving.apis import get_model_status_pb2
+
+        states = get_model_status_pb2.ModelVersionStatus.State
+        end = time.monotonic() + deadline_seconds
+        delay, last = 0.05, "no answer yet"
+        while True:
+            if check is not None:
+                check()
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raise ServingError("DEADLINE_EXCEEDED",
+                                   f"model '{self.model_name}' not AVAILABLE at {self.address} after "
+                                   f"{deadline_seconds:g}s (last: {last})", "GetModelStatus")
+            try:
+                response = self.status(timeout=max(0.2, min(self.timeout, remaining, 5.0)))
+            except ServingError as err:
+                if err.code not in {c.name for c in _RETRY_WHILE_STARTING}:
+                    raise
+                last = f"{err.code}: {err.message}"
+            else:
+                entries = list(response.model_version_status)
+                available = [e.version for e in entries if e.state == states.AVAILABLE]
+                if available:
+                    return max(available)
+                failed = [e for e in entries if e.state == states.END]
+                if entries and len(failed) == len(entries):
+                    worst = max(failed, key=lambda e: e.version)
+                    raise ModelLoadFailed("END", f"model '{self.model_name}' version {worst.version} failed to load: "
+                                                 f"{worst.status.error_message or 'no error message'}", "GetModelStatus")
+                last = ", ".join(f"version {e.version} {states.Name(e.state)}" for e in entries) or "no versions"
+            time.sleep(max(0.0, min(delay, end - time.monotonic())))
+            delay = min(delay * 1.5, 1.0)
+
+    # -- metadata -----------------------------------------------------------------------------------------------
+    def metadata(self) -> dict:
+        """{signature_name: SignatureDef} from GetModelMetadata(metadata_field=["signature_def"])."""
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        request.model_spec.name = self.model_name
+        if self.version is not None:
+            request.model_spec.version.value = int(self.version)
+        try:
+            response = self._metadata(request, timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise _error(err, "GetModelMetadata") from None
+        signature_map = get_model_metadata_pb2.SignatureDefMap()
+        if "signature_def" not in response.metadata or not response.metadata["signature_def"].Unpack(signature_map):
+            raise ServingError("INVALID_RESPONSE", "GetModelMetadata answered without a SignatureDefMap in "
+                                                   "metadata['signature_def']", "GetModelMetadata")
+        return dict(signature_map.signature_def)
+
+    # -- predict ------------------------------------------------------------------------------------------------
+    def make_request(self, inputs: dict[str, np.ndarray], output_filter: list[str] | None = None,
+                     signature_name: str | None = None):
+        request = self._PredictRequest()
+        request.model_spec.CopyFrom(self._spec)
+        if signature_name is not None:
+            request.model_spec.signature_name = signature_name
+        np_to_dt = self._np_to_dt
+        for key, value in inputs.items():
+            arr = np.asarray(value)
+            proto = request.inputs[key]
+            enum = np_to_dt.get(arr.dtype) if arr.dtype.kind not in "OSU" else None
+            if enum is not None:  # fast path: fill in place, no intermediate proto
+                proto.dtype = enum
+                proto.tensor_content = np.ascontiguousarray(arr).tobytes()
+                dims = proto.tensor_shape.dim
+                for d in arr.shape:
+                    dims.add(size=d)
+            else:
+                proto.CopyFrom(ndarray_to_tensor_proto(arr))
+        if output_filter:
+            request.output_filter.extend(output_filter)
+        return request
+
+    def predict_request(self, request):
+        """Send a ready PredictRequest as is; return the raw PredictResponse."""
+        try:
+            return self._predict(request, timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise _error(err, "Predict") from None
+
+    def predict(self, inputs: dict[str, np.ndarray], output_filter: list[str] | None = None,
+                signature_name: str | None = None) -> dict[str, np.ndarray]:
+        """Predict on this model/signature; outputs keyed by signature output name."""
+        response = self.predict_request(self.make_request(inputs, output_filter, signature_name))
+        return {key: tensor_proto_to_ndarray(proto) for key, proto in response.outputs.items()}
+
+    # -- lifetime -------------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "ServingClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

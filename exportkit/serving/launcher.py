@@ -1,0 +1,405 @@
+"""Three ways to get a TF Serving-compatible server, one result: `ServerHandle` (address, description, stop()).
+
+    binary    the real `tensorflow_model_server` (explicit path, else $EXPORTKIT_MODEL_SERVER, else PATH)
+    remote    HOST:PORT of a server someone else runs; nothing is launched
+    embedded  `python -I -m exportkit serve` in a child process: the TF1-style loader, no user code on sys.path
+    auto      binary if found, else embedded
+
+Launched servers run in their own process group and are stopped (SIGTERM, wait, SIGKILL to the group) on
+success, error and Ctrl-C, so no server outlives the check. A model that fails to load is `CheckFailed` with
+the tail of the server's log; a missing binary or a server that cannot start is `InfraError`.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from exportkit.errors import CheckFailed, InfraError, UsageError
+
+BINARY_NAME = "tensorflow_model_server"
+BINARY_ENV = "EXPORTKIT_MODEL_SERVER"
+INSTALL_HINT = ("install TF Serving: the `tensorflow/serving` Docker image, or the `tensorflow-model-server` package "
+                "from TensorFlow's apt repository (https://www.tensorflow.org/tfx/serving/setup); then pass "
+                f"--model-server-bin PATH or set ${BINARY_ENV}, or use --serving embedded")
+LOG_TAIL_LINES = 40
+
+_live: set = set()  # handles not yet stopped; stopped at interpreter exit as a last resort
+
+
+@atexit.register
+def _stop_all() -> None:
+    for handle in list(_live):
+        handle.stop()
+
+
+@dataclass
+class ServerHandle:
+    """A running (or remote) server: where it is, what it is, and how to stop it. A context manager."""
+
+    address: str
+    description: dict
+    model_name: str
+    model_version: int | None
+    _stop: Callable[[], None] | None = field(default=None, repr=False)
+    process: subprocess.Popen | None = field(default=None, repr=False)  # None for a remote server
+
+    def stop(self) -> None:
+        """Idempotent; safe from `finally`, `__exit__` and atexit."""
+        stop, self._stop = self._stop, None
+        _live.discard(self)
+        if stop is not None:
+            stop()
+
+    def __enter__(self) -> "ServerHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    __hash__ = object.__hash__
+
+
+# --------------------------------------------------------------------------------------------------- processes
+class _Child:
+    """A child in its own process group with its log in a temp file; `stop()` leaves nothing behind."""
+
+    def __init__(self, argv: list[str], env: dict, stdout=None, stdin=None, cwd: str | None = None, label: str = "server"):
+        self.label = label
+        self.log = tempfile.NamedTemporaryFile(prefix="exportkit-serving-", suffix=".log", delete=False)
+        try:
+            self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                                         stdout=stdout if stdout is not None else self.log, stderr=self.log,
+                                         start_new_session=True, close_fds=True)
+        except OSError as err:
+            self._remove_log()
+            raise InfraError(f"cannot start {label} ({argv[0]}): {err}", INSTALL_HINT if label == "binary" else None) from None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            with open(self.log.name, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 64 * 1024))
+                text = fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)  # start_new_session: pgid == pid
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM the group, wait `grace`, then SIGKILL the group; always reap and remove the log."""
+        try:
+            if self.proc.poll() is None:
+                self._signal_group(signal.SIGTERM)
+                try:
+                    self.proc.wait(grace)
+                except subprocess.TimeoutExpired:
+                    pass
+            self._signal_group(signal.SIGKILL)  # grandchildren that ignored SIGTERM or outlived the leader
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        finally:
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe is not None:
+                    try:
+                        pipe.close()
+                    except OSError:
+                        pass
+            self._remove_log()
+
+    def _remove_log(self) -> None:
+        try:
+            self.log.close()
+            os.unlink(self.log.name)
+        except OSError:
+            pass
+
+
+def free_port() -> int:
+    """A free loopback port (the server binds it a moment later; the race is accepted)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _child_env(device: str) -> dict:
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif device != "gpu":
+        raise UsageError(f"device must be cpu or gpu, got {device!r}")
+    return env
+
+
+def _wait(handle_child: _Child, client, load_timeout: float, what: str) -> int:
+    """Wait until AVAILABLE; the child dying, END or the timeout are CheckFailed with the log tail."""
+    from exportkit.serving.client import ModelLoadFailed, ServingError
+
+    def check() -> None:
+        if not handle_child.alive():
+            raise CheckFailed(f"{what} exited with code {handle_child.proc.returncode} before the model was AVAILABLE:\n"
+                              f"{handle_child.tail()}", "the server log above says why the model did not load")
+
+    try:
+        return client.wait_available(load_timeout, check=check)
+    except ModelLoadFailed as err:
+        raise CheckFailed(f"{what}: {err.message}\n{handle_child.tail()}") from None
+    except ServingError as err:
+        if err.code == "DEADLINE_EXCEEDED":
+            raise CheckFailed(f"{what} timed out after {load_timeout:g}s waiting for the model to be AVAILABLE "
+                              f"({err.message}):\n{handle_child.tail()}", "raise --load-timeout if the model is big") from None
+        raise CheckFailed(f"{what}: {err}\n{handle_child.tail()}") from None
+
+
+def _model_name(path: str, model_name: str | None) -> str:
+    from exportkit.serving.server import resolve_model_path
+
+    return model_name or resolve_model_path(path).default_name
+
+
+# --------------------------------------------------------------------------------------------------- binary
+def find_binary(explicit: str | None = None) -> str | None:
+    """Explicit path, else $EXPORTKIT_MODEL_SERVER, else `tensorflow_model_server` on PATH; None if none."""
+    for candidate, source in ((explicit, "--model-server-bin"), (os.environ.get(BINARY_ENV), f"${BINARY_ENV}")):
+        if candidate:
+            resolved = shutil.which(candidate) if os.sep not in candidate else candidate
+            if not resolved or not (os.path.isfile(resolved) and os.access(resolved, os.X_OK)):
+                raise InfraError(f"{source} points to {candidate!r}, which is not an executable file", INSTALL_HINT)
+            return os.path.abspath(resolved)
+    return shutil.which(BINARY_NAME)
+
+
+def binary_version(binary: str, timeout: float = 10.0) -> str:
+    """`tensorflow_model_server --version` ("TensorFlow ModelServer: 2.x.y..."), or "unknown" if it misbehaves.
+
+    Asked only once the model is AVAILABLE (a binary that cannot load the model is not worth asking), in its own
+    process group so a hanging binary is killed whole.
+    """
+    try:
+        proc = subprocess.Popen([binary, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError:
+        return "unknown"
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out = b""
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.communicate()
+    match = re.search(r"TensorFlow ModelServer:\s*(\S+)", out.decode("utf-8", "replace"))
+    return match.group(1) if match else "unknown"
+
+
+def _binary_base_dir(path: str, stack: list) -> tuple[str, int]:
+    """TF Serving wants a base dir of integer versions and serves the highest; make one that serves `path`."""
+    from exportkit.serving.server import list_versions, resolve_model_path
+
+    loc = resolve_model_path(path)
+    if loc.base_dir is not None and max(list_versions(loc.base_dir)) == loc.version:
+        return loc.base_dir, loc.version
+    tmp = tempfile.mkdtemp(prefix="exportkit-base-")
+    stack.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
+    os.symlink(loc.version_dir, os.path.join(tmp, str(loc.version)))
+    return tmp, loc.version
+
+
+def launch_binary(path: str, model_name: str | None = None, binary: str | None = None, device: str = "cpu",
+                  load_timeout: float = 120.0) -> ServerHandle:
+    """Run the real tensorflow_model_server on a free loopback port; return once the model is AVAILABLE."""
+    from exportkit.serving.client import ServingClient
+
+    found = find_binary(binary)
+    if found is None:
+        raise InfraError(f"{BINARY_NAME} not found (no --model-server-bin, no ${BINARY_ENV}, not on PATH)", INSTALL_HINT)
+    name = _model_name(path, model_name)
+    cleanup: list = []
+    child = client = None
+    try:
+        base_dir, version = _binary_base_dir(path, cleanup)
+        port = free_port()
+        argv = [found, f"--port={port}", "--rest_api_port=0", f"--model_name={name}",
+                f"--model_base_path={os.path.abspath(base_dir)}"]
+        child = _Child(argv, _child_env(device), label="binary")
+        address = f"127.0.0.1:{port}"
+        client = ServingClient(address, name, version)
+        _wait(child, client, load_timeout, f"{BINARY_NAME} ({found})")
+        description = {"kind": "binary", "version": binary_version(found), "address": address,
+                       "binary": found, "model_name": name, "model_version": version}
+    except BaseException:
+        if child is not None:
+            child.stop()
+        for fn in cleanup:
+            fn()
+        raise
+    finally:
+        if client is not None:
+            client.close()
+
+    def stop() -> None:
+        child.stop()
+        for fn in cleanup:
+            fn()
+
+    handle = ServerHandle(address, description, name, version, stop, child.proc)
+    _live.add(handle)
+    return handle
+
+
+# --------------------------------------------------------------------------------------------------- embedded
+def _read_line(child: _Child, deadline: float, pattern: re.Pattern) -> str | None:
+    """The first stdout line matching `pattern` (other lines: noise, skipped); '' if stdout closed first (the
+    server exited), None if the deadline passed."""
+    import selectors
+
+    fd = child.proc.stdout.fileno()
+    buf = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                text = line.decode("utf-8", "replace")
+                if pattern.match(text):
+                    return text
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            if not sel.select(min(remaining, 0.5)):
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return ""
+            buf += chunk
+
+
+def launch_embedded(path: str, model_name: str | None = None, device: str = "cpu",
+                    load_timeout: float = 120.0) -> ServerHandle:
+    """`python -I -m exportkit serve PATH --port 0` in a child: isolated from cwd/PYTHONPATH, so no user code."""
+    from exportkit import __version__
+    from exportkit.serving.server import ADDRESS_RE, WATCH_STDIN_ENV, resolve_model_path
+
+    loc = resolve_model_path(path)
+    name = model_name or loc.default_name
+    env = _child_env(device)
+    env[WATCH_STDIN_ENV] = "1"  # the child exits when our end of its stdin closes (we died)
+    argv = [sys.executable, "-I", "-m", "exportkit", "serve", os.path.abspath(path), "--port", "0",
+            "--model-name", name, "--device", device]
+    workdir = tempfile.mkdtemp(prefix="exportkit-serve-cwd-")  # nothing importable in the child's cwd
+    child = _Child(argv, env, stdout=subprocess.PIPE, stdin=subprocess.PIPE, cwd=workdir, label="embedded server")
+    client = None
+    what = "embedded server (exportkit serve)"
+    deadline = time.monotonic() + load_timeout
+    try:
+        from exportkit.tfenv import import_tf
+
+        import_tf()  # the client needs TF too: import it while the child starts, not after
+        line = _read_line(child, deadline, ADDRESS_RE)
+        match = ADDRESS_RE.match(line or "")
+        if not match:
+            if line is not None:  # stdout closed: it is exiting; give it a moment to be reaped
+                try:
+                    child.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
+            if child.alive():
+                raise CheckFailed(f"{what} timed out after {load_timeout:g}s waiting for the model to be AVAILABLE:\n"
+                                  f"{child.tail()}", "raise --load-timeout if the model is big")
+            child.proc.wait()
+            tail = child.tail()
+            if "No module named exportkit" in tail:
+                raise InfraError(f"{what} cannot import exportkit in isolated mode (python -I)",
+                                 f"install exportkit into {sys.executable} (pip install -e .)")
+            if child.proc.returncode == 3:
+                raise InfraError(f"{what} could not start:\n{tail}")
+            raise CheckFailed(f"{what} exited with code {child.proc.returncode} before the model was AVAILABLE:\n{tail}",
+                              "the server log above says why the model did not load")
+        from exportkit.serving.client import ServingClient
+
+        address = match.group("address")
+        version = int(match.group("version"))
+        client = ServingClient(address, name, version)
+        _wait(child, client, max(5.0, load_timeout), what)
+    except BaseException:
+        child.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    finally:
+        if client is not None:
+            client.close()
+    tf_version = sys.modules["tensorflow"].__version__ if "tensorflow" in sys.modules else "?"
+    description = {"kind": "embedded", "version": f"exportkit {__version__} serve (TensorFlow {tf_version})",
+                   "address": address, "binary": None, "model_name": name, "model_version": version}
+
+    def stop() -> None:
+        child.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    handle = ServerHandle(address, description, name, version, stop, child.proc)
+    _live.add(handle)
+    return handle
+
+
+# --------------------------------------------------------------------------------------------------- remote
+def connect_remote(address: str, model_name: str, model_version: int | None = None,
+                   load_timeout: float = 30.0) -> ServerHandle:
+    """A server someone else runs: check the model is AVAILABLE there, launch nothing, stop nothing."""
+    from exportkit.serving.client import ModelLoadFailed, ServingClient, ServingError
+
+    if not re.fullmatch(r"\[?[\w.:-]+\]?:\d+", address):
+        raise UsageError(f"--serving {address!r} is not HOST:PORT")
+    if not model_name:
+        raise UsageError("a remote server needs --model-name")
+    with ServingClient(address, model_name, model_version) as client:
+        try:
+            version = client.wait_available(load_timeout)
+        except ModelLoadFailed as err:
+            raise CheckFailed(f"remote server {address}: {err.message}") from None
+        except ServingError as err:
+            if err.code in ("DEADLINE_EXCEEDED", "UNAVAILABLE"):
+                raise InfraError(f"remote server {address} did not answer with model '{model_name}' AVAILABLE: {err}",
+                                 "check the address and that the server is running") from None
+            raise CheckFailed(f"remote server {address}: {err}") from None
+    description = {"kind": "remote", "version": "unknown", "address": address, "binary": None,
+                   "model_name": model_name, "model_version": model_version if model_version is not None else version}
+    return ServerHandle(address, description, model_name, model_version if model_version is not None else version)
+
+
+# --------------------------------------------------------------------------------------------------- one entry
+def launch(serving: str, path: str | None = None, *, model_name: str | None = None, model_version: int | None = None,
+           binary: str | None = None, device: str = "cpu", load_timeout: float = 120.0) -> ServerHandle:
+    """`serving`: "auto" | "binary" | "embedded" | "HOST:PORT" (remote; "remote:HOST:PORT" also accepted)."""
+    if serving == "auto":
+        serving = "binary" if find_binary(binary) else "embedded"
+    if serving == "binary":
+        return launch_binary(path, model_name, binary, device, load_timeout)
+    if serving == "embedded":
+        return launch_embedded(path, model_name, device, load_timeout)
+    address = serving[len("remote:"):] if serving.startswith("remote:") else serving
+    if model_name is None and path is not None:
+        model_name = _model_name(path, None)
+    return connect_remote(address, model_name, model_version, load_timeout)

@@ -1,0 +1,183 @@
+"""TF Serving warm-up records (`assets.extra/tf_serving_warmup_requests`) and TensorProto <-> ndarray helpers.
+
+TF Serving replays these PredictionLog records through the model before it reports AVAILABLE, so the first real
+request does not pay for graph initialisation. A record that fails makes the whole version fail to load; that is
+why the writer checks the keys and dtypes against the signature instead of trusting the caller.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from exportkit.tfenv import import_tf
+
+WARMUP_DIR = "assets.extra"
+WARMUP_FILE = "tf_serving_warmup_requests"
+MAX_WARMUP_RECORDS = 1000  # TF Serving refuses more (saved_model_warmup_util.cc: kMaxNumRecords)
+
+
+def _apis():
+    """Import the serving protos after TF (they import TF themselves, loudly)."""
+    import_tf()
+    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+    return predict_pb2, prediction_log_pb2
+
+
+# numpy dtype -> DataType enum, for the fast path (tensor_content). Built lazily: needs TF's protos.
+_NP_TO_DT: dict | None = None
+
+
+def _np_to_dt() -> dict:
+    global _NP_TO_DT
+    if _NP_TO_DT is None:
+        tf = import_tf()
+        table = {}
+        for tf_dtype in (tf.float16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8,
+                         tf.uint16, tf.uint32, tf.uint64, tf.bool, tf.complex64, tf.complex128, tf.bfloat16):
+            table[np.dtype(tf_dtype.as_numpy_dtype)] = tf_dtype.as_datatype_enum
+        _NP_TO_DT = table
+    return _NP_TO_DT
+
+
+_DT_TO_NP: dict | None = None
+
+
+def _dt_to_np() -> dict:
+    global _DT_TO_NP
+    if _DT_TO_NP is None:
+        _DT_TO_NP = {v: k for k, v in _np_to_dt().items()}
+    return _DT_TO_NP
+
+
+def ndarray_to_tensor_proto(array, dtype=None):
+    """An ndarray (strings: object array of bytes/str) as a TensorProto.
+
+    Numeric arrays take a fast path (one `tensor_content` copy, what `tf.make_tensor_proto` produces too) because
+    the serving client calls this on every request; everything else goes through `tf.make_tensor_proto`.
+    `dtype` (a tf.DType or DataType enum) forces the proto dtype, e.g. the signature's.
+    """
+    tf = import_tf()
+    arr = np.asarray(array)
+    enum = _np_to_dt().get(arr.dtype) if arr.dtype.kind not in "OSU" else None
+    if enum is not None and (dtype is None or tf.as_dtype(dtype).as_datatype_enum == enum):
+        from tensorflow.core.framework import tensor_pb2
+
+        proto = tensor_pb2.TensorProto(dtype=enum, tensor_content=np.ascontiguousarray(arr).tobytes())
+        dims = proto.tensor_shape.dim
+        for d in arr.shape:
+            dims.add(size=int(d))
+        return proto
+    if arr.dtype.kind in "OSU" and dtype is None:
+        dtype = tf.string
+    if arr.dtype.kind == "U":
+        arr = np.vectorize(lambda s: s.encode("utf-8"), otypes=[object])(arr) if arr.size else arr.astype(object)
+    return tf.make_tensor_proto(arr, dtype=dtype, shape=arr.shape)
+
+
+def tensor_proto_to_ndarray(proto) -> np.ndarray:
+    """A TensorProto as an ndarray (strings come back as an object array of bytes)."""
+    tf = import_tf()
+    if proto.tensor_content:
+        np_dtype = _dt_to_np().get(proto.dtype)
+        if np_dtype is not None:
+            shape = tuple(d.size for d in proto.tensor_shape.dim)
+            return np.frombuffer(proto.tensor_content, dtype=np_dtype).reshape(shape).copy()
+    return tf.make_ndarray(proto)
+
+
+def warmup_path(version_dir: str) -> str:
+    return os.path.join(version_dir, WARMUP_DIR, WARMUP_FILE)
+
+
+def _signature_of(version_dir: str | None, signature_name: str):
+    if version_dir is None:
+        return None
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    pb = os.path.join(version_dir, "saved_model.pb")
+    if not os.path.exists(pb):
+        return None
+    saved = saved_model_pb2.SavedModel()
+    with open(pb, "rb") as fh:
+        saved.ParseFromString(fh.read())
+    for meta in saved.meta_graphs:
+        if "serve" in meta.meta_info_def.tags and signature_name in meta.signature_def:
+            return meta.signature_def[signature_name]
+    return None
+
+
+def write_warmup_records(path: str, model_name: str, signature_name: str,
+                         batches: list[dict[str, np.ndarray]], signature_def=None) -> str:
+    """Write `batches` as PredictionLog(predict_log.request) records to `path` (a TFRecord file).
+
+    `path` may also be a version directory (the file goes to assets.extra/tf_serving_warmup_requests there).
+    Every batch must hold exactly the signature's input keys with the signature's dtypes: the signature is
+    `signature_def` if given, else read from the SavedModel at (or next to) `path` when there is one, else the
+    keys/dtypes of the first batch must be repeated by all others. Raises ValueError on any mismatch, or if the
+    number of records is not in 1..1000 (TF Serving's limit). Returns the file path.
+    """
+    tf = import_tf()
+    predict_pb2, prediction_log_pb2 = _apis()
+    if os.path.isdir(path):
+        path = warmup_path(path)
+    if not 1 <= len(batches) <= MAX_WARMUP_RECORDS:
+        raise ValueError(f"warm-up needs 1..{MAX_WARMUP_RECORDS} records (TF Serving's limit), got {len(batches)}")
+    if signature_def is None:
+        parent = os.path.dirname(os.path.abspath(path))
+        version_dir = os.path.dirname(parent) if os.path.basename(parent) == WARMUP_DIR else None
+        signature_def = _signature_of(version_dir, signature_name)
+
+    if signature_def is not None:
+        expected = {k: tf.as_dtype(v.dtype) for k, v in signature_def.inputs.items()}
+    else:
+        expected = {k: tf.as_dtype(np.asarray(v).dtype) if np.asarray(v).dtype.kind not in "OSU" else tf.string
+                    for k, v in batches[0].items()}
+
+    records = []
+    for i, batch in enumerate(batches):
+        if set(batch) != set(expected):
+            raise ValueError(f"warm-up record {i}: keys {sorted(batch)} != signature inputs {sorted(expected)}")
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = model_name
+        request.model_spec.signature_name = signature_name
+        for key, value in batch.items():
+            arr = np.asarray(value)
+            want = expected[key]
+            got = tf.string if arr.dtype.kind in "OSU" else tf.as_dtype(arr.dtype)
+            if got != want:
+                raise ValueError(f"warm-up record {i}: input '{key}' has dtype {got.name}, signature wants {want.name}")
+            request.inputs[key].CopyFrom(ndarray_to_tensor_proto(arr, dtype=want))
+        log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+        records.append(log.SerializeToString())
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with tf.io.TFRecordWriter(tmp) as writer:
+        for record in records:
+            writer.write(record)
+    os.replace(tmp, path)  # a half-written warm-up file would fail the model's load
+    return path
+
+
+def read_warmup_records(path: str) -> list:
+    """The PredictRequests of a warm-up file (or of a version dir's assets.extra file), in file order.
+
+    Raises ValueError for a record that is not a PredictionLog with a predict_log (TF Serving also accepts
+    classify/regress/multi_inference logs; exportkit only writes and replays Predict) or for more than 1000.
+    """
+    tf = import_tf()
+    _, prediction_log_pb2 = _apis()
+    if os.path.isdir(path):
+        path = warmup_path(path)
+    requests = []
+    for i, raw in enumerate(tf.data.TFRecordDataset(path).as_numpy_iterator()):
+        if i >= MAX_WARMUP_RECORDS:
+            raise ValueError(f"{path}: more than {MAX_WARMUP_RECORDS} warm-up records (TF Serving refuses to load)")
+        log = prediction_log_pb2.PredictionLog()
+        log.ParseFromString(raw)
+        if log.WhichOneof("log_type") != "predict_log":
+            raise ValueError(f"{path}: record {i} is a {log.WhichOneof('log_type')}, expected predict_log")
+        requests.append(log.predict_log.request)
+    return requests

@@ -1,0 +1,393 @@
+"""Input sets for verify: generated (deterministic by seed), loaded from .npz/.json, saved for reproduction.
+
+No TensorFlow here. Conventions:
+
+* A batch is `dict[input_key, np.ndarray]`; every runtime gets the very same arrays.
+* Strings in memory are `object` arrays of `bytes` (what TensorFlow returns for tf.string). On disk (.npz) they
+  are fixed-width `S` arrays so that no pickle is needed. numpy drops trailing NUL bytes of `S` elements, so when
+  an element ends with NUL, `save_batches` also writes `<key>.__len__` (int64 byte lengths) and `load_batches`
+  restores the exact bytes.
+* bfloat16 arrays (ml_dtypes) are stored in .npy as 2-byte void (`|V2`) by numpy; `load_batches` and
+  `load_inputs` view any `|V2` array as bfloat16 again.
+* Shapes use -1 for an unknown dim. The first dim is the batch dim when the rank is >= 1.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exportkit.errors import UsageError
+
+# Unknown non-batch dims (e.g. a sequence length) are generated with this size: long enough to exercise
+# recurrences, masks and pooling (1 would hide bugs that only show with length > 1), small enough to stay cheap.
+# The same value for every input, so inputs whose unknown dims must agree (tokens and their mask) do agree.
+DEFAULT_UNKNOWN_DIM = 8
+STRING_ALPHABET = b"abcdefghijklmnopqrstuvwxyz"
+STRING_MAX_LEN = 8
+
+_TF_NAMES = {"half": "float16", "float": "float32", "double": "float64", "str": "string", "bytes": "string",
+             "object": "string", "tf.string": "string"}
+
+
+@dataclass
+class InputSpec:
+    key: str
+    dtype: str  # numpy dtype name ("float32", "int64", "bool", "bfloat16", ...) or "string"
+    shape: list[int] | None = field(default_factory=list)  # -1 = unknown dim; None = unknown rank
+
+
+def numpy_dtype(name: str) -> np.dtype | None:
+    """numpy dtype for a spec dtype name; None for "string" (object arrays of bytes)."""
+    name = _TF_NAMES.get(name, name)
+    if name == "string":
+        return None
+    if name == "bfloat16" or name.startswith(("float8_", "float6_", "float4_")) or name in ("int4", "uint4", "int2", "uint2"):
+        import ml_dtypes
+
+        try:
+            return np.dtype(getattr(ml_dtypes, name))
+        except AttributeError:
+            raise UsageError(f"unknown dtype {name!r}") from None
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise UsageError(f"unknown dtype {name!r}") from None
+
+
+def _is_string(name: str) -> bool:
+    return _TF_NAMES.get(name, name) == "string"
+
+
+# --------------------------------------------------------------------------------------------- generate
+
+
+def parse_int_range(spec: str) -> tuple[int, int]:
+    """`"LO:HI"` -> (LO, HI), half-open [LO, HI), LO < HI; negative numbers allowed (`-5:5`)."""
+    m = re.fullmatch(r"\s*(-?\d+)\s*:\s*(-?\d+)\s*", spec or "")
+    if not m:
+        raise UsageError(f"bad --int-range {spec!r}", "expected LO:HI with integers, e.g. --int-range 0:10")
+    lo, hi = int(m.group(1)), int(m.group(2))
+    if lo >= hi:
+        raise UsageError(f"bad --int-range {spec!r}: LO must be < HI (the range is [LO, HI))",
+                         "e.g. --int-range 0:10")
+    return lo, hi
+
+
+def _has_dynamic_batch(spec: InputSpec) -> bool:
+    return spec.shape is None or (len(spec.shape) >= 1 and (spec.shape[0] is None or spec.shape[0] < 0))
+
+
+def _concrete_shape(spec: InputSpec, batch: int, unknown_dim: int) -> tuple[int, ...]:
+    if spec.shape is None:  # unknown rank: a batch of vectors
+        return (batch, unknown_dim)
+    dims = []
+    for i, d in enumerate(spec.shape):
+        if d is None or d < 0:
+            dims.append(batch if i == 0 else unknown_dim)
+        else:
+            dims.append(int(d))
+    return tuple(dims)
+
+
+def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator,
+                  int_range: tuple[int, int]) -> np.ndarray:
+    if _is_string(spec.dtype):
+        out = np.empty(shape, dtype=object)
+        for idx in np.ndindex(*shape):
+            n = int(rng.integers(1, STRING_MAX_LEN + 1))
+            out[idx] = bytes(rng.choice(np.frombuffer(STRING_ALPHABET, dtype=np.uint8), size=n).tolist())
+        return out
+    dt = numpy_dtype(spec.dtype)
+    if dt.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dt.kind in "iu" or dt.name in ("int4", "uint4", "int2", "uint2"):
+        import ml_dtypes
+
+        info = ml_dtypes.iinfo(dt) if dt.kind == "V" else np.iinfo(dt)
+        lo, hi = max(int_range[0], int(info.min)), min(int_range[1], int(info.max) + 1)
+        if lo >= hi:
+            raise UsageError(f"--int-range {int_range[0]}:{int_range[1]} has no value of {dt.name} "
+                             f"(input {spec.key!r})", f"use a range within [{info.min}, {info.max}]")
+        return rng.integers(lo, hi, size=shape, dtype=np.int64 if info.min < 0 else np.uint64).astype(dt)
+    if dt.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
+    if dt.kind == "f" or dt.kind == "V":  # V: ml_dtypes floats (bfloat16, float8 ...)
+        return rng.standard_normal(shape).astype(dt)
+    raise UsageError(f"cannot generate inputs of dtype {spec.dtype!r} (input {spec.key!r})",
+                     "pass --inputs with an .npz or .json file")
+
+
+def generate_batches(specs: list[InputSpec], samples: int, seed: int, int_range: tuple[int, int] = (0, 10),
+                     unknown_dim: int = DEFAULT_UNKNOWN_DIM) -> list[dict[str, np.ndarray]]:
+    """Random input batches: batch size 1, then batch size `samples` (only the first if samples == 1).
+
+    * The leading -1 dim is the batch size; other -1 dims become `unknown_dim` (8). Fixed dims are kept.
+    * If no input has a dynamic batch dim (all fixed or scalar), a single batch is generated: other batch sizes
+      would be rejected.
+    * floats: standard normal cast to the dtype; ints: uniform in [lo, hi) clipped to the dtype's range;
+      bools: fair coin; strings: object arrays of 1..8 random lowercase ASCII letters (bytes).
+    * Deterministic: every (batch, input) pair has its own generator seeded by (seed, batch index, crc32(key)),
+      so adding or reordering inputs does not change the values of the others.
+    """
+    if samples < 1:
+        raise UsageError(f"--samples must be >= 1, got {samples}")
+    if unknown_dim < 1:
+        raise UsageError(f"unknown_dim must be >= 1, got {unknown_dim}")
+    sizes = [1] if samples == 1 else [1, samples]
+    if specs and not any(_has_dynamic_batch(s) for s in specs):
+        sizes = [1]
+    batches = []
+    for b, size in enumerate(sizes):
+        batch = {}
+        for spec in specs:
+            rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, b, zlib.crc32(spec.key.encode("utf-8"))])
+            batch[spec.key] = _random_array(spec, _concrete_shape(spec, size, unknown_dim), rng, int_range)
+        batches.append(batch)
+    return batches
+
+
+# --------------------------------------------------------------------------------------------- load / cast
+
+
+def _decode_strings(arr: np.ndarray) -> np.ndarray:
+    out = np.empty(arr.shape, dtype=object)
+    for idx in np.ndindex(*arr.shape):
+        v = arr[idx]
+        if isinstance(v, (bytes, np.bytes_)):
+            out[idx] = bytes(v)
+        elif isinstance(v, (str, np.str_)):
+            out[idx] = str(v).encode("utf-8")
+        else:
+            raise TypeError(type(v).__name__)
+    return out
+
+
+def _restore_void(arr: np.ndarray) -> np.ndarray:
+    """numpy writes bfloat16 as |V2: view it as bfloat16 again."""
+    if arr.dtype.kind == "V" and arr.dtype.itemsize == 2 and arr.dtype.names is None:
+        import ml_dtypes
+
+        return arr.view(ml_dtypes.bfloat16)
+    return arr
+
+
+def cast_input(key: str, value: Any, spec: InputSpec, where: str = "") -> np.ndarray:
+    """Convert one loaded value to the spec's dtype, refusing lossy casts; check rank and fixed dims."""
+    at = f" in {where}" if where else ""
+    arr = value if isinstance(value, np.ndarray) else None
+    if _is_string(spec.dtype):
+        if arr is None:
+            arr = np.asarray(value, dtype=object)
+        if arr.dtype.kind not in "SUO":
+            raise UsageError(f"input {key!r}{at} must hold strings, got {arr.dtype.name} values")
+        try:
+            arr = _decode_strings(arr)
+        except TypeError as e:
+            raise UsageError(f"input {key!r}{at} must hold strings, found a {e} value") from None
+    else:
+        dt = numpy_dtype(spec.dtype)
+        if arr is None:
+            try:
+                arr = np.asarray(value)
+            except ValueError as e:  # ragged nested lists
+                raise UsageError(f"input {key!r}{at} is not a rectangular array: {e}") from None
+        arr = _restore_void(arr)
+        if arr.dtype.kind in "SUO":
+            raise UsageError(f"input {key!r}{at} must be {spec.dtype}, got strings/objects")
+        src_kind = "f" if (arr.dtype.kind == "V") else arr.dtype.kind
+        if dt.kind in "iub" and src_kind in "fc":
+            with np.errstate(invalid="ignore"):
+                if not np.all(np.isfinite(arr)) or not np.all(np.asarray(arr, np.float64) == np.round(np.asarray(arr, np.float64))):
+                    raise UsageError(f"input {key!r}{at} must be {spec.dtype}, got non-integer values")
+        if dt.kind in "iu" and arr.size and src_kind in "iufb":
+            info = np.iinfo(dt)
+            lo, hi = np.min(arr), np.max(arr)
+            if lo < info.min or hi > info.max:
+                raise UsageError(f"input {key!r}{at}: values {lo}..{hi} do not fit {spec.dtype}")
+        if dt.kind == "b" and src_kind in "iuf" and arr.size and not np.all((arr == 0) | (arr == 1)):
+            raise UsageError(f"input {key!r}{at} must be bool (0/1, true/false)")
+        arr = _contig(arr.astype(dt))
+    if spec.shape is not None:
+        if arr.ndim != len(spec.shape):
+            raise UsageError(f"input {key!r}{at} has shape {tuple(arr.shape)}, expected rank {len(spec.shape)} "
+                             f"(signature shape {_fmt_shape(spec.shape)})")
+        for i, (got, want) in enumerate(zip(arr.shape, spec.shape)):
+            if want is not None and want >= 0 and got != want:
+                raise UsageError(f"input {key!r}{at} has shape {tuple(arr.shape)}; dim {i} must be {want} "
+                                 f"(signature shape {_fmt_shape(spec.shape)})")
+    return arr
+
+
+def _fmt_shape(shape: list[int]) -> str:
+    return "[" + ", ".join("?" if d is None or d < 0 else str(d) for d in shape) + "]"
+
+
+def _check_keys(got: set[str], specs: list[InputSpec], where: str) -> None:
+    expected = [s.key for s in specs]
+    missing = [k for k in expected if k not in got]
+    unknown = sorted(k for k in got if k not in set(expected))
+    if missing or unknown:
+        what = []
+        if missing:
+            what.append("missing input " + ", ".join(repr(k) for k in missing))
+        if unknown:
+            what.append("unknown input " + ", ".join(repr(k) for k in unknown))
+        raise UsageError(f"{where}: {'; '.join(what)}", "the signature's inputs are: " + ", ".join(expected))
+
+
+def _check_batch_dims(batch: dict[str, np.ndarray], specs: list[InputSpec], where: str) -> None:
+    sizes = {s.key: batch[s.key].shape[0] for s in specs
+             if s.shape is not None and len(s.shape) >= 1 and batch[s.key].ndim >= 1}
+    if len(set(sizes.values())) > 1:
+        raise UsageError(f"{where}: inputs disagree on the batch size (leading dim): "
+                         + ", ".join(f"{k}={v}" for k, v in sizes.items()))
+
+
+def _json_value(v: Any) -> Any:
+    """JSON strings -> utf-8 bytes; {"b64": "..."} (TF Serving REST convention) -> raw bytes."""
+    if isinstance(v, list):
+        return [_json_value(x) for x in v]
+    if isinstance(v, dict) and set(v) == {"b64"}:
+        return base64.b64decode(v["b64"])
+    return v
+
+
+def load_inputs(path: str | os.PathLike, specs: list[InputSpec]) -> list[dict[str, np.ndarray]]:
+    """Load user inputs: `.npz` keyed by input name (one batch; the leading axis is the batch) or `.json`
+    (`{"key": nested list}` = one batch, a list of such objects = several batches; `{"inputs": {...}}` as in
+    TF Serving's REST API is accepted too; strings become utf-8 bytes, `{"b64": ...}` raw bytes).
+
+    Keys must be exactly the signature's inputs; values are cast to the spec dtype (no lossy casts).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"no such inputs file: {p}", "pass an .npz keyed by input name, or a .json file")
+    suffix = p.suffix.lower()
+    by_key = {s.key: s for s in specs}
+    if suffix == ".npz":
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                raw = [{k: z[k] for k in z.files}]
+        except ValueError as e:
+            raise UsageError(f"cannot read {p}: {e}",
+                             "store strings as fixed-width bytes (np.array(values, dtype='S')), not objects") from None
+        except (OSError, zipfile.BadZipFile) as e:
+            raise UsageError(f"cannot read {p}: {e}", "write it with numpy.savez(path, key=array, ...)") from None
+    elif suffix == ".json":
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UsageError(f"{p} is not valid JSON: {e}") from None
+        if isinstance(doc, dict) and set(doc) == {"inputs"} and "inputs" not in by_key and isinstance(doc["inputs"], dict):
+            doc = doc["inputs"]
+        if isinstance(doc, dict):
+            doc = [doc]
+        if not isinstance(doc, list) or not doc or not all(isinstance(d, dict) for d in doc):
+            raise UsageError(f"{p}: expected an object {{\"input_key\": nested list}} or a non-empty list of them")
+        raw = [{k: _json_value(v) for k, v in d.items()} for d in doc]
+    else:
+        raise UsageError(f"unsupported inputs file {p.name!r}", "use .npz (keyed by input name) or .json")
+    batches = []
+    for i, r in enumerate(raw):
+        where = f"{p.name}" + (f" batch {i}" if len(raw) > 1 else "")
+        _check_keys(set(r), specs, where)
+        batch = {s.key: cast_input(s.key, r[s.key], s, where) for s in specs}
+        _check_batch_dims(batch, specs, where)
+        batches.append(batch)
+    return batches
+
+
+# --------------------------------------------------------------------------------------------- save / load
+
+
+def _for_npz(arr: np.ndarray) -> np.ndarray:
+    arr = np.asarray(arr)
+    if arr.dtype.kind in "UO":
+        try:
+            b = _decode_strings(arr)
+        except TypeError as e:
+            raise ValueError(f"cannot save an object array holding {e} values without pickle") from None
+        width = max((len(x) for x in b.flat), default=1) or 1
+        return np.array(b.tolist() if b.ndim else b[()], dtype=f"S{width}").reshape(arr.shape)
+    return arr
+
+
+LENGTHS_SUFFIX = ".__len__"
+
+
+def _contig(arr: np.ndarray) -> np.ndarray:
+    """C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
+    arr = np.asarray(arr)
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
+
+
+def _exact_strings(arr: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    width = arr.dtype.itemsize
+    raw = _contig(arr).view(np.uint8).reshape(-1, width) if width else np.zeros((arr.size, 0), np.uint8)
+    out = np.empty(arr.shape, dtype=object)
+    for i, (row, n) in enumerate(zip(raw, lengths.reshape(-1))):
+        out.reshape(-1)[i] = row[: int(n)].tobytes()
+    return out
+
+
+def _batch_name(prefix: str, i: int) -> str:
+    return f"{prefix}_batch_{i}.npz" if prefix else f"batch_{i}.npz"
+
+
+def save_batches(dir: str | os.PathLike, batches: list[dict[str, np.ndarray]], prefix: str = "") -> list[Path]:
+    """Write `[<prefix>_]batch_<i>.npz` files (readable with `numpy.load(..., allow_pickle=False)`).
+
+    Any key is allowed (even "file" or ones with "/"): the zip members are written directly.
+    Returns the paths written.
+    """
+    d = Path(dir)
+    d.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, batch in enumerate(batches):
+        path = d / _batch_name(prefix, i)
+        tmp = path.with_name(path.name + ".tmp")
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for key, arr in batch.items():
+                members = {key: _for_npz(arr)}
+                if np.asarray(arr).dtype.kind in "OS" and any(
+                        isinstance(x, (bytes, np.bytes_)) and bytes(x).endswith(b"\0") for x in np.asarray(arr).flat):
+                    members[key + LENGTHS_SUFFIX] = np.array([len(x) for x in np.asarray(arr).flat],
+                                                             dtype=np.int64).reshape(np.shape(arr))
+                for name, value in members.items():
+                    with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
+                        np.lib.format.write_array(fh, _contig(value), allow_pickle=False)
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+def load_batches(dir: str | os.PathLike, prefix: str = "") -> list[dict[str, np.ndarray]]:
+    """Read what `save_batches` wrote, in batch order; strings come back as object arrays of bytes."""
+    d = Path(dir)
+    pat = re.compile(re.escape(f"{prefix}_batch_" if prefix else "batch_") + r"(\d+)\.npz")
+    found = sorted((int(m.group(1)), f) for f in (d.iterdir() if d.is_dir() else []) if (m := pat.fullmatch(f.name)))
+    if not found:
+        raise UsageError(f"no {_batch_name(prefix, 0).replace('0', '<i>')} files in {d}")
+    batches = []
+    for _, f in found:
+        with np.load(f, allow_pickle=False) as z:
+            batch = {}
+            for k in z.files:
+                if k.endswith(LENGTHS_SUFFIX) and k[: -len(LENGTHS_SUFFIX)] in z.files:
+                    continue
+                arr = _restore_void(z[k])
+                if arr.dtype.kind == "S" and k + LENGTHS_SUFFIX in z.files:
+                    batch[k] = _exact_strings(arr, z[k + LENGTHS_SUFFIX])
+                else:
+                    batch[k] = _decode_strings(arr) if arr.dtype.kind in "SU" else arr
+            batches.append(batch)
+    return batches

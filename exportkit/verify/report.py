@@ -1,0 +1,337 @@
+"""The verify report: plain dataclasses, rendered in one place as text, JSON (schema: docs/report-schema.md)
+and JUnit XML. No TensorFlow, no printing."""
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from typing import Any
+
+from exportkit import __version__
+from exportkit.findings import Finding
+from exportkit.verify.compare import OutputComparison, to_jsonable
+
+SCHEMA_VERSION = 1
+RUNTIME_NAMES = ("golden", "keras", "saved_model", "session", "serving")
+
+
+@dataclass
+class RuntimeResult:
+    name: str  # golden | keras | saved_model | session | serving
+    kind: str  # recorded | in-process | subprocess | grpc
+    device: str | None = None  # "cpu", "gpu:0", ... (None: not applicable or unknown)
+    server: dict | None = None  # serving only, e.g. {"kind": "embedded", "version": "2.21.0", "address": "127.0.0.1:1234"}
+    status: str = "ok"  # ok | error | skipped
+    error: str | None = None  # status error: what failed; status skipped: why it was skipped
+    seconds: float = 0.0
+    is_reference: bool = False
+    comparisons: list[OutputComparison] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """Not failing: no error and every comparison passed (a skipped runtime does not fail)."""
+        return self.status != "error" and all(c.passed for c in self.comparisons)
+
+
+@dataclass
+class VerifyReport:
+    path: str
+    signature: str
+    reference: str  # name of the reference runtime
+    runtimes: list[RuntimeResult] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    inputs: dict = field(default_factory=dict)  # {"source": "golden"|"file"|"generated", "batch_sizes": [..], "seed": int|None, "path"?: str}
+    tf32: bool | None = None
+    exportkit_version: str = __version__
+
+    @property
+    def passed(self) -> bool:
+        """No error finding, no runtime with status error, every comparison passed. Skipped runtimes don't fail."""
+        return (not any(f.severity == "error" for f in self.findings)
+                and all(r.passed for r in self.runtimes))
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _g(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if x != x:
+            return "nan"
+        if x in (float("inf"), float("-inf")):
+            return "inf" if x > 0 else "-inf"
+        if x == 0:
+            return "0"
+        return f"{x:.3g}"
+    return str(x)
+
+
+def _pct(frac: float | None) -> str:
+    if frac is None:
+        return "-"
+    if frac == 0:
+        return "0%"
+    p = 100 * frac
+    return f"{p:.3g}%" if p >= 0.01 else "<0.01%"
+
+
+def _tol(c: OutputComparison) -> str:
+    if c.exact or (c.atol == 0 and c.rtol == 0):
+        return "exact"
+    return f"atol={_g(c.atol)} rtol={_g(c.rtol)}"
+
+
+def needs(c: OutputComparison) -> str | None:
+    """'needs atol >= 3e-05 or rtol >= 0.0012' for a failing numeric comparison that a tolerance can fix."""
+    if c.passed or c.required_atol is None or c.exact or c.expected_dtype != c.actual_dtype:
+        return None
+    inf = float("inf")
+    parts = []
+    if c.required_atol != inf:
+        parts.append(f"atol >= {_g(c.required_atol)}")
+    if c.required_rtol is not None and c.required_rtol != inf:
+        parts.append(f"rtol >= {_g(c.required_rtol)}")
+    if not parts:
+        return "no tolerance passes"
+    return "needs " + " or ".join(parts)
+
+
+_ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
+_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def clean(s: str | None) -> str:
+    """Text without ANSI escape sequences or control characters (newlines and tabs kept)."""
+    return _CTRL.sub("", _ANSI.sub("", s or ""))
+
+
+def _first_line(s: str | None) -> str:
+    s = clean(s).strip()
+    return s.splitlines()[0] if s else ""
+
+
+def _server_text(server: dict | None) -> str:
+    if not server:
+        return ""
+    kind = server.get("kind", "?")
+    bits = [f"{kind} server"]
+    if server.get("version"):
+        bits.append(f"version {server['version']}")
+    if server.get("address"):
+        bits.append(f"at {server['address']}")
+    extra = {k: v for k, v in server.items() if k not in ("kind", "version", "address")}
+    if extra:
+        bits.append("(" + ", ".join(f"{k}={v}" for k, v in extra.items()) + ")")
+    return " ".join(bits)
+
+
+def _compared_keys(report: VerifyReport) -> list[str]:
+    return sorted({c.key for r in report.runtimes for c in r.comparisons})
+
+
+def failures(report: VerifyReport) -> list[str]:
+    """One short sentence per reason the report fails, in report order."""
+    out = []
+    for f in report.findings:
+        if f.severity == "error":
+            out.append(f"lint {f.code}: {_first_line(f.message)}")
+    for r in report.runtimes:
+        if r.status == "error":
+            out.append(f"{r.name}: error: {_first_line(r.error) or 'unknown error'}")
+            continue
+        for c in r.comparisons:
+            if not c.passed:
+                s = f"{r.name}: output '{c.key}' {c.reason}"
+                n = needs(c)
+                out.append(f"{s} ({n})" if n else s)
+    return out
+
+
+def verdict_line(report: VerifyReport) -> str:
+    if not report.passed:
+        return "FAILED: " + "; ".join(failures(report))
+    ok = [r for r in report.runtimes if r.status == "ok"]
+    skipped = [r.name for r in report.runtimes if r.status == "skipped"]
+    keys = _compared_keys(report)
+    compared = [r for r in ok if not r.is_reference and r.comparisons]
+    if not compared:
+        line = f"PASSED: nothing compared (reference: {report.reference})"
+    else:
+        line = (f"PASSED: {len(ok)} runtime{'s' if len(ok) != 1 else ''} agree on {len(keys)} "
+                f"output{'s' if len(keys) != 1 else ''} (reference: {report.reference})")
+    if skipped:
+        line += "; skipped: " + ", ".join(skipped)
+    return line
+
+
+# --------------------------------------------------------------------------------------------- text
+
+_HEADERS = ("RUNTIME", "DEVICE", "OUTPUT", "RESULT", "MAX ABS ERR", "MAX REL ERR", "OVER TOL", "TOLERANCE", "TIME",
+            "NOTE")
+
+
+def _rows(report: VerifyReport) -> list[tuple[str, ...]]:
+    rows = []
+    for r in report.runtimes:
+        dev = r.device or "-"
+        t = f"{r.seconds:.2f}s"
+        if r.status == "error":
+            rows.append((r.name, dev, "-", "ERROR", "-", "-", "-", "-", t, _first_line(r.error)))
+            continue
+        if r.status == "skipped":
+            rows.append((r.name, dev, "-", "SKIP", "-", "-", "-", "-", t, _first_line(r.error)))
+            continue
+        if r.is_reference and not r.comparisons:
+            rows.append((r.name, dev, "*", "REF", "-", "-", "-", "-", t, "reference"))
+            continue
+        if not r.comparisons:
+            rows.append((r.name, dev, "-", "PASS", "-", "-", "-", "-", t, "no outputs compared"))
+            continue
+        for i, c in enumerate(r.comparisons):
+            note = "" if c.passed else c.reason or ""
+            n = needs(c)
+            if n:
+                note = f"{note}; {n}" if note else n
+            rows.append((r.name if i == 0 else "", dev if i == 0 else "", c.key, "PASS" if c.passed else "FAIL",
+                         _g(c.max_abs_err), _g(c.max_rel_err), _pct(c.mismatch_fraction), _tol(c),
+                         t if i == 0 else "", note))
+    return rows
+
+
+def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = []
+    for row in (headers, *rows):
+        cells = [c.ljust(w) for c, w in zip(row, widths)]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def render_text(report: VerifyReport) -> str:
+    """Plain text (no ANSI codes): header, table runtime x output, servers, findings, one verdict line."""
+    inp = report.inputs or {}
+    head = [f"exportkit verify {report.path}  (signature {report.signature}, exportkit {report.exportkit_version})"]
+    desc = [f"inputs: {inp.get('source', '?')}"]
+    if inp.get("path"):
+        desc.append(str(inp["path"]))
+    if inp.get("batch_sizes"):
+        desc.append("batch sizes " + ", ".join(str(b) for b in inp["batch_sizes"]))
+    if inp.get("seed") is not None and inp.get("source") == "generated":
+        desc.append(f"seed {inp['seed']}")
+    tf32 = {None: "n/a", True: "on", False: "off"}[report.tf32]
+    head.append(", ".join(desc) + f"; reference: {report.reference}; tf32: {tf32}")
+    lines = head + [""] + _table(_HEADERS, _rows(report))
+    servers = [(r.name, _server_text(r.server)) for r in report.runtimes if r.server]
+    if servers:
+        lines.append("")
+        lines += [f"server: {name}: {text}" for name, text in servers]
+    if report.findings:
+        lines.append("")
+        lines.append("findings:")
+        w = max(len(f.code) for f in report.findings)
+        lines += [f"  {f.severity:<7}  {f.code:<{w}}  {clean(f.message)}" for f in report.findings]
+    lines.append("")
+    lines.append(verdict_line(report))
+    return "\n".join(lines)  # no trailing newline: callers print() it
+
+
+# --------------------------------------------------------------------------------------------- JSON
+
+
+def runtime_to_dict(r: RuntimeResult) -> dict:
+    return {
+        "name": r.name, "kind": r.kind, "device": r.device, "server": to_jsonable(r.server), "status": r.status,
+        "error": None if r.error is None else clean(r.error), "seconds": round(float(r.seconds), 6), "is_reference": bool(r.is_reference),
+        "passed": r.passed, "outputs": [c.to_dict() for c in r.comparisons],
+    }
+
+
+def to_json(report: VerifyReport) -> dict:
+    """The JSON report (a dict ready for json.dumps; see docs/report-schema.md)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "passed": report.passed,
+        "verdict": verdict_line(report),
+        "path": str(report.path),
+        "signature": report.signature,
+        "reference": report.reference,
+        "inputs": to_jsonable(report.inputs or {}),
+        "tf32": report.tf32,
+        "exportkit_version": report.exportkit_version,
+        "runtimes": [runtime_to_dict(r) for r in report.runtimes],
+        "findings": [f.to_dict() for f in report.findings],
+    }
+
+
+# --------------------------------------------------------------------------------------------- JUnit
+
+
+_XML_BAD = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _x(s: Any) -> str:
+    """Text safe for XML 1.0 (TF error logs may hold ANSI escapes and other control characters)."""
+    return _XML_BAD.sub("?", clean("" if s is None else str(s)))
+
+
+def _failure_text(c: OutputComparison) -> str:
+    lines = [f"{k}: {v}" for k, v in c.to_dict().items() if v is not None]
+    return "\n".join(lines)
+
+
+def to_junit_xml(report: VerifyReport) -> str:
+    """JUnit XML: one testcase per runtime x output (classname exportkit.verify.<runtime>, name <output>),
+    one testcase named "runtime" for a runtime that errored (<error>) or was skipped (<skipped>),
+    one testcase per error finding (classname exportkit.lint, name <code>, <failure>)."""
+    suite = ET.Element("testsuite", name="exportkit.verify")
+    props = ET.SubElement(suite, "properties")
+    for k, v in (("path", report.path), ("signature", report.signature), ("reference", report.reference),
+                 ("tf32", report.tf32), ("exportkit_version", report.exportkit_version),
+                 ("inputs", ", ".join(f"{a}={b}" for a, b in (report.inputs or {}).items()))):
+        ET.SubElement(props, "property", name=k, value=_x(v))
+    for r in report.runtimes:
+        if r.server:
+            ET.SubElement(props, "property", name=f"server.{r.name}", value=_x(_server_text(r.server)))
+    tests = failures_n = errors = skipped = 0
+    total_time = 0.0
+    for r in report.runtimes:
+        cls = f"exportkit.verify.{r.name}"
+        total_time += float(r.seconds)
+        if r.status in ("error", "skipped"):
+            tc = ET.SubElement(suite, "testcase", classname=cls, name="runtime", time=f"{r.seconds:.3f}")
+            tests += 1
+            if r.status == "error":
+                errors += 1
+                el = ET.SubElement(tc, "error", message=_x(_first_line(r.error) or "error"), type="RuntimeError")
+                el.text = _x(r.error)
+            else:
+                skipped += 1
+                ET.SubElement(tc, "skipped", message=_x(_first_line(r.error) or "skipped"))
+            continue
+        for c in r.comparisons:
+            tc = ET.SubElement(suite, "testcase", classname=cls, name=_x(c.key), time="0")
+            tests += 1
+            if not c.passed:
+                failures_n += 1
+                n = needs(c)
+                msg = f"{c.reason}" + (f" ({n})" if n else "")
+                el = ET.SubElement(tc, "failure", message=_x(msg), type="OutputMismatch")
+                el.text = _x(_failure_text(c))
+    for f in report.findings:
+        if f.severity != "error":
+            continue
+        tc = ET.SubElement(suite, "testcase", classname="exportkit.lint", name=_x(f.code), time="0")
+        tests += 1
+        failures_n += 1
+        el = ET.SubElement(tc, "failure", message=_x(f.message), type="LintError")
+        el.text = _x(f.message)
+    for k, v in (("tests", tests), ("failures", failures_n), ("errors", errors), ("skipped", skipped),
+                 ("time", f"{total_time:.3f}")):
+        suite.set(k, str(v))
+    root = ET.Element("testsuites", name="exportkit", tests=str(tests), failures=str(failures_n),
+                      errors=str(errors), skipped=str(skipped), time=f"{total_time:.3f}")
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -1,0 +1,567 @@
+"""Pure comparison functions (no TensorFlow)."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from exportkit.errors import UsageError
+from exportkit.verify.compare import (
+    EXACT, OutputComparison, Tolerance, compare_arrays, compare_batches, compare_outputs, default_tolerance,
+    dtype_name, merge_comparisons, parse_tol, resolve_tolerance,
+)
+
+T = Tolerance(1e-5, 1e-5)
+
+
+def default_tols(key, dtype):
+    return resolve_tolerance(key, dtype)
+
+
+def _passes(e, a, atol, rtol):
+    return compare_arrays("x", e, a, Tolerance(atol, rtol)).passed
+
+
+def _json(c: OutputComparison) -> dict:
+    return json.loads(json.dumps(c.to_dict(), allow_nan=False))
+
+
+# ------------------------------------------------------------------ tolerances
+
+
+def test_no_tensorflow_imported():
+    code = ("import sys, exportkit.verify.compare, exportkit.verify.inputs, exportkit.verify.report, "
+            "exportkit.verify.baseline; assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("float64", Tolerance(1e-10, 1e-10)), ("float32", Tolerance(1e-5, 1e-5)), ("float16", Tolerance(1e-2, 1e-2)),
+    ("bfloat16", Tolerance(5e-2, 5e-2)), ("int32", EXACT), ("int64", EXACT), ("uint8", EXACT), ("bool", EXACT),
+    ("string", EXACT), ("half", Tolerance(1e-2, 1e-2)), ("double", Tolerance(1e-10, 1e-10)),
+])
+def test_default_tolerance(name, expected):
+    assert default_tolerance(name) == expected
+
+
+def test_default_tolerances_are_ordered_by_precision():
+    order = ["float64", "float32", "float16", "bfloat16"]
+    tols = [default_tolerance(n) for n in order]
+    assert all(a.atol < b.atol and a.rtol < b.rtol for a, b in zip(tols, tols[1:]))
+
+
+def test_tolerance_is_frozen():
+    with pytest.raises(Exception):
+        T.atol = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("spec,key,tol", [
+    ("score=1e-4,1e-3", "score", Tolerance(1e-4, 1e-3)),
+    (" score = 0 , 0 ", "score", Tolerance(0.0, 0.0)),
+    ("a=b=1,2", "a=b", Tolerance(1.0, 2.0)),
+    ("out/0=1e-2,0.5", "out/0", Tolerance(1e-2, 0.5)),
+])
+def test_parse_tol(spec, key, tol):
+    assert parse_tol(spec) == (key, tol)
+
+
+@pytest.mark.parametrize("spec", ["score", "score=", "=1,2", "score=1", "score=1,2,3", "score=a,b", "score=-1,0",
+                                  "score=inf,1", "score=nan,1", "", "score=1;2"])
+def test_parse_tol_errors(spec):
+    with pytest.raises(UsageError) as ei:
+        parse_tol(spec)
+    assert "KEY=ATOL,RTOL" in str(ei.value)
+    assert ei.value.exit_code == 2
+
+
+def test_resolve_tolerance_precedence():
+    per = {"score": Tolerance(0.1, 0.2)}
+    assert resolve_tolerance("score", "float32", 1e-3, 1e-3, per) == Tolerance(0.1, 0.2)
+    assert resolve_tolerance("other", "float32", 1e-3, 1e-4, per) == Tolerance(1e-3, 1e-4)
+    assert resolve_tolerance("other", "float32", None, None, per) == default_tolerance("float32")
+    # one global flag keeps the default for the other
+    assert resolve_tolerance("o", "float32", atol=1e-3) == Tolerance(1e-3, 1e-5)
+    assert resolve_tolerance("o", "float16", rtol=0.5) == Tolerance(1e-2, 0.5)
+    # global flags do not loosen exact dtypes; per-output does
+    assert resolve_tolerance("ids", "int64", 1.0, 1.0) == EXACT
+    assert resolve_tolerance("flag", "bool", 1.0, 1.0) == EXACT
+    assert resolve_tolerance("ids", "int64", 1.0, 1.0, {"ids": Tolerance(1, 0)}) == Tolerance(1, 0)
+    assert resolve_tolerance("x", "float32") == default_tolerance("float32")
+
+
+# ------------------------------------------------------------------ element rule at the boundary
+
+
+def test_identical_arrays_pass_with_zero_tolerance():
+    x = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
+    c = compare_arrays("x", x, x.copy(), EXACT)
+    assert c.passed and c.reason is None
+    assert c.max_abs_err == 0 and c.max_rel_err == 0 and c.mismatch_fraction == 0
+    assert c.required_atol == 0 and c.required_rtol == 0
+    assert c.elements == 20 and c.mismatched == 0
+
+
+def test_atol_boundary_is_inclusive():
+    # exact binary values so that the boundary is exact
+    e = np.array([1.0, 2.0])
+    a = np.array([1.25, 2.0])
+    assert _passes(e, a, 0.25, 0.0)
+    assert not _passes(e, a, np.nextafter(0.25, 0), 0.0)
+
+
+def test_rtol_boundary_is_inclusive_and_relative_to_expected():
+    e = np.array([4.0])
+    a = np.array([5.0])
+    assert _passes(e, a, 0.0, 0.25)  # 1 <= 0.25 * |4|
+    assert not _passes(e, a, 0.0, np.nextafter(0.25, 0))
+    # asymmetric: relative to expected, not actual
+    assert not _passes(a, e, 0.0, 0.2 - 1e-12) and _passes(a, e, 0.0, 0.2)
+
+
+def test_atol_and_rtol_add_up():
+    e = np.array([10.0])
+    a = np.array([11.0])
+    assert _passes(e, a, 0.5, 0.05)  # 1 <= 0.5 + 0.05 * 10
+    assert not _passes(e, a, 0.5, 0.04)
+
+
+def test_matches_numpy_isclose():
+    rng = np.random.default_rng(1)
+    e = rng.standard_normal(1000)
+    a = e + rng.standard_normal(1000) * 1e-4
+    c = compare_arrays("x", e, a, Tolerance(1e-4, 1e-3))
+    assert c.mismatched == int((~np.isclose(a, e, atol=1e-4, rtol=1e-3)).sum())
+    assert math.isclose(c.mismatch_fraction, c.mismatched / 1000)
+
+
+def test_failing_reason_and_stats():
+    e = np.zeros((2, 8), np.float32) + 1
+    a = e.copy()
+    a[1, 3] += 0.5
+    a[0, 0] += 0.1
+    a[0, 1] -= 0.1
+    c = compare_arrays("score", e, a, T)
+    assert not c.passed
+    assert c.reason == "3 of 16 elements over tolerance"
+    assert c.mismatch_fraction == 3 / 16
+    assert c.worst_index == (1, 3)
+    assert c.worst_expected == 1.0 and c.worst_actual == 1.5
+    assert c.max_abs_err == pytest.approx(0.5)
+    assert c.max_rel_err == pytest.approx(0.5)
+
+
+def test_worst_index_is_the_one_furthest_beyond_its_allowance():
+    # abs error largest at index 0, but it is allowed much more there (rtol * 1000)
+    e = np.array([1000.0, 1.0])
+    a = np.array([1001.0, 1.5])
+    c = compare_arrays("x", e, a, Tolerance(0.0, 1e-2))
+    assert c.worst_index == (1,)
+    assert c.max_abs_err == 1.0
+
+
+def test_scalar_and_empty_arrays():
+    c = compare_arrays("s", np.float32(1.0), np.float32(1.0), T)
+    assert c.passed and c.worst_index == () and c.expected_shape == ()
+    c = compare_arrays("e", np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32), T)
+    assert c.passed and c.elements == 0 and c.mismatch_fraction == 0 and c.worst_index is None
+
+
+# ------------------------------------------------------------------ required tolerances
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_required_tolerances_pass_when_used_and_fail_when_smaller(seed):
+    rng = np.random.default_rng(seed)
+    e = rng.standard_normal(200).astype(np.float32)
+    e[e == 0] = 1
+    a = (e + rng.standard_normal(200).astype(np.float32) * 1e-3).astype(np.float32)
+    for tol in (Tolerance(0, 0), Tolerance(1e-5, 1e-5), Tolerance(1e-4, 0), Tolerance(0, 1e-3)):
+        c = compare_arrays("x", e, a, tol)
+        assert c.required_atol > 0 and c.required_rtol > 0
+        assert compare_arrays("x", e, a, Tolerance(c.required_atol, tol.rtol)).passed
+        assert not compare_arrays("x", e, a, Tolerance(c.required_atol * (1 - 1e-9), tol.rtol)).passed
+        assert compare_arrays("x", e, a, Tolerance(tol.atol, c.required_rtol)).passed
+        assert not compare_arrays("x", e, a, Tolerance(tol.atol, c.required_rtol * (1 - 1e-9))).passed
+
+
+def test_required_tolerances_on_a_passing_output_still_pass():
+    e = np.array([1.0, 2.0, 3.0])
+    a = e + 1e-7
+    c = compare_arrays("x", e, a, Tolerance(1e-5, 1e-5))
+    assert c.passed
+    assert compare_arrays("x", e, a, Tolerance(c.required_atol, 1e-5)).passed
+    assert c.required_rtol == 0  # every element is already within atol
+
+
+def test_required_rtol_is_inf_when_expected_zero_exceeds_atol():
+    c = compare_arrays("x", np.array([0.0, 1.0]), np.array([0.1, 1.0]), T)
+    assert c.required_rtol == math.inf
+    assert c.required_atol == pytest.approx(0.1)
+    assert compare_arrays("x", np.array([0.0, 1.0]), np.array([0.1, 1.0]), Tolerance(c.required_atol, T.rtol)).passed
+    assert _json(c)["required_rtol"] == "inf"
+    # the zero-expected element is excluded from max_rel_err
+    assert c.max_rel_err == 0.0
+
+
+def test_required_atol_exact_when_rtol_covers_part():
+    e = np.array([100.0])
+    a = np.array([101.0])
+    c = compare_arrays("x", e, a, Tolerance(0.0, 0.005))
+    assert c.required_atol == pytest.approx(0.5)
+    assert c.required_rtol == pytest.approx(0.01)
+
+
+# ------------------------------------------------------------------ NaN / Inf
+
+
+def test_nan_matches_nan_at_same_position():
+    e = np.array([1.0, np.nan, 3.0], np.float32)
+    assert compare_arrays("x", e, e.copy(), EXACT).passed
+
+
+def test_nan_vs_number_fails_either_way():
+    e = np.array([1.0, np.nan], np.float32)
+    a = np.array([1.0, 2.0], np.float32)
+    for x, y in ((e, a), (a, e)):
+        c = compare_arrays("x", x, y, Tolerance(1e9, 1e9))
+        assert not c.passed
+        assert c.reason.startswith("NaN/Inf mismatch")
+        assert c.nonfinite_mismatched == 1 and c.mismatched == 1
+        assert c.worst_index == (1,)
+        assert c.required_atol == math.inf and c.required_rtol == math.inf
+        assert c.max_abs_err == 0.0  # finite elements agree
+
+
+def test_nan_at_different_positions_fails():
+    e = np.array([np.nan, 1.0])
+    a = np.array([1.0, np.nan])
+    c = compare_arrays("x", e, a, T)
+    assert c.nonfinite_mismatched == 2 and c.mismatch_fraction == 1.0
+
+
+@pytest.mark.parametrize("e,a,ok", [
+    (np.inf, np.inf, True), (-np.inf, -np.inf, True), (np.inf, -np.inf, False), (-np.inf, np.inf, False),
+    (np.inf, 1e38, False), (1e38, np.inf, False), (np.inf, np.nan, False), (np.nan, -np.inf, False),
+])
+def test_infinities(e, a, ok):
+    c = compare_arrays("x", np.array([0.0, e], np.float32), np.array([0.0, a], np.float32), Tolerance(1e9, 1e9))
+    assert c.passed is ok
+    if not ok:
+        assert "NaN/Inf mismatch" in c.reason
+
+
+def test_nonfinite_and_finite_mismatches_are_both_reported():
+    e = np.array([np.inf, 1.0, 2.0, 3.0])
+    a = np.array([-np.inf, 1.5, 2.0, 3.0])
+    c = compare_arrays("x", e, a, T)
+    assert c.reason == "NaN/Inf mismatch in 1 of 4 elements; 1 of 4 elements over tolerance"
+    assert c.mismatched == 2 and c.worst_index == (0,)
+    d = _json(c)
+    assert d["worst_expected"] == "inf" and d["worst_actual"] == "-inf"
+
+
+# ------------------------------------------------------------------ shape / dtype
+
+
+def test_shape_mismatch_fails_without_errors():
+    c = compare_arrays("x", np.zeros((2, 4)), np.zeros((2, 3)), T)
+    assert not c.passed
+    assert c.reason == "shape (2, 3) != (2, 4)"
+    assert c.max_abs_err is None and c.required_atol is None and c.worst_index is None
+    assert c.expected_shape == (2, 4) and c.actual_shape == (2, 3)
+
+
+def test_shape_mismatch_same_size():
+    c = compare_arrays("x", np.zeros((2, 3)), np.zeros((3, 2)), T)
+    assert not c.passed and c.reason.startswith("shape")
+
+
+def test_dtype_mismatch_fails_but_errors_are_computed():
+    e = np.array([1.0, 2.0], np.float32)
+    a = e.astype(np.float16)
+    c = compare_arrays("x", e, a, T)
+    assert not c.passed
+    assert c.reason == "dtype float16 != float32"
+    assert c.max_abs_err == 0.0 and c.mismatched == 0
+    a2 = np.array([1.0, 3.0], np.float16)
+    c2 = compare_arrays("x", e, a2, T)
+    assert c2.reason == "dtype float16 != float32; 1 of 2 elements over tolerance"
+    assert c2.max_abs_err == 1.0
+
+
+def test_int_vs_float_dtype_mismatch():
+    c = compare_arrays("x", np.array([1, 2], np.int64), np.array([1.0, 2.0]), EXACT)
+    assert not c.passed and c.reason == "dtype float64 != int64" and c.max_abs_err == 0
+
+
+def test_string_vs_number_not_comparable():
+    c = compare_arrays("x", np.array([b"a"], object), np.array([1.0]), EXACT)
+    assert not c.passed and "dtype float64 != string" in c.reason and "not comparable" in c.reason
+    assert c.max_abs_err is None
+
+
+# ------------------------------------------------------------------ ints, bools, strings, bfloat16
+
+
+def test_ints_exact_by_default():
+    e = np.array([1, 2, 3], np.int32)
+    assert compare_arrays("i", e, e.copy(), EXACT).passed
+    c = compare_arrays("i", e, np.array([1, 2, 4], np.int32), EXACT)
+    assert not c.passed and c.worst_index == (2,) and c.worst_expected == 3 and c.worst_actual == 4
+    assert isinstance(c.worst_expected, int)
+    assert c.required_atol == 1.0
+
+
+def test_huge_ints_differing_by_one_fail_despite_float64_rounding():
+    e = np.array([2**62], np.int64)
+    a = np.array([2**62 + 1], np.int64)
+    assert float(e[0]) == float(a[0])
+    c = compare_arrays("i", e, a, EXACT)
+    assert not c.passed and c.max_abs_err >= 1
+    assert compare_arrays("i", e, a, Tolerance(c.required_atol, 0)).passed
+
+
+def test_ints_with_explicit_tolerance():
+    e = np.array([10, 20], np.int64)
+    a = np.array([11, 20], np.int64)
+    assert compare_arrays("i", e, a, Tolerance(1, 0)).passed
+    assert not compare_arrays("i", e, a, Tolerance(0.99, 0)).passed
+
+
+def test_uint_vs_int_values():
+    c = compare_arrays("i", np.array([3], np.uint8), np.array([3], np.int64), EXACT)
+    assert not c.passed and c.reason == "dtype int64 != uint8" and c.mismatched == 0
+
+
+def test_bools_exact_regardless_of_tolerance():
+    e = np.array([True, False, True])
+    a = np.array([True, True, True])
+    c = compare_arrays("b", e, a, Tolerance(10, 10))
+    assert not c.passed and c.reason == "1 of 3 elements differ"
+    assert c.worst_index == (1,) and c.worst_expected is False and c.worst_actual is True
+    assert c.required_atol is None and c.max_abs_err is None
+    assert compare_arrays("b", e, e.copy(), EXACT).passed
+
+
+@pytest.mark.parametrize("a", [
+    np.array([b"ab", b"cd"], dtype=object), np.array([b"ab", b"cd"], dtype="S2"), np.array(["ab", "cd"]),
+    np.array(["ab", "cd"], dtype=object),
+])
+def test_strings_compare_across_conventions(a):
+    e = np.array([b"ab", b"cd"], dtype=object)
+    c = compare_arrays("s", e, a, EXACT)
+    assert c.passed, c.reason
+    assert c.expected_dtype == "string" and c.actual_dtype == "string"
+
+
+def test_strings_mismatch():
+    e = np.array([[b"a", b"b"], [b"c", "é".encode()]], dtype=object)
+    a = np.array([[b"a", b"b"], [b"x", b"e"]], dtype=object)
+    c = compare_arrays("s", e, a, Tolerance(1, 1))
+    assert not c.passed and c.reason == "2 of 4 elements differ" and c.mismatch_fraction == 0.5
+    assert c.worst_index == (1, 0) and c.worst_expected == "c" and c.worst_actual == "x"
+    assert c.max_abs_err is None and c.required_atol is None and c.required_rtol is None
+    d = _json(c)
+    assert d["worst_expected"] == "c"
+
+
+def test_strings_non_utf8_bytes_are_json_safe():
+    c = compare_arrays("s", np.array([b"\xff\x00"], object), np.array([b"\xfe"], object), EXACT)
+    json.dumps(c.to_dict())
+
+
+def test_string_trailing_nul_is_significant_in_object_arrays():
+    c = compare_arrays("s", np.array([b"a\x00"], object), np.array([b"a"], object), EXACT)
+    assert not c.passed
+
+
+def test_bfloat16_compared_in_float64():
+    e = np.array([1.0, 2.0, 3.0], ml_dtypes.bfloat16)
+    a = np.array([1.0, 2.0, 3.015625], ml_dtypes.bfloat16)  # one ulp at 3 (spacing 2**-6)
+    assert dtype_name(e) == "bfloat16"
+    c = compare_arrays("h", e, a, default_tolerance("bfloat16"))
+    assert c.passed and c.max_abs_err == 0.015625
+    assert isinstance(c.worst_expected, float)
+    c2 = compare_arrays("h", e, a, EXACT)
+    assert not c2.passed and c2.required_atol == 0.015625
+    assert compare_arrays("h", e, a, Tolerance(c2.required_atol, 0)).passed
+    json.dumps(c.to_dict())
+
+
+def test_bfloat16_nan_inf():
+    e = np.array([np.nan, np.inf], ml_dtypes.bfloat16)
+    assert compare_arrays("h", e, e.copy(), EXACT).passed
+    assert not compare_arrays("h", e, np.array([np.nan, -np.inf], ml_dtypes.bfloat16), EXACT).passed
+
+
+def test_bfloat16_vs_float32_is_a_dtype_mismatch():
+    e = np.array([1.0], np.float32)
+    c = compare_arrays("h", e, e.astype(ml_dtypes.bfloat16), T)
+    assert c.reason == "dtype bfloat16 != float32" and c.max_abs_err == 0
+
+
+def test_float16():
+    e = np.array([1.0, 100.0], np.float16)
+    a = np.array([1.0009766, 100.0625], np.float16)  # one ulp each
+    assert compare_arrays("h", e, a, default_tolerance("float16")).passed
+
+
+def test_complex():
+    e = np.array([1 + 1j], np.complex64)
+    c = compare_arrays("c", e, np.array([1 + 1.5j], np.complex64), T)
+    assert not c.passed and c.max_abs_err == pytest.approx(0.5)
+    json.dumps(c.to_dict())
+
+
+# ------------------------------------------------------------------ to_dict
+
+
+def test_to_dict_is_json_safe_and_plain():
+    e = np.array([[1.0, np.nan], [np.inf, 4.0]], np.float32)
+    a = np.array([[1.5, 2.0], [np.inf, 4.0]], np.float32)
+    d = compare_arrays("x", e, a, T).to_dict()
+    s = json.dumps(d, allow_nan=False)
+    back = json.loads(s)
+    assert back == d
+    assert back["expected_shape"] == [2, 2] and back["worst_index"] == [0, 1]
+    assert back["required_atol"] == "inf"
+    for v in d.values():
+        assert not isinstance(v, (np.generic, np.ndarray, tuple))
+    assert "worst_excess" not in d
+
+
+# ------------------------------------------------------------------ compare_outputs
+
+
+def test_compare_outputs_missing_and_extra_sorted():
+    ref = {"b": np.zeros(2, np.float32), "a": np.zeros(3, np.int64), "c": np.zeros(1)}
+    act = {"a": np.zeros(3, np.int64), "c": np.zeros(1), "z": np.ones(2, np.float32)}
+    seen = []
+
+    def tols(key, dtype):
+        seen.append((key, dtype))
+        return resolve_tolerance(key, dtype)
+
+    res = compare_outputs(ref, act, tols)
+    assert [c.key for c in res] == ["a", "b", "c", "z"]
+    by = {c.key: c for c in res}
+    assert by["a"].passed and by["c"].passed
+    assert not by["b"].passed and by["b"].reason == "missing in runtime"
+    assert by["b"].expected_dtype == "float32" and by["b"].actual_dtype is None and by["b"].expected_shape == (2,)
+    assert not by["z"].passed and by["z"].reason == "unexpected output" and by["z"].actual_shape == (2,)
+    assert ("a", "int64") in seen and ("b", "float32") in seen and ("z", "float32") in seen
+    assert by["a"].atol == 0 and by["b"].atol == 1e-5
+    for c in res:
+        json.dumps(c.to_dict(), allow_nan=False)
+
+
+def test_compare_outputs_uses_reference_dtype_for_tolerance():
+    ref = {"x": np.array([1.0], np.float16)}
+    act = {"x": np.array([1.005], np.float16)}
+    assert compare_outputs(ref, act, default_tols)[0].passed
+
+
+def test_compare_outputs_empty():
+    assert compare_outputs({}, {}, default_tols) == []
+
+
+# ------------------------------------------------------------------ batches
+
+
+def test_compare_batches_merges():
+    r0 = {"x": np.array([[1.0, 2.0]], np.float32), "i": np.array([1])}
+    a0 = {"x": np.array([[1.0, 2.5]], np.float32), "i": np.array([1])}
+    r1 = {"x": np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float32), "i": np.array([1, 2, 3])}
+    a1 = {"x": np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 9.0]], np.float32), "i": np.array([1, 2, 3])}
+    res = compare_batches([r0, r1], [a0, a1], default_tols)
+    assert [c.key for c in res] == ["i", "x"]
+    i, x = res
+    assert i.passed and i.batches == 2 and i.elements == 4
+    assert not x.passed
+    assert x.batches == 2 and x.elements == 8 and x.mismatched == 2
+    assert x.mismatch_fraction == 2 / 8
+    assert x.reason == "2 of 8 elements over tolerance"
+    assert x.max_abs_err == 3.0
+    assert x.worst_index == (1, 2, 1) and x.worst_expected == 6.0 and x.worst_actual == 9.0
+    assert x.expected_shape == (-1, 2) and x.actual_shape == (-1, 2)
+    assert x.required_atol == pytest.approx(max(0.5 - 2e-5, 3 - 6e-5))
+    for tol in (Tolerance(x.required_atol, x.rtol),):
+        assert all(c.passed for c in compare_batches([r0, r1], [a0, a1], lambda k, d: tol if k == "x" else EXACT))
+    json.dumps(x.to_dict(), allow_nan=False)
+
+
+def test_compare_batches_required_is_max_over_batches():
+    r = [{"x": np.array([1.0])}, {"x": np.array([1.0])}]
+    a = [{"x": np.array([1.5])}, {"x": np.array([1.25])}]
+    x = compare_batches(r, a, lambda k, d: EXACT)[0]
+    assert x.required_atol == 0.5 and x.worst_index == (0, 0)
+    assert x.required_rtol == 0.5
+
+
+def test_compare_batches_single_batch_has_plain_index():
+    r = [{"x": np.array([1.0, 2.0])}]
+    a = [{"x": np.array([1.0, 3.0])}]
+    x = compare_batches(r, a, lambda k, d: EXACT)[0]
+    assert x.worst_index == (1,) and x.batches == 1
+
+
+def test_compare_batches_nan_in_one_batch():
+    r = [{"x": np.array([1.0])}, {"x": np.array([np.nan, 1.0])}]
+    a = [{"x": np.array([1.5])}, {"x": np.array([0.0, 1.0])}]
+    x = compare_batches(r, a, lambda k, d: EXACT)[0]
+    assert x.worst_index == (1, 0)
+    assert x.reason == "NaN/Inf mismatch in 1 of 3 elements; 1 of 3 elements over tolerance"
+    assert x.required_atol == math.inf
+
+
+def test_compare_batches_shape_mismatch_everywhere():
+    r = [{"x": np.zeros((1, 3))}, {"x": np.zeros((8, 3))}]
+    a = [{"x": np.zeros((1, 4))}, {"x": np.zeros((8, 4))}]
+    x = compare_batches(r, a, default_tols)[0]
+    assert not x.passed and x.reason == "shape (-1, 4) != (-1, 3)"
+    assert x.max_abs_err is None and x.required_atol is None
+
+
+def test_compare_batches_structural_failure_in_one_batch():
+    r = [{"x": np.zeros(1)}, {"x": np.zeros(2)}]
+    a = [{"x": np.zeros(1)}, {}]
+    x = compare_batches(r, a, default_tols)[0]
+    assert not x.passed and x.reason == "missing in runtime (batch 1)"
+
+
+def test_compare_batches_missing_everywhere_and_unexpected():
+    r = [{"x": np.zeros(1)}, {"x": np.zeros(2)}]
+    a = [{"y": np.zeros(1)}, {"y": np.zeros(2)}]
+    res = compare_batches(r, a, default_tols)
+    assert [(c.key, c.reason) for c in res] == [("x", "missing in runtime"), ("y", "unexpected output")]
+
+
+def test_compare_batches_strings():
+    r = [{"s": np.array([b"a"], object)}, {"s": np.array([b"a", b"b"], object)}]
+    a = [{"s": np.array([b"a"], object)}, {"s": np.array([b"a", b"c"], object)}]
+    s = compare_batches(r, a, default_tols)[0]
+    assert s.reason == "1 of 3 elements differ" and s.worst_index == (1, 1) and s.worst_actual == "c"
+
+
+def test_compare_batches_dtype_mismatch_reason_kept():
+    r = [{"x": np.zeros(1, np.float32)}, {"x": np.zeros(2, np.float32)}]
+    a = [{"x": np.zeros(1, np.float16)}, {"x": np.zeros(2, np.float16)}]
+    x = compare_batches(r, a, default_tols)[0]
+    assert x.reason == "dtype float16 != float32" and x.elements == 3
+
+
+def test_compare_batches_length_mismatch_raises():
+    with pytest.raises(ValueError):
+        compare_batches([{}], [{}, {}], default_tols)
+
+
+def test_merge_comparisons_with_explicit_batch_numbers():
+    c = compare_arrays("x", np.array([1.0]), np.array([2.0]), EXACT)
+    ok = compare_arrays("x", np.array([1.0]), np.array([1.0]), EXACT)
+    m = merge_comparisons([ok, c], [3, 7])
+    assert m.worst_index == (7, 0) and m.mismatched == 1 and m.elements == 2

@@ -1,0 +1,467 @@
+"""The serving path end to end, over real gRPC with TF Serving's official stubs (no mocks).
+
+One embedded `exportkit serve` per session (spawning one costs the TF import, ~5 s); tests that need a server
+of their own say so. After every test no child process may be left except that session server.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+
+import grpc
+import numpy as np
+import psutil
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from exportkit.errors import CheckFailed, InfraError  # noqa: E402
+from exportkit.tfenv import import_tf  # noqa: E402
+
+tf = import_tf()
+
+from tensorflow_serving.apis import (  # noqa: E402
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
+
+from exportkit.runtimes.serving import ServingRuntime  # noqa: E402
+from exportkit.serving import launcher  # noqa: E402
+from exportkit.serving.client import ServingClient, ServingError  # noqa: E402
+from exportkit.serving.warmup import (  # noqa: E402
+    ndarray_to_tensor_proto,
+    read_warmup_records,
+    tensor_proto_to_ndarray,
+    write_warmup_records,
+)
+from exportkit.tf1_loader import Tf1SavedModel  # noqa: E402
+
+MODEL = "ranker"
+SESSION_PIDS: set[int] = set()  # the session server: allowed to outlive a single test
+
+
+def _inputs(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.normal(size=(n, 3)).astype(np.float32), "k": rng.integers(0, 10, size=(n,)).astype(np.int32)}
+
+
+def _living_children() -> list[psutil.Process]:
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and child.pid not in SESSION_PIDS:
+                out.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    """Every launched server is stopped by the code under test, on success and on failure alike."""
+    yield
+    left = _living_children()
+    assert not left, f"child processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="session")
+def model_base(tmp_path_factory):
+    """BASE/ranker/{2,3}: two inputs (x float32 (None,3), k int32 (None,)), two signatures, warm-up in v3."""
+    import keras
+
+    base = tmp_path_factory.mktemp("models") / MODEL
+    keras.utils.set_random_seed(1)
+    x = keras.Input((3,), name="x", dtype="float32")
+    k = keras.Input((), name="k", dtype="int32")
+    dense = keras.layers.Dense(4, name="dense")
+    y = keras.layers.Add()([dense(x), keras.layers.Embedding(10, 4, name="emb")(k)])
+    model = keras.Model({"x": x, "k": k}, y)
+
+    def serve(x, k):
+        scores = model({"x": x, "k": k})
+        return {"scores": scores, "total": tf.reduce_sum(scores, axis=1)}
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serving_default", serve, input_signature=[
+        tf.TensorSpec((None, 3), tf.float32, name="x"), tf.TensorSpec((None,), tf.int32, name="k")])
+    archive.add_endpoint("dense_only", lambda x: {"h": dense(x)},
+                         input_signature=[tf.TensorSpec((None, 3), tf.float32, name="x")])
+    archive.write_out(str(base / "2"), verbose=False)
+    archive.write_out(str(base / "3"), verbose=False)
+    write_warmup_records(str(base / "3"), MODEL, "serving_default", [_inputs(1), _inputs(4, seed=1)])
+    return base
+
+
+@pytest.fixture(scope="session")
+def reference(model_base):
+    """The TF1-style loader in this process: what the server must reproduce."""
+    model = Tf1SavedModel(str(model_base / "3"), device="cpu")
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="session")
+def embedded(model_base):
+    handle = launcher.launch_embedded(str(model_base), MODEL, load_timeout=120)
+    SESSION_PIDS.add(handle.process.pid)
+    yield handle
+    handle.stop()
+    assert handle.process.returncode == 0, "SIGTERM must stop `exportkit serve` cleanly (exit 0)"
+    SESSION_PIDS.discard(handle.process.pid)
+    assert not _living_children()
+
+
+@pytest.fixture(scope="session")
+def channel(embedded):
+    ch = grpc.insecure_channel(embedded.address)
+    yield ch
+    ch.close()
+
+
+@pytest.fixture(scope="session")
+def predict_stub(channel):
+    return prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+
+@pytest.fixture(scope="session")
+def model_stub(channel):
+    return model_service_pb2_grpc.ModelServiceStub(channel)
+
+
+def _request(inputs, name=MODEL, signature=None, version=None):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = name
+    if signature is not None:
+        request.model_spec.signature_name = signature
+    if version is not None:
+        request.model_spec.version.value = version
+    for key, value in inputs.items():
+        request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+    return request
+
+
+def _rpc_error(call, request) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call(request, timeout=10)
+    return info.value
+
+
+# ------------------------------------------------------------------------------------------------ embedded server
+def test_embedded_server_describes_itself(embedded):
+    assert embedded.description["kind"] == "embedded"
+    assert embedded.address.startswith("127.0.0.1:")
+    assert embedded.model_version == 3  # highest integer version of the base dir
+    assert "TF Serving" not in embedded.description["version"]
+
+
+def test_status_available_and_not_found(model_stub):
+    request = get_model_status_pb2.GetModelStatusRequest()
+    request.model_spec.name = MODEL
+    response = model_stub.GetModelStatus(request, timeout=10)
+    [entry] = response.model_version_status
+    assert entry.version == 3
+    assert entry.state == get_model_status_pb2.ModelVersionStatus.AVAILABLE
+    assert entry.status.error_code == 0
+
+    request.model_spec.version.value = 7
+    err = _rpc_error(model_stub.GetModelStatus, request)
+    assert err.code() == grpc.StatusCode.NOT_FOUND and "version 7" in err.details()
+    other = get_model_status_pb2.GetModelStatusRequest()
+    other.model_spec.name = "nope"
+    assert _rpc_error(model_stub.GetModelStatus, other).code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_metadata_is_a_packed_signature_def_map(predict_stub, reference):
+    request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    request.model_spec.name = MODEL
+    response = predict_stub.GetModelMetadata(request, timeout=10)
+    assert response.model_spec.name == MODEL and response.model_spec.version.value == 3
+    packed = response.metadata["signature_def"]
+    assert packed.type_url == "type.googleapis.com/tensorflow.serving.SignatureDefMap"
+    signature_map = get_model_metadata_pb2.SignatureDefMap()
+    assert packed.Unpack(signature_map)
+    assert dict(signature_map.signature_def) == reference.signatures
+
+    bad = get_model_metadata_pb2.GetModelMetadataRequest()
+    bad.model_spec.name = MODEL
+    assert _rpc_error(predict_stub.GetModelMetadata, bad).code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_predict_equals_tf1_loader(predict_stub, reference, batch):
+    inputs = _inputs(batch, seed=batch)
+    response = predict_stub.Predict(_request(inputs), timeout=10)
+    assert response.model_spec.name == MODEL
+    assert response.model_spec.version.value == 3
+    assert response.model_spec.signature_name == "serving_default"  # filled in although not sent
+    expected = reference.run("serving_default", inputs)
+    assert set(response.outputs) == set(expected)
+    for key, value in expected.items():
+        got = tf.make_ndarray(response.outputs[key])
+        assert got.shape == value.shape and got.dtype == value.dtype
+        np.testing.assert_allclose(got, value, rtol=1e-6, atol=1e-7)
+
+
+def test_predict_second_signature_and_output_filter(predict_stub, reference):
+    inputs = _inputs(2)
+    response = predict_stub.Predict(_request({"x": inputs["x"]}, signature="dense_only"), timeout=10)
+    assert response.model_spec.signature_name == "dense_only"
+    np.testing.assert_allclose(tf.make_ndarray(response.outputs["h"]),
+                               reference.run("dense_only", {"x": inputs["x"]})["h"], rtol=1e-6)
+
+    request = _request(inputs)
+    request.output_filter.append("total")
+    assert list(predict_stub.Predict(request, timeout=10).outputs) == ["total"]
+    request.output_filter.append("nope")
+    err = _rpc_error(predict_stub.Predict, request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "nope" in err.details()
+
+
+@pytest.mark.parametrize("case, code, words", [
+    ("wrong_key", grpc.StatusCode.INVALID_ARGUMENT, ["y", "x", "Missing"]),
+    ("missing_key", grpc.StatusCode.INVALID_ARGUMENT, ["k"]),
+    ("wrong_dtype", grpc.StatusCode.INVALID_ARGUMENT, ["'x'", "float32", "float64"]),
+    ("wrong_shape", grpc.StatusCode.INVALID_ARGUMENT, ["'x'", "[-1, 3]", "[2, 4]"]),
+    ("unknown_model", grpc.StatusCode.NOT_FOUND, ["nope"]),
+    ("unknown_version", grpc.StatusCode.NOT_FOUND, ["9"]),
+    # TF Serving answers FAILED_PRECONDITION here (predict_util.cc), and so must a stand-in.
+    ("unknown_signature", grpc.StatusCode.FAILED_PRECONDITION, ["nope"]),
+])
+def test_predict_errors_like_tf_serving(predict_stub, case, code, words):
+    good = _inputs(2)
+    request = {
+        "wrong_key": lambda: _request({"y": good["x"], "k": good["k"]}),
+        "missing_key": lambda: _request({"x": good["x"]}),
+        "wrong_dtype": lambda: _request({"x": good["x"].astype(np.float64), "k": good["k"]}),
+        "wrong_shape": lambda: _request({"x": np.zeros((2, 4), np.float32), "k": good["k"]}),
+        "unknown_model": lambda: _request(good, name="nope"),
+        "unknown_version": lambda: _request(good, version=9),
+        "unknown_signature": lambda: _request(good, signature="nope"),
+    }[case]()
+    err = _rpc_error(predict_stub.Predict, request)
+    assert err.code() == code, err.details()
+    for word in words:
+        assert word in err.details()
+
+
+def test_other_rpcs_unimplemented(predict_stub):
+    request = classification_pb2.ClassificationRequest()
+    request.model_spec.name = MODEL
+    assert _rpc_error(predict_stub.Classify, request).code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+# ------------------------------------------------------------------------------------------------ client
+def test_client_round_trip_and_error_codes(embedded, reference):
+    with ServingClient(embedded.address, MODEL, timeout=10) as client:
+        assert client.wait_available(10) == 3
+        assert set(client.metadata()) == set(reference.signatures)
+        inputs = _inputs(5)
+        got = client.predict(inputs)
+        for key, value in reference.run("serving_default", inputs).items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-7)
+        with pytest.raises(ServingError) as info:
+            client.predict({"x": inputs["x"].astype(np.float64), "k": inputs["k"]})
+        assert info.value.code == "INVALID_ARGUMENT" and "'x'" in info.value.message
+    with ServingClient(embedded.address, "nope", timeout=5) as client:
+        with pytest.raises(ServingError) as info:
+            client.wait_available(5)
+        assert info.value.code == "NOT_FOUND"
+
+
+def test_client_wait_times_out_on_a_dead_port():
+    with ServingClient(f"127.0.0.1:{launcher.free_port()}", MODEL) as client:
+        with pytest.raises(ServingError) as info:
+            client.wait_available(0.5)
+        assert info.value.code == "DEADLINE_EXCEEDED"
+
+
+# ------------------------------------------------------------------------------------------------ remote + runtime
+def test_remote_runtime_against_running_serve(embedded, model_base, reference):
+    runtime = ServingRuntime(None, embedded.address, model_name=MODEL, load_timeout=10)
+    runtime.load()
+    try:
+        assert runtime.server["kind"] == "remote" and runtime.server["address"] == embedded.address
+        assert runtime.device is None
+        inputs = _inputs(3)
+        got = runtime.run(inputs)
+        for key, value in reference.run("serving_default", inputs).items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-7)
+        assert runtime.check_metadata(reference.signatures["serving_default"]) == []
+        assert runtime.check_metadata(reference.signatures) == []
+        changed = type(reference.signatures["serving_default"])()
+        changed.CopyFrom(reference.signatures["serving_default"])
+        changed.inputs["x"].dtype = tf.float64.as_datatype_enum
+        changed.inputs["x"].tensor_shape.dim[1].size = 5
+        del changed.outputs["total"]
+        problems = runtime.check_metadata(changed)
+        assert len(problems) == 3 and any("float64" in p for p in problems)
+        assert runtime.replay_warmup(str(model_base / "3")) == []
+        with pytest.raises(CheckFailed, match="INVALID_ARGUMENT"):
+            runtime.run({"x": inputs["x"]})
+    finally:
+        runtime.close()
+    assert embedded.process.poll() is None, "closing a remote runtime must not stop the server"
+
+    with pytest.raises(CheckFailed, match="NOT_FOUND"):
+        launcher.launch(embedded.address, model_name="nope", load_timeout=5)
+
+
+# ------------------------------------------------------------------------------------------------ binary mode
+def _write_exe(directory, text: str) -> str:
+    path = directory / "tensorflow_model_server"
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(path)
+
+
+def test_binary_not_found(monkeypatch, tmp_path, model_base):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv(launcher.BINARY_ENV, raising=False)
+    with pytest.raises(InfraError) as info:
+        launcher.launch("binary", str(model_base))
+    assert "tensorflow/serving" in info.value.remedy and "tensorflow-model-server" in info.value.remedy
+    with pytest.raises(InfraError):
+        launcher.launch("binary", str(model_base), binary=str(tmp_path / "missing"))
+
+
+def test_binary_load_error_is_check_failed_with_log(tmp_path, model_base):
+    exe = _write_exe(tmp_path, textwrap.dedent("""\
+        #!/bin/sh
+        echo "Loading servable: {name: $3 version: 3}" >&2
+        echo "Op type not registered 'Foo' in binary running on host." >&2
+        exit 1
+        """))
+    with pytest.raises(CheckFailed) as info:
+        launcher.launch("binary", str(model_base), binary=exe, load_timeout=30)
+    assert "Op type not registered 'Foo'" in info.value.message
+
+
+def test_binary_timeout_kills_the_process_group(tmp_path, model_base):
+    exe = _write_exe(tmp_path, "#!/bin/sh\nsleep 60\n")  # never listens; `sleep` is a grandchild
+    with pytest.raises(CheckFailed, match="timed out"):
+        launcher.launch("binary", str(model_base), binary=exe, load_timeout=1.0)
+
+
+STANDIN = """\
+#!{python}
+# Stand-in for tensorflow_model_server: parses its flags, then becomes `exportkit serve`.
+import os, sys
+flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+if "--version" in sys.argv:
+    print("TensorFlow ModelServer: 0.0.0-standin")
+    sys.exit(0)
+assert flags["rest_api_port"] == "0", flags
+with open(os.path.join(os.path.dirname(__file__), "env.txt"), "w") as fh:
+    fh.write(repr(os.environ.get("CUDA_VISIBLE_DEVICES")))
+os.execv(sys.executable, [sys.executable, "-m", "exportkit", "serve", flags["model_base_path"],
+                          "--port", flags["port"], "--model-name", flags["model_name"]])
+"""
+
+
+def test_binary_mode_with_standin(tmp_path, model_base, reference):
+    exe = _write_exe(tmp_path, STANDIN.format(python=sys.executable))
+    # Version 2 is not the highest: the launcher must hand the binary a base dir that serves exactly v2.
+    with launcher.launch("binary", str(model_base / "2"), binary=exe, load_timeout=120) as handle:
+        assert handle.description["kind"] == "binary"
+        assert handle.description["binary"] == exe
+        assert handle.description["version"] == "0.0.0-standin"
+        assert handle.model_version == 2
+        assert (tmp_path / "env.txt").read_text() == "''"  # device=cpu hides GPUs from the child
+        with ServingClient(handle.address, MODEL, version=2) as client:
+            inputs = _inputs(2)
+            got = client.predict(inputs)
+        np.testing.assert_allclose(got["total"], reference.run("serving_default", inputs)["total"], rtol=1e-6)
+    assert handle.process.poll() is not None
+
+
+# ------------------------------------------------------------------------------------------------ load failures
+def test_embedded_failing_warmup_is_check_failed(tmp_path, model_base):
+    import shutil
+
+    bad = tmp_path / "broken" / "1"
+    shutil.copytree(model_base / "3", bad)
+    inputs = _inputs(1)
+    # Bypass the writer's checks: a record whose dtype the signature does not accept.
+    write_warmup_records(str(bad), MODEL, "serving_default", [{"x": inputs["x"].astype(np.float64), "k": inputs["k"]}],
+                         signature_def=_float64_signature())
+    with pytest.raises(CheckFailed) as info:
+        launcher.launch("embedded", str(bad.parent), load_timeout=120)
+    assert "warm-up record 0" in info.value.message and "float64" in info.value.message
+
+
+def _float64_signature():
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    signature = meta_graph_pb2.SignatureDef()
+    signature.inputs["x"].dtype = tf.float64.as_datatype_enum
+    signature.inputs["k"].dtype = tf.int32.as_datatype_enum
+    return signature
+
+
+def test_serve_cli_usage_error_exit_2(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "exportkit", "serve", str(tmp_path / "nothing"), "--port", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+
+
+# ------------------------------------------------------------------------------------------------ warm-up files
+def test_warmup_records_round_trip_and_limits(tmp_path, model_base):
+    records = read_warmup_records(str(model_base / "3"))
+    assert len(records) == 2 and records[1].model_spec.name == MODEL
+    assert set(records[1].inputs) == {"x", "k"}
+    assert tensor_proto_to_ndarray(records[1].inputs["x"]).shape == (4, 3)
+
+    target = str(model_base / "2" / "assets.extra" / "scratch")
+    with pytest.raises(ValueError, match="1..1000"):
+        write_warmup_records(str(tmp_path / "w"), MODEL, "serving_default", [])
+    with pytest.raises(ValueError, match="1..1000"):
+        write_warmup_records(str(tmp_path / "w"), MODEL, "serving_default", [_inputs(1)] * 1001)
+    with pytest.raises(ValueError, match="keys"):  # signature read from the SavedModel next to the file
+        write_warmup_records(target, MODEL, "serving_default", [{"x": _inputs(1)["x"]}])
+    with pytest.raises(ValueError, match="dtype"):
+        write_warmup_records(target, MODEL, "serving_default", [{"x": _inputs(1)["x"], "k": np.zeros(1, np.int64)}])
+    assert not os.path.exists(target)
+
+
+def test_tensor_proto_helpers_round_trip():
+    for value in (np.arange(6, dtype=np.float32).reshape(2, 3), np.array([1, 2], np.int64), np.array([True, False]),
+                  np.array([b"a", b"bc"], dtype=object), np.array(["x", "yz"]), np.zeros((0, 3), np.float16)):
+        back = tensor_proto_to_ndarray(ndarray_to_tensor_proto(value))
+        expected = value.astype(object) if value.dtype.kind == "U" else value
+        if value.dtype.kind == "U":
+            expected = np.array([s.encode() for s in value], dtype=object)
+        assert back.shape == value.shape
+        assert back.tolist() == expected.tolist()
+    # The fast path must agree with TensorFlow's own conversion.
+    value = np.random.default_rng(0).normal(size=(3, 2)).astype(np.float32)
+    assert ndarray_to_tensor_proto(value) == tf.make_tensor_proto(value)
+
+
+def test_sigint_stops_serve_cleanly(model_base):
+    """Same as SIGTERM (checked at session end), but for Ctrl-C; the server is stopped mid-load here."""
+    proc = subprocess.Popen([sys.executable, "-m", "exportkit", "serve", str(model_base), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        line = b""
+        while b"listening on 127.0.0.1:" not in line:  # logged before the model is loaded
+            line = proc.stderr.readline()
+            assert line, "exportkit serve exited before listening"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
