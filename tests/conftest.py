@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +20,16 @@ def run_cli(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProce
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "exportkit", *map(str, args)], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def invoke(*args) -> SimpleNamespace:
+    """The CLI in this process (TensorFlow stays imported between calls): exit code, stdout, stderr."""
+    from typer.testing import CliRunner
+
+    from exportkit.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
 
 
 @pytest.fixture(scope="session")

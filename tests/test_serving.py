@@ -298,6 +298,9 @@ def test_remote_runtime_against_running_serve(embedded, model_base, reference):
             np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-7)
         assert runtime.check_metadata(reference.signatures["serving_default"]) == []
         assert runtime.check_metadata(reference.signatures) == []
+        from exportkit.savedmodel import signatures_of  # the form verify passes in
+
+        assert runtime.check_metadata(signatures_of(reference.meta_graph)["serving_default"]) == []
         changed = type(reference.signatures["serving_default"])()
         changed.CopyFrom(reference.signatures["serving_default"])
         changed.inputs["x"].dtype = tf.float64.as_datatype_enum
@@ -371,17 +374,21 @@ os.execv(sys.executable, [sys.executable, "-m", "exportkit", "serve", flags["mod
 def test_binary_mode_with_standin(tmp_path, model_base, reference):
     exe = _write_exe(tmp_path, STANDIN.format(python=sys.executable))
     # Version 2 is not the highest: the launcher must hand the binary a base dir that serves exactly v2.
-    with launcher.launch("binary", str(model_base / "2"), binary=exe, load_timeout=120) as handle:
-        assert handle.description["kind"] == "binary"
-        assert handle.description["binary"] == exe
-        assert handle.description["version"] == "0.0.0-standin"
-        assert handle.model_version == 2
+    runtime = ServingRuntime(str(model_base / "2"), "binary", model_name=MODEL, binary=exe, load_timeout=120)
+    try:
+        runtime.start()  # spawns; load() waits
+        runtime.load()
+        assert runtime.server["kind"] == "binary" and runtime.server["binary"] == exe
+        assert runtime.server["version"] == "0.0.0-standin"
+        assert runtime.server["model_version"] == 2 and runtime.device == "cpu"
         assert (tmp_path / "env.txt").read_text() == "''"  # device=cpu hides GPUs from the child
-        with ServingClient(handle.address, MODEL, version=2) as client:
-            inputs = _inputs(2)
-            got = client.predict(inputs)
+        inputs = _inputs(2)
+        got = runtime.run(inputs)
         np.testing.assert_allclose(got["total"], reference.run("serving_default", inputs)["total"], rtol=1e-6)
-    assert handle.process.poll() is not None
+        process = runtime._handle.process
+    finally:
+        runtime.close()
+    assert process.poll() is not None
 
 
 # ------------------------------------------------------------------------------------------------ load failures

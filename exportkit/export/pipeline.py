@@ -63,6 +63,10 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
     base = Path(options.output)
     version = writer.choose_version(base, options.version)  # an existing version is refused before any work
     overrides = [sig.parse_input_spec(text) for text in options.input_specs]
+    assets = writer.check_assets(options.assets)
+    from exportkit.sources.load import detect_format
+
+    detect_format(options.source.src, options.source.format)  # a wrong path fails before TensorFlow is imported
 
     session = None
     if options.verify:
@@ -96,8 +100,9 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
 
         archive = keras.export.ExportArchive()
         archive.track(loaded.model)
-        for asset in writer.copy_assets(options.assets):
-            archive.track(asset)
+        # ExportArchive.track() only collects lookup-table resources; an Asset must hang off the saved root
+        # object to be copied into assets/ and listed in the MetaGraph's asset_file_def.
+        archive._tf_trackable.exportkit_assets = [tf.saved_model.Asset(str(path)) for path in assets]
         archive.add_endpoint(options.signature_name, serve, input_signature=sig.tensor_specs(specs))
         progress.stage("trace", f"signature '{options.signature_name}'")
 

@@ -64,17 +64,13 @@ def staged_version_dir(base: Path, version: int):
         raise
 
 
-def copy_assets(files: list[str]) -> list:
-    """Check the --asset files; return tf.saved_model.Asset objects to track (they are copied into assets/)."""
-    import tensorflow as tf
-
-    assets = []
-    for name in files:
-        path = Path(name)
+def check_assets(files: list[str]) -> list[Path]:
+    """The --asset files, checked before any work is done."""
+    paths = [Path(name) for name in files]
+    for path in paths:
         if not path.is_file():
-            raise UsageError(f"--asset {name} is not a file", "pass files (vocabularies, label maps) to --asset")
-        assets.append(tf.saved_model.Asset(str(path.resolve())))
-    return assets
+            raise UsageError(f"--asset {path} is not a file", "pass files (vocabularies, label maps) to --asset")
+    return [path.resolve() for path in paths]
 
 
 def write_json(path: Path, data: dict) -> None:

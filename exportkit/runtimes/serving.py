@@ -18,12 +18,13 @@ class ServingRuntime:
     name = "serving"
     kind = "grpc"
 
-    def __init__(self, path: str | None, serving: str = "auto", *, model_name: str | None = None,
+    def __init__(self, path: str | None, mode: str = "auto", *, model_name: str | None = None,
                  model_version: int | None = None, signature_name: str = "serving_default",
                  binary: str | None = None, device: str = "cpu", load_timeout: float = 120.0,
                  timeout: float = 30.0):
+        """`mode`: auto | binary | embedded | HOST:PORT (see serving.launcher.start)."""
         self.path = path
-        self.serving = serving
+        self.mode = mode
         self.model_name = model_name
         self.model_version = model_version
         self.signature_name = signature_name
@@ -31,19 +32,31 @@ class ServingRuntime:
         self.load_timeout = load_timeout
         self.timeout = timeout
         # A remote server's device is not ours to know.
-        self.device = None if serving not in ("auto", "binary", "embedded") else device
+        self.device = device if mode in ("auto", "binary", "embedded") else None
         self._device = device
         self.server: dict | None = None
+        self.loaded = False
+        self._pending = None
         self._handle = None
         self._client = None
 
-    def load(self) -> None:
-        """Get a server with the model AVAILABLE (CheckFailed if it fails to load, InfraError if no server)."""
-        from exportkit.serving.client import ServingClient
-        from exportkit.serving.launcher import launch
+    def start(self) -> None:
+        """Spawn the server now (cheap) so its TF import and model load overlap other runtimes' work."""
+        from exportkit.serving.launcher import start
 
-        self._handle = launch(self.serving, self.path, model_name=self.model_name, model_version=self.model_version,
-                              binary=self.binary, device=self._device, load_timeout=self.load_timeout)
+        if self._pending is None and self._handle is None:
+            self._pending = start(self.mode, self.path, model_name=self.model_name, model_version=self.model_version,
+                                  binary=self.binary, device=self._device, load_timeout=self.load_timeout)
+
+    def load(self) -> None:
+        """Wait for a server with the model AVAILABLE (CheckFailed if it fails to load, InfraError if no server)."""
+        from exportkit.serving.client import ServingClient
+
+        if self.loaded:
+            return
+        self.start()
+        pending, self._pending = self._pending, None
+        self._handle = pending.wait()
         self.server = dict(self._handle.description)
         try:
             self._client = ServingClient(self._handle.address, self._handle.model_name, self._handle.model_version,
@@ -51,6 +64,7 @@ class ServingRuntime:
         except BaseException:
             self.close()
             raise
+        self.loaded = True
 
     def _raise(self, err, what: str):
         where = f"{self.server['kind']} server at {self.server['address']}" if self.server else "server"
@@ -69,6 +83,10 @@ class ServingRuntime:
             self._raise(err, f"Predict(signature '{self.signature_name}')")
 
     def close(self) -> None:
+        self.loaded = False
+        if self._pending is not None:
+            self._pending.stop()
+            self._pending = None
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -89,18 +107,19 @@ class ServingRuntime:
             served = self._client.metadata()
         except ServingError as err:
             self._raise(err, "GetModelMetadata")
-        if isinstance(expected_signature_def, dict):
-            expected = dict(expected_signature_def)
-        else:
+        if _is_one_signature(expected_signature_def):
             expected = {signature_name or self.signature_name: expected_signature_def}
+        else:
+            expected = dict(expected_signature_def)
         problems = []
         for sig_name, want in sorted(expected.items()):
             got = served.get(sig_name)
             if got is None:
                 problems.append(f"signature '{sig_name}' is not served (served: {sorted(served)})")
                 continue
-            problems += _compare_side(sig_name, "input", want.inputs, got.inputs)
-            problems += _compare_side(sig_name, "output", want.outputs, got.outputs)
+            want, got = _as_dict(want), _as_dict(got)
+            problems += _compare_side(sig_name, "input", want["inputs"], got["inputs"])
+            problems += _compare_side(sig_name, "output", want["outputs"], got["outputs"])
         return problems
 
     def replay_warmup(self, path: str) -> list[str]:
@@ -136,16 +155,24 @@ class ServingRuntime:
         self.close()
 
 
-def _shape(info) -> str:
-    if info.tensor_shape.unknown_rank:
-        return "unknown rank"
-    return "(" + ", ".join(str(d.size) for d in info.tensor_shape.dim) + ")"
+def _is_one_signature(value) -> bool:
+    """A SignatureDef proto or exportkit.savedmodel's dict form ({"inputs": {...}, "outputs": {...}})."""
+    if hasattr(value, "DESCRIPTOR"):
+        return True
+    return isinstance(value, dict) and isinstance(value.get("inputs"), dict) and isinstance(value.get("outputs"), dict)
 
 
-def _compare_side(sig_name: str, side: str, want, got) -> list[str]:
-    from exportkit.tfenv import import_tf
+def _as_dict(signature) -> dict:
+    """Both forms as {"inputs": {key: {"dtype", "shape"}}, "outputs": ...} (savedmodel.signatures_of's form)."""
+    if isinstance(signature, dict):
+        return signature
+    from exportkit.savedmodel import tensor_info_dict
 
-    tf = import_tf()
+    return {"inputs": {k: tensor_info_dict(v) for k, v in signature.inputs.items()},
+            "outputs": {k: tensor_info_dict(v) for k, v in signature.outputs.items()}}
+
+
+def _compare_side(sig_name: str, side: str, want: dict, got: dict) -> list[str]:
     problems = []
     for key in sorted(set(want) - set(got)):
         problems.append(f"signature '{sig_name}': {side} '{key}' missing on the server")
@@ -153,16 +180,14 @@ def _compare_side(sig_name: str, side: str, want, got) -> list[str]:
         problems.append(f"signature '{sig_name}': server has an extra {side} '{key}'")
     for key in sorted(set(want) & set(got)):
         w, g = want[key], got[key]
-        if w.dtype != g.dtype:
-            problems.append(f"signature '{sig_name}': {side} '{key}' dtype {_dt(tf, w.dtype)} expected, "
-                            f"server has {_dt(tf, g.dtype)}")
-        if _shape(w) != _shape(g):
-            problems.append(f"signature '{sig_name}': {side} '{key}' shape {_shape(w)} expected, server has {_shape(g)}")
+        if w.get("dtype") != g.get("dtype"):
+            problems.append(f"signature '{sig_name}': {side} '{key}' dtype {w.get('dtype')} expected, "
+                            f"server has {g.get('dtype')}")
+        if _shape(w.get("shape")) != _shape(g.get("shape")):
+            problems.append(f"signature '{sig_name}': {side} '{key}' shape {_shape(w.get('shape'))} expected, "
+                            f"server has {_shape(g.get('shape'))}")
     return problems
 
 
-def _dt(tf, enum: int) -> str:
-    try:
-        return tf.as_dtype(enum).name
-    except TypeError:
-        return f"DataType({enum})"
+def _shape(shape) -> str:
+    return "unknown rank" if shape is None else "(" + ", ".join(str(d) for d in shape) + ")"

@@ -157,6 +157,9 @@ def _wait(handle_child: _Child, client, load_timeout: float, what: str) -> int:
 
     def check() -> None:
         if not handle_child.alive():
+            tail = handle_child.tail()
+            if "Address already in use" in tail:  # lost the free-port race: not the model's fault
+                raise InfraError(f"{what} could not bind its port:\n{tail}", "run the check again")
             raise CheckFailed(f"{what} exited with code {handle_child.proc.returncode} before the model was AVAILABLE:\n"
                               f"{handle_child.tail()}", "the server log above says why the model did not load")
 
@@ -228,46 +231,84 @@ def _binary_base_dir(path: str, stack: list) -> tuple[str, int]:
     return tmp, loc.version
 
 
-def launch_binary(path: str, model_name: str | None = None, binary: str | None = None, device: str = "cpu",
-                  load_timeout: float = 120.0) -> ServerHandle:
-    """Run the real tensorflow_model_server on a free loopback port; return once the model is AVAILABLE."""
-    from exportkit.serving.client import ServingClient
+class PendingServer:
+    """A server that is starting: `wait()` returns its ServerHandle once the model is AVAILABLE; `stop()` abandons it.
 
+    Starting is cheap (spawn a process); waiting is where the seconds go, so callers can do other work between.
+    """
+
+    def __init__(self, finish: Callable[[], ServerHandle], abort: Callable[[], None] | None = None):
+        self._finish = finish
+        self._abort = abort
+        self._handle: ServerHandle | None = None
+        _live.add(self)
+
+    def wait(self) -> ServerHandle:
+        if self._handle is None:
+            try:
+                self._handle = self._finish()
+            except BaseException:
+                self.stop()
+                raise
+            self._abort = None
+            _live.discard(self)
+        return self._handle
+
+    def stop(self) -> None:
+        _live.discard(self)
+        abort, self._abort = self._abort, None
+        if abort is not None:
+            abort()
+        if self._handle is not None:
+            self._handle.stop()
+
+
+def start_binary(path: str, model_name: str | None = None, binary: str | None = None, device: str = "cpu",
+                 load_timeout: float = 120.0) -> PendingServer:
+    """Spawn the real tensorflow_model_server on a free loopback port (InfraError if there is none)."""
     found = find_binary(binary)
     if found is None:
         raise InfraError(f"{BINARY_NAME} not found (no --model-server-bin, no ${BINARY_ENV}, not on PATH)", INSTALL_HINT)
     name = _model_name(path, model_name)
     cleanup: list = []
-    child = client = None
+
+    def clean() -> None:
+        while cleanup:
+            cleanup.pop()()
+
     try:
         base_dir, version = _binary_base_dir(path, cleanup)
         port = free_port()
         argv = [found, f"--port={port}", "--rest_api_port=0", f"--model_name={name}",
                 f"--model_base_path={os.path.abspath(base_dir)}"]
         child = _Child(argv, _child_env(device), label="binary")
-        address = f"127.0.0.1:{port}"
-        client = ServingClient(address, name, version)
-        _wait(child, client, load_timeout, f"{BINARY_NAME} ({found})")
-        description = {"kind": "binary", "version": binary_version(found), "address": address,
-                       "binary": found, "model_name": name, "model_version": version}
     except BaseException:
-        if child is not None:
-            child.stop()
-        for fn in cleanup:
-            fn()
+        clean()
         raise
-    finally:
-        if client is not None:
-            client.close()
+    address = f"127.0.0.1:{port}"
 
     def stop() -> None:
         child.stop()
-        for fn in cleanup:
-            fn()
+        clean()
 
-    handle = ServerHandle(address, description, name, version, stop, child.proc)
-    _live.add(handle)
-    return handle
+    def finish() -> ServerHandle:
+        from exportkit.serving.client import ServingClient
+
+        with ServingClient(address, name, version) as client:
+            _wait(child, client, load_timeout, f"{BINARY_NAME} ({found})")
+        description = {"kind": "binary", "version": binary_version(found), "address": address,
+                       "binary": found, "model_name": name, "model_version": version}
+        handle = ServerHandle(address, description, name, version, stop, child.proc)
+        _live.add(handle)
+        return handle
+
+    return PendingServer(finish, stop)
+
+
+def launch_binary(path: str, model_name: str | None = None, binary: str | None = None, device: str = "cpu",
+                  load_timeout: float = 120.0) -> ServerHandle:
+    """Run the real tensorflow_model_server; return once the model is AVAILABLE."""
+    return start_binary(path, model_name, binary, device, load_timeout).wait()
 
 
 # --------------------------------------------------------------------------------------------------- embedded
@@ -297,11 +338,10 @@ def _read_line(child: _Child, deadline: float, pattern: re.Pattern) -> str | Non
             buf += chunk
 
 
-def launch_embedded(path: str, model_name: str | None = None, device: str = "cpu",
-                    load_timeout: float = 120.0) -> ServerHandle:
-    """`python -I -m exportkit serve PATH --port 0` in a child: isolated from cwd/PYTHONPATH, so no user code."""
-    from exportkit import __version__
-    from exportkit.serving.server import ADDRESS_RE, WATCH_STDIN_ENV, resolve_model_path
+def start_embedded(path: str, model_name: str | None = None, device: str = "cpu",
+                   load_timeout: float = 120.0) -> PendingServer:
+    """Spawn `python -I -m exportkit serve PATH --port 0`: isolated from cwd/PYTHONPATH, so no user code."""
+    from exportkit.serving.server import WATCH_STDIN_ENV, resolve_model_path
 
     loc = resolve_model_path(path)
     name = model_name or loc.default_name
@@ -310,58 +350,67 @@ def launch_embedded(path: str, model_name: str | None = None, device: str = "cpu
     argv = [sys.executable, "-I", "-m", "exportkit", "serve", os.path.abspath(path), "--port", "0",
             "--model-name", name, "--device", device]
     workdir = tempfile.mkdtemp(prefix="exportkit-serve-cwd-")  # nothing importable in the child's cwd
-    child = _Child(argv, env, stdout=subprocess.PIPE, stdin=subprocess.PIPE, cwd=workdir, label="embedded server")
-    client = None
-    what = "embedded server (exportkit serve)"
-    deadline = time.monotonic() + load_timeout
     try:
-        from exportkit.tfenv import import_tf
-
-        import_tf()  # the client needs TF too: import it while the child starts, not after
-        line = _read_line(child, deadline, ADDRESS_RE)
-        match = ADDRESS_RE.match(line or "")
-        if not match:
-            if line is not None:  # stdout closed: it is exiting; give it a moment to be reaped
-                try:
-                    child.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    pass
-            if child.alive():
-                raise CheckFailed(f"{what} timed out after {load_timeout:g}s waiting for the model to be AVAILABLE:\n"
-                                  f"{child.tail()}", "raise --load-timeout if the model is big")
-            child.proc.wait()
-            tail = child.tail()
-            if "No module named exportkit" in tail:
-                raise InfraError(f"{what} cannot import exportkit in isolated mode (python -I)",
-                                 f"install exportkit into {sys.executable} (pip install -e .)")
-            if child.proc.returncode == 3:
-                raise InfraError(f"{what} could not start:\n{tail}")
-            raise CheckFailed(f"{what} exited with code {child.proc.returncode} before the model was AVAILABLE:\n{tail}",
-                              "the server log above says why the model did not load")
-        from exportkit.serving.client import ServingClient
-
-        address = match.group("address")
-        version = int(match.group("version"))
-        client = ServingClient(address, name, version)
-        _wait(child, client, max(5.0, load_timeout), what)
+        child = _Child(argv, env, stdout=subprocess.PIPE, stdin=subprocess.PIPE, cwd=workdir, label="embedded server")
     except BaseException:
-        child.stop()
         shutil.rmtree(workdir, ignore_errors=True)
         raise
-    finally:
-        if client is not None:
-            client.close()
-    tf_version = sys.modules["tensorflow"].__version__ if "tensorflow" in sys.modules else "?"
-    description = {"kind": "embedded", "version": f"exportkit {__version__} serve (TensorFlow {tf_version})",
-                   "address": address, "binary": None, "model_name": name, "model_version": version}
+    deadline = time.monotonic() + load_timeout
 
     def stop() -> None:
         child.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
+    def finish() -> ServerHandle:
+        return _finish_embedded(child, name, deadline, load_timeout, stop)
+
+    return PendingServer(finish, stop)
+
+
+def _finish_embedded(child: _Child, name: str, deadline: float, load_timeout: float, stop) -> ServerHandle:
+    from exportkit import __version__
+    from exportkit.serving.server import ADDRESS_RE
+    from exportkit.tfenv import import_tf
+
+    what = "embedded server (exportkit serve)"
+    import_tf()  # the client needs TF too: import it while the child starts, not after
+    from exportkit.serving.client import ServingClient
+
+    line = _read_line(child, deadline, ADDRESS_RE)
+    match = ADDRESS_RE.match(line or "")
+    if not match:
+        if line is not None:  # stdout closed: it is exiting; give it a moment to be reaped
+            try:
+                child.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        if child.alive():
+            raise CheckFailed(f"{what} timed out after {load_timeout:g}s waiting for the model to be AVAILABLE:\n"
+                              f"{child.tail()}", "raise --load-timeout if the model is big")
+        tail = child.tail()
+        if "No module named exportkit" in tail:
+            raise InfraError(f"{what} cannot import exportkit in isolated mode (python -I)",
+                             f"install exportkit into {sys.executable} (pip install -e .)")
+        if child.proc.returncode == 3:
+            raise InfraError(f"{what} could not start:\n{tail}")
+        raise CheckFailed(f"{what} exited with code {child.proc.returncode} before the model was AVAILABLE:\n{tail}",
+                          "the server log above says why the model did not load")
+    address = match.group("address")
+    version = int(match.group("version"))
+    with ServingClient(address, name, version) as client:
+        _wait(child, client, max(5.0, deadline - time.monotonic()), what)
+    tf_version = sys.modules["tensorflow"].__version__ if "tensorflow" in sys.modules else "?"
+    description = {"kind": "embedded", "version": f"exportkit {__version__} serve (TensorFlow {tf_version})",
+                   "address": address, "binary": None, "model_name": name, "model_version": version}
     handle = ServerHandle(address, description, name, version, stop, child.proc)
     _live.add(handle)
     return handle
+
+
+def launch_embedded(path: str, model_name: str | None = None, device: str = "cpu",
+                    load_timeout: float = 120.0) -> ServerHandle:
+    """Run `exportkit serve` in an isolated child; return once the model is AVAILABLE."""
+    return start_embedded(path, model_name, device, load_timeout).wait()
 
 
 # --------------------------------------------------------------------------------------------------- remote
@@ -390,16 +439,26 @@ def connect_remote(address: str, model_name: str, model_version: int | None = No
 
 
 # --------------------------------------------------------------------------------------------------- one entry
-def launch(serving: str, path: str | None = None, *, model_name: str | None = None, model_version: int | None = None,
-           binary: str | None = None, device: str = "cpu", load_timeout: float = 120.0) -> ServerHandle:
-    """`serving`: "auto" | "binary" | "embedded" | "HOST:PORT" (remote; "remote:HOST:PORT" also accepted)."""
+def start(serving: str, path: str | None = None, *, model_name: str | None = None, model_version: int | None = None,
+          binary: str | None = None, device: str = "cpu", load_timeout: float = 120.0) -> PendingServer:
+    """`serving`: "auto" | "binary" | "embedded" | "HOST:PORT" (remote; "remote:HOST:PORT" also accepted).
+
+    Spawns at once (binary/embedded) and returns; `.wait()` blocks until AVAILABLE. Remote connects in wait().
+    """
     if serving == "auto":
         serving = "binary" if find_binary(binary) else "embedded"
     if serving == "binary":
-        return launch_binary(path, model_name, binary, device, load_timeout)
+        return start_binary(path, model_name, binary, device, load_timeout)
     if serving == "embedded":
-        return launch_embedded(path, model_name, device, load_timeout)
+        return start_embedded(path, model_name, device, load_timeout)
     address = serving[len("remote:"):] if serving.startswith("remote:") else serving
     if model_name is None and path is not None:
         model_name = _model_name(path, None)
-    return connect_remote(address, model_name, model_version, load_timeout)
+    if not re.fullmatch(r"\[?[\w.:-]+\]?:\d+", address):
+        raise UsageError(f"--serving {address!r} is not auto, binary, embedded, none or HOST:PORT")
+    return PendingServer(lambda: connect_remote(address, model_name, model_version, load_timeout))
+
+
+def launch(serving: str, path: str | None = None, **kwargs) -> ServerHandle:
+    """start(...).wait(): a server with the model AVAILABLE, or CheckFailed / InfraError / UsageError."""
+    return start(serving, path, **kwargs).wait()

@@ -1,0 +1,291 @@
+"""exportkit export on every source format: layout, signature, manifest, golden record, warm-up, errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import REPO, invoke, run_cli, tree_snapshot
+
+CUSTOM = ["--custom-objects", "sample_models.custom_layers", "--python-path", str(REPO)]
+
+# sample name -> (extra export args, expected input keys, expected output keys, expected policy)
+CASES = {
+    "mixed_functional.h5": ([], ["features", "ids"], ["embedding", "score"], "mixed_float16"),
+    "mixed_functional.keras": ([], ["features", "ids"], ["embedding", "score"], "mixed_float16"),
+    "ranker_ckpt": ([], ["features"], ["score"], "mixed_bfloat16"),
+    "ranker.weights.h5": ([], ["features"], ["score"], "float32"),
+    "multi_io.keras": ([], ["context", "item", "user"], ["click", "dwell"], "float32"),
+    "text.keras": ([], ["text"], ["logits"], "float32"),
+    "subclassed.keras": ([], ["inputs"], ["output"], "float32"),
+    "tfk2_functional.h5": ([], ["features", "ids"], None, "float32"),
+    "tfk2_mixed.h5": ([], ["features", "ids"], None, "mixed_float16"),
+}
+
+
+def export_args(entry, out, *extra):
+    return ["export", entry["path"], "-o", str(out), *entry["export_args"], *extra]
+
+
+@pytest.fixture(scope="session")
+def exported(sample, tmp_path_factory):
+    """Every sample exported once by the real CLI (self-check included): name -> version dir."""
+    base = tmp_path_factory.mktemp("exported")
+    results = {}
+    for name in CASES:
+        entry = sample(name)
+        out = base / name.replace(".", "_")
+        proc = invoke(*export_args(entry, out, *CASES[name][0]))
+        results[name] = (proc, out / "1")
+    return results
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_source_format_exports_a_serving_ready_version(exported, name):
+    proc, version_dir = exported[name]
+    assert proc.returncode == 0, proc.stderr
+    for stage in ("load", "build", "trace", "write", "check"):
+        assert f"  {stage}" in proc.stderr
+    assert "self-check: passed" in proc.stdout
+    for part in ("saved_model.pb", "variables", "assets.extra/tf_serving_warmup_requests",
+                 "assets.extra/exportkit/manifest.json", "assets.extra/exportkit/golden_inputs_batch_0.npz"):
+        assert (version_dir / part).exists(), part
+    manifest = json.loads((version_dir / "assets.extra/exportkit/manifest.json").read_text())
+    _, inputs, outputs, policy = CASES[name]
+    assert manifest["dtype_policy"] == policy
+    assert sorted(manifest["signature"]["inputs"]) == inputs
+    if outputs:
+        assert sorted(manifest["signature"]["outputs"]) == outputs
+    for key, spec in manifest["signature"]["inputs"].items():
+        assert spec["shape"][0] == -1, f"{key}: batch dimension must be free"
+    for key, spec in manifest["signature"]["outputs"].items():
+        assert not key.startswith("keras_tensor"), key
+        if spec["compute_dtype"] in ("float16", "bfloat16"):
+            assert spec["dtype"] == "float32", f"{key} must be cast to float32"
+    assert len(manifest["source"]["sha256"]) == 64
+    assert manifest["exportkit_version"] and manifest["tensorflow_version"] and manifest["keras_version"]
+
+
+def test_signature_as_tf_serving_sees_it(exported):
+    """saved_model.pb itself (not our manifest) carries the names, dtypes and the free batch dimension."""
+    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph, signatures_of
+
+    _, version_dir = exported["mixed_functional.keras"]
+    signature = signatures_of(select_meta_graph(read_saved_model_proto(version_dir)))["serving_default"]
+    assert signature["inputs"]["features"]["dtype"] == "float32"
+    assert signature["inputs"]["features"]["shape"] == [-1, 8]
+    assert signature["inputs"]["ids"]["dtype"] == "int32"
+    assert signature["outputs"]["embedding"]["dtype"] == "float32"  # float16 in the model, cast for serving
+    assert signature["method"] == "tensorflow/serving/predict"
+
+
+def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample):
+    """Load every export the way TF Serving does, in a process where sample_models cannot be imported,
+    and compare with eager Keras computed here from the original source files."""
+    import keras
+    import tensorflow as tf
+
+    from exportkit.export import signature as sig
+    from exportkit.sources.load import load_source
+    from exportkit.spec import source_options
+    from exportkit.verify.compare import compare_outputs, default_tolerance
+    from exportkit.verify.inputs import load_batches
+
+    script = textwrap.dedent("""
+        import sys, json, importlib.util
+        assert importlib.util.find_spec("sample_models") is None, "user code must not be importable"
+        from exportkit.tf1_loader import Tf1SavedModel
+        from exportkit.verify.inputs import load_batches, save_batches
+        for version_dir, out_dir in json.loads(sys.argv[1]):
+            model = Tf1SavedModel(version_dir)
+            batches = load_batches(version_dir + "/assets.extra/exportkit", "golden_inputs")
+            save_batches(out_dir, [model.run("serving_default", b) for b in batches], "tf1")
+    """)
+    jobs = [(str(vd), str(vd.parent / "tf1_out")) for name, (proc, vd) in exported.items() if proc.returncode == 0]
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("PYTHON")}
+    proc = subprocess.run([sys.executable, "-I", "-c", script, json.dumps(jobs)], cwd="/", env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(jobs) == len(CASES)
+    for name, (_, version_dir) in exported.items():
+        entry = sample(name)
+        flags = dict(zip(entry["export_args"][::2], entry["export_args"][1::2]))
+        options = source_options(entry["path"], custom_objects=[flags["--custom-objects"]] if "--custom-objects" in flags else [],
+                                 python_path=[flags["--python-path"]] if "--python-path" in flags else [],
+                                 model_config=flags.get("--model-config"))
+        model = load_source(options).model
+        manifest = json.loads((version_dir / "assets.extra/exportkit/manifest.json").read_text())
+        inputs = load_batches(version_dir / "assets.extra/exportkit", "golden_inputs")
+        served = load_batches(version_dir.parent / "tf1_out", "tf1")
+        for batch, served_outputs in zip(inputs, served):
+            raw = sig.feed_model(model, {k: tf.constant(v) for k, v in batch.items()})
+            keys = sig.output_keys(model, raw)
+            eager = {k: np.asarray(keras.ops.cast(v, "float32")) for k, v in zip(keys, sig.flat_outputs(raw, keys))}
+            compute = {k: v["compute_dtype"] for k, v in manifest["signature"]["outputs"].items()}
+            tol_dtype = lambda key, dtype: "bfloat16" if manifest["dtype_policy"] == "mixed_bfloat16" else (  # noqa: E731
+                "float16" if manifest["dtype_policy"] == "mixed_float16" else compute[key])
+            results = compare_outputs(eager, served_outputs, lambda k, d: default_tolerance(tol_dtype(k, d)))
+            assert all(r.passed for r in results), (name, [(r.key, r.reason) for r in results if not r.passed])
+
+
+def test_warmup_records_have_exactly_the_signature_keys_and_dtypes(exported):
+    from exportkit.serving.warmup import read_warmup_records, tensor_proto_to_ndarray
+
+    for name in ("mixed_functional.keras", "text.keras", "multi_io.keras"):
+        _, version_dir = exported[name]
+        manifest = json.loads((version_dir / "assets.extra/exportkit/manifest.json").read_text())
+        requests = read_warmup_records(str(version_dir))
+        assert 1 <= len(requests) <= 1000
+        for request in requests:
+            assert sorted(request.inputs) == sorted(manifest["signature"]["inputs"])
+            for key, proto in request.inputs.items():
+                array = tensor_proto_to_ndarray(proto)
+                want = manifest["signature"]["inputs"][key]["dtype"]
+                got = "string" if array.dtype.kind in "OS" else array.dtype.name
+                assert got == want, (name, key)
+
+
+def test_checkpoint_exports_from_its_toml_alone_with_assets(exported):
+    proc, version_dir = exported["ranker_ckpt"]
+    assert proc.returncode == 0
+    assert (version_dir / "assets" / "vocab.txt").is_file()
+    from exportkit.savedmodel import read_saved_model_proto
+
+    text = str(read_saved_model_proto(version_dir))
+    assert "vocab.txt" in text  # tracked by the graph (asset_file_def / object graph), not just copied
+
+
+def test_keep_output_dtype_and_version_numbering(sample, tmp_path):
+    entry = sample("mixed_functional.keras")
+    base = tmp_path / "ranker"
+    first = invoke(*export_args(entry, base, "--keep-output-dtype", "--no-verify"))
+    assert first.returncode == 0, first.stderr
+    second = invoke(*export_args(entry, base, "--no-verify", "--signature-name", "rank"))
+    assert second.returncode == 0, second.stderr
+    assert sorted(p.name for p in base.iterdir()) == ["1", "2"]
+    kept = json.loads((base / "1/assets.extra/exportkit/manifest.json").read_text())
+    cast = json.loads((base / "2/assets.extra/exportkit/manifest.json").read_text())
+    assert kept["signature"]["outputs"]["embedding"]["dtype"] == "float16"
+    assert cast["signature"]["outputs"]["embedding"]["dtype"] == "float32"
+    assert cast["signature_name"] == "rank"
+    assert "self-check: skipped" in first.stdout
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_checkpoint_rebuilt_under_another_policy(sample, tmp_path, policy):
+    entry = sample("ranker_ckpt")
+    proc = invoke("export", entry["path"], "-o", tmp_path / "m", "--policy", policy)
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((tmp_path / "m/1/assets.extra/exportkit/manifest.json").read_text())
+    assert manifest["dtype_policy"] == policy
+
+
+# ---- bad input: exit 2, one clear message with the fix, no traceback, BASE_DIR unchanged ----------------
+
+def _assert_clean_failure(proc, code, *needles):
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("error: ") == 1 and proc.stderr.count("fix: ") == 1
+    for needle in needles:
+        assert needle in proc.stderr, (needle, proc.stderr)
+
+
+@pytest.fixture
+def existing_base(sample, tmp_path):
+    """A base directory that already holds version 1 (plus an unrelated file), to prove it stays untouched."""
+    base = tmp_path / "models" / "ranker"
+    (base / "1").mkdir(parents=True)
+    (base / "1" / "saved_model.pb").write_bytes(b"not really a model")
+    (base / "README").write_text("keep me")
+    return base
+
+
+def test_missing_unregistered_custom_object_in_h5(sample, existing_base):
+    before = tree_snapshot(existing_base)
+    proc = run_cli("export", sample("mixed_functional.h5")["path"], "-o", existing_base)
+    _assert_clean_failure(proc, 2, "Unknown layer", "FeatureCross", "mixed_functional.h5", "--custom-objects")
+    assert tree_snapshot(existing_base) == before
+
+
+def test_missing_custom_object_in_keras_names_the_module(sample, tmp_path):
+    proc = invoke("export", sample("mixed_functional.keras")["path"], "-o", tmp_path / "new")
+    _assert_clean_failure(proc, 2, "FeatureCross", "--custom-objects sample_models.custom_layers")
+    assert not (tmp_path / "new").exists()
+
+
+def test_existing_version_is_refused_and_left_byte_identical(sample, existing_base):
+    before = tree_snapshot(existing_base)
+    proc = invoke(*export_args(sample("multi_io.keras"), existing_base, "--version", "1"))
+    _assert_clean_failure(proc, 2, "version 1 already exists", "--version 2")
+    assert tree_snapshot(existing_base) == before
+
+
+@pytest.mark.parametrize("make_bad", ["garbage.h5", "missing.keras", "plain_dir", "notes.txt"])
+def test_not_a_model(tmp_path, make_bad):
+    src = tmp_path / make_bad
+    if make_bad == "garbage.h5":
+        src.write_bytes(b"\x00garbage")
+    elif make_bad == "plain_dir":
+        src.mkdir()
+    elif make_bad == "notes.txt":
+        src.write_text("hello")
+    proc = invoke("export", src, "-o", tmp_path / "out")
+    _assert_clean_failure(proc, 2, make_bad)
+    assert not (tmp_path / "out").exists()
+
+
+def test_checkpoint_that_does_not_fit_names_checkpoint_and_variables(sample, existing_base):
+    before = tree_snapshot(existing_base)
+    entry = sample("ranker_ckpt")
+    proc = invoke("export", entry["path"], "-o", existing_base, "--builder", "sample_models.builders:build_other_ranker")
+    _assert_clean_failure(proc, 2, "checkpoint", "ranker_ckpt", "does not fit")
+    assert tree_snapshot(existing_base) == before
+
+
+def test_weights_without_architecture(sample, tmp_path):
+    proc = invoke("export", sample("ranker.weights.h5")["path"], "-o", tmp_path / "out")
+    _assert_clean_failure(proc, 2, "--builder", "--model-config")
+
+
+@pytest.mark.parametrize("flag,needle", [
+    (["--input-spec", "features:8"], "name:shape:dtype"),
+    (["--builder", "no_such_module:build"], "no_such_module"),
+    (["--builder-arg", "oops"], "key=value"),
+    (["--asset", "/no/such/vocab.txt"], "vocab.txt"),
+])
+def test_bad_flags(sample, tmp_path, flag, needle):
+    entry = sample("ranker_ckpt")
+    proc = invoke("export", entry["path"], "-o", tmp_path / "out", *flag)
+    _assert_clean_failure(proc, 2, needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_that_differs_between_eager_and_graph_fails_the_export(tmp_path):
+    """A layer that computes something else when traced: the self-check must catch it (exit 1, nothing kept)."""
+    (tmp_path / "sneaky.py").write_text(textwrap.dedent("""
+        import keras, tensorflow as tf
+
+        class EagerOnlyOffset(keras.layers.Layer):
+            def call(self, x):
+                return x + (0.0 if tf.executing_eagerly() else 1.0)
+    """))
+    script = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(tmp_path)!r})
+        import keras
+        from sneaky import EagerOnlyOffset
+        inp = keras.Input((3,), name="x")
+        out = keras.layers.Dense(2, name="y")(EagerOnlyOffset()(inp))
+        keras.Model(inp, out).save({str(tmp_path / 'sneaky.keras')!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=120)
+    base = tmp_path / "models"
+    base.mkdir()
+    proc = invoke("export", tmp_path / "sneaky.keras", "-o", base, "--custom-objects", "sneaky",
+                   "--python-path", tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "does not reproduce eager Keras" in proc.stderr and "'y'" in proc.stderr
+    assert list(base.iterdir()) == []
