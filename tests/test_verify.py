@@ -32,17 +32,6 @@ def _verify(capsys, path, **flags):
     return code, json.loads(out)
 
 
-def _ranker(seed: int, path):
-    import keras
-
-    from sample_models.builders import build_ranker
-
-    keras.utils.set_random_seed(seed)
-    model = build_ranker()
-    model.save(path)
-    return path
-
-
 @pytest.fixture(scope="session")
 def models(sample, tmp_path_factory):
     """A few exports shared by the tests: mixed precision with custom objects, dict outputs, strings."""
@@ -80,12 +69,30 @@ def test_against_the_training_source_in_eager_keras(capsys, models, sample):
     assert keras_runtime["kind"] == "in-process" and keras_runtime["outputs"]
 
 
-def test_swapped_weights_fail_naming_the_outputs(capsys, tmp_path):
-    good = _export(_ranker(1, tmp_path / "a.keras"), tmp_path / "a")
-    other = _export(_ranker(2, tmp_path / "b.keras"), tmp_path / "b")
-    shutil.rmtree(good / "variables")
-    shutil.copytree(other / "variables", good / "variables")
-    code, report = _verify(capsys, good)
+def _replace_weights(version_dir, seed: int) -> None:
+    """Overwrite every float variable in variables/ with other values, keeping the checkpoint's keys."""
+    import tensorflow as tf
+
+    prefix = str(version_dir / "variables" / "variables")
+    reader = tf.train.load_checkpoint(prefix)
+    rng = np.random.default_rng(seed)
+    names, tensors = [], []
+    for name, dtype in sorted(reader.get_variable_to_dtype_map().items()):
+        value = reader.get_tensor(name)
+        if dtype.is_floating:
+            value = (value + rng.normal(0, 0.5, np.shape(value))).astype(dtype.as_numpy_dtype)
+        names.append(name)
+        tensors.append(tf.constant(value, dtype=dtype))
+    for stale in (version_dir / "variables").iterdir():
+        stale.unlink()
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
+
+
+def test_swapped_weights_fail_naming_the_outputs(capsys, tmp_path, models):
+    version = tmp_path / "swapped" / "1"
+    shutil.copytree(models["ckpt"], version)
+    _replace_weights(version, seed=3)
+    code, report = _verify(capsys, version)
     assert code == 1 and not report["passed"]
     failing = {(r["name"], o["key"]) for r in report["runtimes"] for o in r["outputs"] if not o["passed"]}
     assert ("session", "score") in failing and ("saved_model", "score") in failing
@@ -173,20 +180,21 @@ def test_tolerance_options(capsys, tmp_path, models):
     version = tmp_path / "multi" / "1"
     shutil.copytree(models["multi_io"], version)
     _nudge_golden(version, 1e-3)
-    code, report = _verify(capsys, version)
+    verify = lambda **flags: _verify(capsys, version, runtimes="golden,saved_model", **flags)  # noqa: E731
+    code, report = verify()
     assert code == 1
     failing = [o for r in report["runtimes"] for o in r["outputs"] if not o["passed"]]
     assert {o["key"] for o in failing} == {"click", "dwell"}
     needed = max(o["required_atol"] for o in failing)
     assert 9e-4 < needed < 2e-3
-    code, _ = _verify(capsys, version, atol=2e-3, rtol=0.0)
+    code, _ = verify(atol=2e-3, rtol=0.0)
     assert code == 0
-    code, report = _verify(capsys, version, tol=["click=2e-3,0"])
+    code, report = verify(tol=["click=2e-3,0"])
     assert code == 1  # dwell still over
     assert all(o["passed"] for r in report["runtimes"] for o in r["outputs"] if o["key"] == "click")
-    code, _ = _verify(capsys, version, tol=["click=2e-3,0", "dwell=2e-3,0"])
+    code, _ = verify(tol=["click=2e-3,0", "dwell=2e-3,0"])
     assert code == 0
-    code, _ = _verify(capsys, version, rtol=0.5, atol=0.0)  # outputs are O(0.1-1): 1e-3 is well within 50%
+    code, _ = verify(rtol=0.5, atol=0.0)  # outputs are O(0.1-1): 1e-3 is well within 50%
     assert code == 0
 
 

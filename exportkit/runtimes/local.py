@@ -8,16 +8,20 @@ import numpy as np
 from exportkit.errors import CheckFailed, InfraError
 
 
+def require_gpu() -> None:
+    from exportkit.tfenv import import_tf
+
+    if not import_tf().config.list_logical_devices("GPU"):
+        raise InfraError("--device gpu, but TensorFlow sees no GPU",
+                         "run on a machine with a GPU and `pip install 'exportkit[gpu]'`, or use --device cpu")
+
+
 def tf_device(device: str | None) -> str | None:
     """`cpu`/`gpu` -> a TF device string; `gpu` without a visible GPU is an infrastructure failure."""
     if device in (None, "cpu"):
         return "/CPU:0" if device else None
     if device == "gpu":
-        import tensorflow as tf
-
-        if not tf.config.list_logical_devices("GPU"):
-            raise InfraError("--device gpu, but TensorFlow sees no GPU",
-                             "run on a machine with a GPU and `pip install 'exportkit[gpu]'`, or use --device cpu")
+        require_gpu()
         return "/GPU:0"
     if device.startswith("/"):
         return device  # an explicit TF device string, e.g. a logical device in tests

@@ -77,8 +77,11 @@ class SessionRuntime:
             raise InfraError(f"the session worker died: {self._log_tail()}", "re-run with --debug") from err
         reply = self._receive()
         if not reply.get("ok"):
-            raise CheckFailed(f"session runtime (TF1 loader, as TF Serving loads models): {reply.get('message')}",
-                              "export with `exportkit export`, which tracks every variable the signature uses")
+            message = reply.get("message", "")
+            remedy = ("export with `exportkit export` (keras.export.ExportArchive tracks every variable the signature "
+                      "uses; tf.saved_model.save of a Keras 3 model does not)" if "find variable" in message else
+                      "this SavedModel will fail the same way in TF Serving; see the message, re-run with --debug")
+            raise CheckFailed(f"TF1 loader (as TF Serving loads models): {message}", remedy)
         return reply
 
     def load(self) -> None:

@@ -49,7 +49,7 @@ def main() -> int:
                 save_batches(request["dir"], outputs, request["outputs"])
                 _reply(channel, ok=True)
         except Exception as err:  # the model's failure: report it, stay alive for the caller to close
-            message = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+            message = f"{type(err).__name__}: {' '.join(str(err).split())[:500]}"
             _reply(channel, ok=False, kind="model", message=message, detail=traceback.format_exc()[-4000:])
     return 0
 

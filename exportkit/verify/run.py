@@ -87,8 +87,7 @@ def _input_batches(specs, golden_inputs, inputs_file, samples, seed, int_range):
     return batches
 
 
-def _per_output_tolerances(atol, rtol, tol_flags, manifest):
-    per_output = dict(parse_tol(t) for t in tol_flags or [])
+def _per_output_tolerances(atol, rtol, per_output, manifest):
     recorded = (manifest or {}).get("tolerances", {})
     compute = {k: v.get("compute_dtype") for k, v in (manifest or {}).get("signature", {}).get("outputs", {}).items()}
 
@@ -114,6 +113,11 @@ def verify_command(*, path, against=None, format=None, builder=None, builder_arg
     devices = _devices(device)
     names = _selected_runtimes(runtimes, serving, against)
     lo_hi = parse_int_range(int_range)
+    per_output = dict(parse_tol(t) for t in tol or [])
+    if "gpu" in devices:
+        from exportkit.runtimes.local import require_gpu
+
+        require_gpu()  # before any process is started: no GPU is an infrastructure failure (exit 3)
     version_dir, proto, findings, signature = _read_model(path, signature_name)
     manifest, golden_inputs, golden_outputs = _read_golden(version_dir)
     if "golden" in names and golden_inputs is None:
@@ -170,7 +174,7 @@ def verify_command(*, path, against=None, format=None, builder=None, builder_arg
             except Exception:  # closing must never hide the verdict
                 pass
 
-    _compare_all(report, outputs, batches, _per_output_tolerances(atol, rtol, tol, manifest), devices)
+    _compare_all(report, outputs, batches, _per_output_tolerances(atol, rtol, per_output, manifest), devices)
     if save_outputs:
         for label, per_batch in outputs.items():
             _save(save_outputs, label, [o for o in per_batch if o is not None])
