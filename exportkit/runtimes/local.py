@@ -28,6 +28,12 @@ def tf_device(device: str | None) -> str | None:
     raise InfraError(f"unknown device {device!r}", "use --device cpu, gpu or all")
 
 
+def placement(tensors) -> str | None:
+    """Where the outputs were computed, e.g. "CPU:0" or "GPU:0", from the eager tensors' devices."""
+    devices = sorted({t.device.rpartition("device:")[2] for t in tensors if getattr(t, "device", "")})
+    return ",".join(devices) or None
+
+
 class GoldenRuntime:
     """The outputs eager Keras computed at export time, for the golden inputs only."""
 
@@ -86,7 +92,9 @@ class SavedModelRuntime:
 
         with tf.device(tf_device(self.device)):
             feed = {k: tf.constant(v, dtype=tf.as_dtype(self.input_dtypes[k])) for k, v in inputs.items()}
-            return {k: v.numpy() for k, v in self._fn(**feed).items()}
+            outputs = self._fn(**feed)
+        self.placed_on = placement(outputs.values())
+        return {k: v.numpy() for k, v in outputs.items()}
 
     def close(self) -> None:
         self._fn = self._loaded = None
@@ -118,6 +126,7 @@ class KerasRuntime:
         with tf.device(tf_device(self.device)):
             raw = sig.feed_model(self._model, {k: tf.constant(v) for k, v in inputs.items()})
         keys = sig.output_keys(self._model, raw)
+        self.placed_on = placement(sig.flat_outputs(raw, keys))
         outputs = {}
         for key, tensor in zip(keys, sig.flat_outputs(raw, keys)):
             want = self.output_dtypes.get(key)

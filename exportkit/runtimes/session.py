@@ -34,8 +34,10 @@ class SessionRuntime:
     kind = "subprocess"
     server = None
 
-    def __init__(self, path: str, signature_name: str = "serving_default", device: str | None = "cpu"):
+    def __init__(self, path: str, signature_name: str = "serving_default", device: str | None = "cpu",
+                 allow_tf32: bool = False):
         self.path = str(Path(path).resolve())
+        self.allow_tf32 = allow_tf32
         self.signature_name = signature_name
         self.device = device
         self._dir = tempfile.TemporaryDirectory(prefix="exportkit-session-")
@@ -85,7 +87,8 @@ class SessionRuntime:
         return reply
 
     def load(self) -> None:
-        self._request(op="load", path=self.path, signature=self.signature_name, device=self.device)
+        self._request(op="load", path=self.path, signature=self.signature_name, device=self.device,
+                      allow_tf32=self.allow_tf32)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self._runs += 1

@@ -26,7 +26,7 @@ def main() -> int:
     sys.stdout = sys.stderr
     from exportkit.tfenv import import_tf
 
-    import_tf()
+    tf = import_tf()
     from exportkit.tf1_loader import Tf1SavedModel
     from exportkit.verify.inputs import load_batches, save_batches
 
@@ -37,6 +37,8 @@ def main() -> int:
         try:
             if request["op"] == "load":
                 signature = request["signature"]
+                # TensorFloat-32 would make GPU float32 results differ from CPU by ~1e-3: off unless allowed.
+                tf.config.experimental.enable_tensor_float_32_execution(bool(request.get("allow_tf32")))
                 model = Tf1SavedModel(request["path"], device=request.get("device"))
                 if signature not in model.signatures:
                     _reply(channel, ok=False, kind="model",

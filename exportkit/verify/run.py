@@ -5,6 +5,7 @@ first and import TensorFlow while this process reads the SavedModel, lints it an
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -155,7 +156,7 @@ def verify_command(*, path, against=None, format=None, builder=None, builder_arg
                                     model_config=model_config, custom_objects=custom_objects or [],
                                     python_path=python_path or [], policy=policy, unsafe=unsafe),
                                 spec=spec, serving=serving, model_server_bin=model_server_bin, model_name=model_name,
-                                model_version=model_version, load_timeout=load_timeout)
+                                model_version=model_version, load_timeout=load_timeout, allow_tf32=allow_tf32)
     outputs: dict[str, list] = {}
     try:
         from exportkit.tfenv import import_tf, tf32
@@ -163,7 +164,7 @@ def verify_command(*, path, against=None, format=None, builder=None, builder_arg
         if any(r.runtime.kind == "in-process" for r in runtimes_):
             import_tf()
         report.tf32 = allow_tf32 if "gpu" in devices else None
-        with tf32(allow_tf32) if "gpu" in devices else _nothing():
+        with tf32(allow_tf32) if "gpu" in devices else contextlib.nullcontext():
             for item in runtimes_:
                 report.runtimes.append(_execute(item, batches, outputs))
         _serving_checks(runtimes_, signature, version_dir, report)
@@ -181,16 +182,9 @@ def verify_command(*, path, against=None, format=None, builder=None, builder_arg
     return _finish(report, json_out, junit)
 
 
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _build_runtimes(names, devices, version_dir, signature_name, specs, output_dtypes, golden_inputs, golden_outputs,
-                    *, against, source_flags, spec, serving, model_server_bin, model_name, model_version, load_timeout):
+                    *, against, source_flags, spec, serving, model_server_bin, model_name, model_version, load_timeout,
+                    allow_tf32):
     from exportkit.runtimes.local import GoldenRuntime, KerasRuntime, SavedModelRuntime
 
     built: list[_Labeled] = []
@@ -204,7 +198,8 @@ def _build_runtimes(names, devices, version_dir, signature_name, specs, output_d
         from exportkit.runtimes.session import SessionRuntime
 
         for dev in devices:
-            built.append(_Labeled(SessionRuntime(str(version_dir), signature_name, device=dev), label("session", dev)))
+            built.append(_Labeled(SessionRuntime(str(version_dir), signature_name, device=dev, allow_tf32=allow_tf32),
+                                  label("session", dev)))
     if "serving" in names:
         from exportkit.runtimes.serving import ServingRuntime
 
@@ -249,7 +244,7 @@ def _execute(item: _Labeled, batches, outputs) -> RuntimeResult:
     except Exception as err:
         result.status, result.error = "error", f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
     result.server = runtime.server
-    result.device = runtime.device
+    result.device = getattr(runtime, "placed_on", None) or runtime.device
     result.seconds = time.perf_counter() - began
     return result
 
