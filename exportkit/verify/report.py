@@ -121,7 +121,7 @@ def _server_text(server: dict | None) -> str:
         bits.append(f"version {server['version']}")
     if server.get("address"):
         bits.append(f"at {server['address']}")
-    extra = {k: v for k, v in server.items() if k not in ("kind", "version", "address")}
+    extra = {k: v for k, v in server.items() if k not in ("kind", "version", "address") and v is not None}
     if extra:
         bits.append("(" + ", ".join(f"{k}={v}" for k, v in extra.items()) + ")")
     return " ".join(bits)
