@@ -289,3 +289,36 @@ def test_a_model_that_differs_between_eager_and_graph_fails_the_export(tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert "does not reproduce eager Keras" in proc.stderr and "'y'" in proc.stderr
     assert list(base.iterdir()) == []
+
+
+def test_lambda_layers_need_unsafe(tmp_path):
+    script = textwrap.dedent(f"""
+        import keras
+        inp = keras.Input((3,), name="x")
+        out = keras.layers.Lambda(lambda t: t * 2.0, name="double")(inp)
+        keras.Model(inp, keras.layers.Dense(1, name="y")(out)).save({str(tmp_path / 'lambda.keras')!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=120)
+    proc = invoke("export", tmp_path / "lambda.keras", "-o", tmp_path / "safe")
+    _assert_clean_failure(proc, 2, "Lambda", "--unsafe")
+    assert not (tmp_path / "safe").exists()
+    proc = invoke("export", tmp_path / "lambda.keras", "-o", tmp_path / "unsafe", "--unsafe")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "unsafe" / "1" / "saved_model.pb").is_file()
+
+
+def test_interrupted_export_leaves_nothing(sample, existing_base):
+    """Ctrl-C in the middle of an export: the staging directory goes, the base directory is as it was."""
+    import signal
+
+    before = tree_snapshot(existing_base)
+    entry = sample("multi_io.keras")
+    proc = subprocess.Popen([sys.executable, "-m", "exportkit", "export", entry["path"], "-o", str(existing_base)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # progress lines: interrupt once the model is built, before the version is in place
+        if line.strip().startswith("trace"):
+            proc.send_signal(signal.SIGINT)
+            break
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert tree_snapshot(existing_base) == before
