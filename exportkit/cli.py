@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from exportkit.errors import EXIT_INFRA, EXIT_USAGE, ExportkitError
+from exportkit.errors import EXIT_INFRA, ExportkitError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Export Keras/TensorFlow models for TF Serving and prove they compute what the model computed.")

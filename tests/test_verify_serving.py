@@ -25,9 +25,11 @@ def exported(sample, tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def no_children_left():
+    """Every process a test starts (workers, servers, stand-ins) is gone when it ends."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
-    children = psutil.Process().children(recursive=True)
-    gone, alive = psutil.wait_procs(children, timeout=15)
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    _, alive = psutil.wait_procs(new, timeout=15)
     assert not alive, f"left behind: {[p.cmdline() for p in alive]}"
 
 
