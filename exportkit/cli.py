@@ -5,6 +5,7 @@ TensorFlow is imported lazily by the commands that need it, so `inspect` stays f
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import warnings
@@ -191,7 +192,26 @@ def main() -> None:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `exportkit ... | head` ends quietly
     if "--debug" not in sys.argv:
         warnings.simplefilter("ignore")  # Keras' UserWarnings about the user's model are noise in a CI log
-    app()
+    try:
+        app()
+    except SystemExit as done:
+        _exit_fast(done.code)
+        raise
+
+
+def _exit_fast(code) -> None:
+    """Skip TensorFlow's interpreter teardown (about a second) once the command has finished and said its word.
+
+    atexit handlers (which stop any server this process started) still run; stdio is flushed first.
+    """
+    if "tensorflow" not in sys.modules:
+        return
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else (0 if code is None else EXIT_INFRA))
 
 
 if __name__ == "__main__":

@@ -89,11 +89,11 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
         from exportkit.verify.inputs import generate_batches
 
         golden_inputs = generate_batches(specs, samples=GOLDEN_SAMPLES, seed=GOLDEN_SEED)
-        raw = sig.feed_model(loaded.model, {s.key: tf.constant(golden_inputs[0][s.key]) for s in specs})
-        keys = sig.output_keys(loaded.model, raw)
-        raw_dtypes = {k: _dtype(v) for k, v in zip(keys, sig.flat_outputs(raw, keys))}
+        raws = [sig.feed_model(loaded.model, {s.key: tf.constant(b[s.key]) for s in specs}) for b in golden_inputs]
+        keys = sig.output_keys(loaded.model, raws[0])
+        raw_dtypes = {k: _dtype(v) for k, v in zip(keys, sig.flat_outputs(raws[0], keys))}
+        golden_outputs = [_numpy(sig.serving_outputs(raw, keys, options.keep_output_dtype)) for raw in raws]
         serve = sig.make_serving_fn(loaded.model, specs, keys, options.keep_output_dtype)
-        golden_outputs = [_numpy(serve(*[tf.constant(batch[s.key]) for s in specs])) for batch in golden_inputs]
         out_dtypes = {k: str(v.dtype) if v.dtype != object else "string" for k, v in golden_outputs[0].items()}
         progress.stage("build", f"{len(specs)} input(s), {len(keys)} output(s), golden record of "
                                 f"{len(golden_inputs)} batches")

@@ -121,18 +121,24 @@ def flat_outputs(outputs, keys: list[str]) -> list:
     return [outputs[k] for k in keys] if isinstance(outputs, dict) else keras.tree.flatten(outputs)
 
 
-def make_serving_fn(model, specs: list[InputSpec], keys: list[str], keep_output_dtype: bool):
-    """A function of positional tensors (in `specs` order) returning {output key: tensor}, float32 outputs unless kept."""
+def serving_outputs(raw, keys: list[str], keep_output_dtype: bool) -> dict:
+    """The model's outputs keyed for the signature; float16/bfloat16 cast to float32 unless kept."""
     import tensorflow as tf
 
+    result = {}
+    for key, tensor in zip(keys, flat_outputs(raw, keys)):
+        if not keep_output_dtype and tensor.dtype.name in HALF_DTYPES:
+            tensor = tf.cast(tensor, tf.float32)
+        result[key] = tensor
+    return result
+
+
+def make_serving_fn(model, specs: list[InputSpec], keys: list[str], keep_output_dtype: bool):
+    """A function of positional tensors (in `specs` order) returning {output key: tensor}."""
+
     def serve(*args):
-        outputs = feed_model(model, {spec.key: arg for spec, arg in zip(specs, args)})
-        result = {}
-        for key, tensor in zip(keys, flat_outputs(outputs, keys)):
-            if not keep_output_dtype and tensor.dtype.name in HALF_DTYPES:
-                tensor = tf.cast(tensor, tf.float32)
-            result[key] = tensor
-        return result
+        raw = feed_model(model, {spec.key: arg for spec, arg in zip(specs, args)})
+        return serving_outputs(raw, keys, keep_output_dtype)
 
     return serve
 

@@ -11,6 +11,7 @@ caller's work) and then answers one JSON request per line on stdin:
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 
@@ -57,4 +58,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stderr.flush()
+    os._exit(code)  # stdin closed: the caller is done; TensorFlow's teardown would only make it wait

@@ -1,0 +1,620 @@
+"""exportkit benchmark: every exportkit command next to what a user would run instead, same model, same run.
+
+    python benchmarks/bench.py [--samples-dir build/samples] [--out build/bench] [--quick | --full]
+                               [--runs N] [--app-runs N] [--models a,b,...] [--scaling-model NAME]
+                               [--scaling-runs N] [--predict-models a,b] [--predict-calls N]
+
+A benchmark, not a test: it exits 0 once the table is written (a failed command is marked FAIL in the table
+and kept in results.json); only its own set-up failing is an error.
+
+Every figure is the median over the runs; every run is a fresh subprocess, timed wall-clock with
+`time.perf_counter` around spawn + `os.wait4` (what `subprocess.run` does). Two memory figures per command:
+  * peak RSS, tree: the highest *sum* of RSS over the command's whole process tree (the command, the session
+    worker, the embedded server, ...), sampled every 100 ms with psutil (one sample costs ~2 ms of CPU; at
+    20 ms the sampler itself took ~10% of a core): the memory a CI machine must have;
+  * peak RSS, largest process: `ru_maxrss` from `os.wait4` (the kernel's exact peak of the largest single
+    process among the command and every descendant it waited for).
+exportkit and its baseline run back to back (A, B, A, B, ...) so machine drift hits both alike.
+
+Rows (ratio = exportkit / baseline):
+  inspect   `exportkit inspect DIR`                vs `saved_model_cli show --all --dir DIR`          <= 0.25x
+  export    `exportkit export SRC -o BASE`         vs benchmarks/export_baseline.py (load_model + model.export,
+            (with its self-check)                     custom objects passed the same way)             <= 1.5x
+  verify    `exportkit verify DIR --serving embedded`
+                                                   vs `saved_model_cli run ... --input_exprs` on one batch of 8
+                                                      (`--inputs KEY=x.npy` where the literal would exceed the
+                                                      128 KiB argv-string limit, e.g. images)          <= 2.5x
+  predict   ServingClient.predict per call         vs a bare PredictionServiceStub.Predict loop on a pre-built
+            request, against the same running `exportkit serve` (median per call)                     <= 1.1x
+plus `exportkit verify --samples 1, 100, 1000` on one model (wall time, peak RSS, per-runtime seconds).
+
+Profiles (`make bench` runs the default one; times measured on 2 cores):
+  default   mixed_functional.keras (custom objects): 3 runs; mobilenet_v2 (keras.applications MobileNetV2,
+            96x96x3, ~3.5M params, random weights): 1 run; verify --samples 1/100/1000 on mobilenet_v2, 1 run
+            each; predict on mixed_functional.keras, 200 calls per client. ~5 minutes.
+  --quick   1 run of everything; verify --samples 1/100 only. ~3 minutes.
+  --full    3 runs of everything; also multi_io.keras and resnet50 (ResNet50, 64x64x3, ~25.6M params);
+            predict also on mobilenet_v2. ~20 minutes.
+The options after --full override a profile's values.
+
+Output: the Markdown table on stdout, also in OUT/results.md; raw numbers (every run) in OUT/results.json.
+The keras.applications models are built (seeded random weights, `weights=None`) into OUT/models/ on first
+use and reused after.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent  # the venv's bin/: exportkit, saved_model_cli
+HERE = Path(__file__).resolve().parent
+
+TARGETS = {"inspect": 0.25, "export": 1.5, "verify": 2.5, "predict": 1.1}
+APP_MODELS = {
+    "mobilenet_v2": ("MobileNetV2", (96, 96, 3)),
+    "resnet50": ("ResNet50", (64, 64, 3)),
+}
+PROFILES = {
+    "quick": dict(runs=1, app_runs=1, models=["mixed_functional.keras", "mobilenet_v2"], scaling_runs=1,
+                  scaling_samples=[1, 100], predict_calls=100, predict_models=["mixed_functional.keras"]),
+    "default": dict(runs=3, app_runs=1, models=["mixed_functional.keras", "mobilenet_v2"], scaling_runs=1,
+                    scaling_samples=[1, 100, 1000], predict_calls=200, predict_models=["mixed_functional.keras"]),
+    "full": dict(runs=3, app_runs=3, models=["mixed_functional.keras", "multi_io.keras", "mobilenet_v2", "resnet50"],
+                 scaling_runs=3, scaling_samples=[1, 100, 1000], predict_calls=300,
+                 predict_models=["mixed_functional.keras", "mobilenet_v2"]),
+}
+SMCLI_BATCH = 8          # = exportkit verify's default --samples
+INPUT_EXPRS_LIMIT = 20_000  # elements; above it the batch goes through --inputs KEY=file.npy (argv size limit)
+
+
+# --------------------------------------------------------------------------------------------- measuring
+def child_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    return env
+
+
+class TreeRss:
+    """Samples the summed RSS of a process and all its descendants until stopped; keeps the peak."""
+
+    def __init__(self, pid: int, interval: float = 0.1):
+        self.pid, self.interval, self.peak = pid, interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self):
+        try:
+            import psutil
+        except ImportError:  # without psutil only ru_maxrss is reported
+            return
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self._stop.is_set():
+            total = 0
+            try:
+                procs = [root] + root.children(recursive=True)
+            except psutil.Error:
+                procs = []
+            for proc in procs:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(self.interval)
+
+
+def measure(argv: list[str], *, cwd=REPO, timeout: float = 900.0) -> dict:
+    """Run argv once; wall seconds, exit code, ru_maxrss (KB -> MB) and sampled tree RSS, output tails."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen([str(a) for a in argv], cwd=cwd, env=child_env(), stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        killer = threading.Timer(timeout, lambda: _killpg(proc.pid))
+        killer.start()
+        with TreeRss(proc.pid) as tree:
+            _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        killer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        _killpg(proc.pid)  # anything left in the command's own process group (nothing, normally)
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode("utf-8", "replace")
+        stderr = err.read().decode("utf-8", "replace")
+    return {"argv": [str(a) for a in argv], "seconds": wall, "rc": proc.returncode,
+            "maxrss_mb": usage.ru_maxrss / 1024, "tree_rss_mb": tree.peak / 2**20 if tree.peak else None,
+            "stdout": stdout, "stderr_tail": stderr[-3000:]}
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+# --------------------------------------------------------------------------------------------- models
+def build_app_models(out: Path, names: list[str]) -> dict[str, Path]:
+    """keras.applications models with seeded random weights, saved as .keras (built once, reused)."""
+    folder = out / "models"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {n: folder / f"{n}.keras" for n in names}
+    missing = [n for n, p in paths.items() if not p.is_file()]
+    if missing:
+        script = (
+            "import sys, keras\n"
+            "keras.utils.set_random_seed(0)\n"
+            f"specs = {dict((n, APP_MODELS[n]) for n in missing)!r}\n"
+            "for name, (arch, shape) in specs.items():\n"
+            "    model = getattr(keras.applications, arch)(weights=None, input_shape=shape)\n"
+            f"    model.save({str(folder)!r} + '/' + name + '.keras')\n"
+            "    print(name, model.count_params(), flush=True)\n")
+        print(f"building {', '.join(missing)} into {folder} ...", file=sys.stderr, flush=True)
+        result = subprocess.run([sys.executable, "-c", script], env=child_env(), capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.exit(f"bench: building {missing} failed:\n{result.stderr[-3000:]}")
+    return paths
+
+
+def resolve_models(names: list[str], samples_dir: Path, out: Path) -> dict[str, dict]:
+    listing = samples_dir / "samples.json"
+    samples = json.loads(listing.read_text()) if listing.is_file() else {}
+    apps = build_app_models(out, [n for n in names if n in APP_MODELS])
+    models = {}
+    for name in names:
+        if name in APP_MODELS:
+            models[name] = {"name": name, "src": str(apps[name]), "args": [], "kind": "keras.applications"}
+        elif name in samples:
+            models[name] = {"name": name, "src": samples[name]["path"], "args": samples[name]["export_args"],
+                            "kind": "sample"}
+        else:
+            sys.exit(f"bench: unknown model {name!r}: not in {listing} (run `make samples`) nor one of "
+                     f"{sorted(APP_MODELS)}")
+    return models
+
+
+# --------------------------------------------------------------------------------------------- baselines
+def smcli_inputs(version_dir: Path, scratch: Path) -> tuple[list[str], str]:
+    """saved_model_cli input flags for one batch of SMCLI_BATCH rows, from the export's manifest signature.
+
+    Small inputs as `--input_exprs` Python literals (saved_model_cli evaluates them with ast.literal_eval);
+    inputs too large for one argv string as `--inputs KEY=file.npy`, which is what a user does for images."""
+    import numpy as np
+
+    manifest = json.loads((version_dir / "assets.extra" / "exportkit" / "manifest.json").read_text())
+    rng = np.random.default_rng(0)
+    exprs, files, how = [], [], []
+    for key, spec in manifest["signature"]["inputs"].items():
+        shape = [SMCLI_BATCH] + [d if d and d > 0 else 1 for d in (spec["shape"] or [-1, 1])[1:]]
+        dtype = spec["dtype"]
+        if dtype.startswith("int"):
+            value = rng.integers(0, 10, size=shape).astype(dtype)
+        elif dtype.startswith("float"):
+            value = rng.standard_normal(shape).astype(dtype)
+        else:
+            raise SystemExit(f"bench: input {key} has dtype {dtype}; only numeric inputs are supported")
+        if value.size <= INPUT_EXPRS_LIMIT:
+            exprs.append(f"{key}={np.round(value, 4).tolist() if value.dtype.kind == 'f' else value.tolist()}")
+            how.append("input_exprs")
+        else:
+            scratch.mkdir(parents=True, exist_ok=True)
+            path = scratch / f"{key}.npy"
+            np.save(path, value)
+            files.append(f"{key}={path}")
+            how.append("inputs .npy")
+    flags = []
+    if exprs:
+        flags += ["--input_exprs", ";".join(exprs).replace(" ", "")]
+    if files:
+        flags += ["--inputs", ";".join(files)]
+    return flags, "+".join(sorted(set(how)))
+
+
+# --------------------------------------------------------------------------------------------- predict
+PREDICT_WORKER = r'''
+import json, statistics, sys, time
+import numpy as np
+from exportkit.tfenv import import_tf
+tf = import_tf()
+import grpc
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from exportkit.serving.client import ServingClient
+from exportkit.verify.inputs import load_batches
+
+address, name, version_dir, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+inputs = load_batches(version_dir + "/assets.extra/exportkit", "golden_inputs")[-1]   # the batch of 8
+
+client = ServingClient(address, name)
+# What a user writes without exportkit: one channel, one stub, a request built once, Predict in a loop.
+channel = grpc.insecure_channel(address)
+stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+request = predict_pb2.PredictRequest()
+request.model_spec.name = name
+request.model_spec.signature_name = "serving_default"
+for key, value in inputs.items():
+    request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+
+for _ in range(10):   # warm both channels and the server
+    client.predict(inputs)
+    stub.Predict(request, timeout=30.0)
+ours, bare = [], []
+block = 10
+for _ in range(max(1, calls // block)):   # alternate blocks so drift hits both alike
+    for _ in range(block):
+        t = time.perf_counter(); client.predict(inputs); ours.append(time.perf_counter() - t)
+    for _ in range(block):
+        t = time.perf_counter(); stub.Predict(request, timeout=30.0); bare.append(time.perf_counter() - t)
+print(json.dumps({"ours": ours, "bare": bare, "batch": int(len(next(iter(inputs.values()))))}))
+'''
+
+
+def bench_predict(model: dict, version_dir: Path, calls: int) -> dict:
+    """Start `exportkit serve`, run the worker (fresh process) that times both clients against it, stop it."""
+    import re
+
+    proc = subprocess.Popen([BIN / "exportkit", "serve", str(version_dir), "--port", "0", "--model-name", "bench"],
+                            cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+    try:
+        address = None
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            match = re.search(r"AVAILABLE at (\S+)", line)
+            if match:
+                address = match.group(1)
+                break
+        if address is None:
+            return {"error": "exportkit serve did not report AVAILABLE"}
+        result = subprocess.run([sys.executable, "-c", PREDICT_WORKER, address, "bench", str(version_dir), str(calls)],
+                                cwd=REPO, env=child_env(), capture_output=True, text=True)
+        if result.returncode != 0:
+            return {"error": result.stderr[-2000:]}
+        data = json.loads(result.stdout.strip().splitlines()[-1])
+        data.update(ours_median_ms=statistics.median(data["ours"]) * 1e3,
+                    bare_median_ms=statistics.median(data["bare"]) * 1e3)
+        data["ratio"] = data["ours_median_ms"] / data["bare_median_ms"]
+        return data
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            _killpg(proc.pid)
+            proc.wait()
+        proc.stdout.close()
+
+
+# --------------------------------------------------------------------------------------------- the runs
+def export_stages(stderr: str) -> dict:
+    stages = {}
+    for line in stderr.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[2] == "s" and parts[0] in ("load", "build", "trace", "write", "check"):
+            try:
+                stages[parts[0]] = float(parts[1])
+            except ValueError:
+                pass
+    return stages
+
+
+def run_pairs(models: dict, runs_of: dict, work: Path, log) -> tuple[dict, dict]:
+    """{model: {row: {"ours": [...], "base": [...]}}} and {model: version_dir}; runs_of: {model: runs}."""
+    raw = {name: {row: {"ours": [], "base": []} for row in ("export", "inspect", "verify")} for name in models}
+    dirs: dict[str, Path] = {}
+    flags: dict[str, tuple] = {}
+    for run in range(max(runs_of.values(), default=0)):
+        for name, model in models.items():
+            runs = runs_of[name]
+            if run >= runs:
+                continue
+            folder = work / name.replace(".", "_")
+            ek_base, hand_dir = folder / f"exportkit_{run}", folder / f"baseline_{run}"
+            for path in (ek_base, hand_dir):
+                shutil.rmtree(path, ignore_errors=True)
+            folder.mkdir(parents=True, exist_ok=True)
+
+            def record(row, side, result):
+                raw[name][row][side].append(result)
+                status = "ok" if result["rc"] == 0 else f"FAIL rc={result['rc']}"
+                log(f"  run {run + 1}/{runs} {name:<24} {row:<8} {side:<5} {result['seconds']:7.2f} s  "
+                    f"tree {result['tree_rss_mb'] or 0:6.0f} MB  {status}")
+
+            # export: exportkit (with its self-check) vs load_model + model.export
+            result = measure([BIN / "exportkit", "export", model["src"], "-o", ek_base, *model["args"]])
+            result["stages"] = export_stages(result["stderr_tail"])
+            record("export", "ours", result)
+            record("export", "base", measure([sys.executable, HERE / "export_baseline.py", model["src"], hand_dir,
+                                              *model["args"]]))
+            shutil.rmtree(hand_dir, ignore_errors=True)
+            if name not in dirs:
+                if result["rc"] != 0:
+                    log(f"  {name}: exportkit export failed, no SavedModel for the other rows:\n{result['stderr_tail']}")
+                    continue
+                dirs[name] = folder / "model" / "1"
+                shutil.rmtree(folder / "model", ignore_errors=True)
+                (folder / "model").mkdir()
+                shutil.move(str(ek_base / "1"), str(dirs[name]))
+                flags[name] = smcli_inputs(dirs[name], folder / "smcli_inputs")
+            shutil.rmtree(ek_base, ignore_errors=True)
+            version_dir = dirs[name]
+
+            record("inspect", "ours", measure([BIN / "exportkit", "inspect", version_dir]))
+            record("inspect", "base", measure([BIN / "saved_model_cli", "show", "--all", "--dir", version_dir]))
+
+            result = measure([BIN / "exportkit", "verify", version_dir, "--serving", "embedded"])
+            record("verify", "ours", result)
+            smcli_flags, how = flags[name]
+            result = measure([BIN / "saved_model_cli", "run", "--dir", version_dir, "--tag_set", "serve",
+                              "--signature_def", "serving_default", *smcli_flags])
+            result["inputs_via"] = how
+            result["argv"] = result["argv"][:9] + ["..."]  # the literal batch is long
+            record("verify", "base", result)
+    return raw, dirs
+
+
+def run_scaling(version_dir: Path, sizes: list[int], runs: int, scratch: Path, log) -> dict:
+    out = {}
+    for samples in sizes:
+        out[samples] = []
+        for run in range(runs):
+            report = scratch / f"verify_{samples}_{run}.json"
+            result = measure([BIN / "exportkit", "verify", version_dir, "--serving", "embedded",
+                              "--samples", samples, "--json", report])
+            try:
+                data = json.loads(report.read_text())
+                result["runtime_seconds"] = {r["name"]: r.get("seconds") for r in data.get("runtimes", [])}
+                result["passed"] = data.get("passed")
+            except (OSError, ValueError):
+                result["runtime_seconds"] = {}
+            out[samples].append(result)
+            log(f"  scaling --samples {samples:<5} run {run + 1}/{runs} {result['seconds']:7.2f} s  "
+                f"tree {result['tree_rss_mb'] or 0:6.0f} MB  max {result['maxrss_mb']:6.0f} MB  rc={result['rc']}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------- report
+def machine() -> dict:
+    from importlib import metadata
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+
+    def version(dist):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "?"
+
+    return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "arch": platform.machine(),
+            "cpu": cpu, "cores": os.cpu_count(), "tensorflow": version("tensorflow"), "keras": version("keras"),
+            "python": platform.python_version(), "exportkit": version("exportkit"),
+            "loadavg_start": round(os.getloadavg()[0], 2)}
+
+
+def fmt_s(v):
+    return "-" if v is None else (f"{v:.2f} s" if v < 100 else f"{v:.0f} s")
+
+
+def fmt_mb(v):
+    return "-" if v is None else (f"{v / 1024:.2f} GB" if v >= 1024 else f"{v:.0f} MB")
+
+
+ROW_TEXT = {
+    "inspect": ("`exportkit inspect DIR`", "`saved_model_cli show --all --dir DIR`"),
+    "export": ("`exportkit export SRC -o BASE` (+ self-check)", "`load_model(SRC)` + `model.export(DIR)` "
+                                                                 "(benchmarks/export_baseline.py)"),
+    "verify": ("`exportkit verify DIR --serving embedded`", "`saved_model_cli run ... --input_exprs` (1 batch of 8)"),
+}
+
+
+def summarize(raw: dict) -> list[dict]:
+    rows = []
+    for row in ("inspect", "export", "verify"):
+        for name, per_row in raw.items():
+            ours, base = per_row[row]["ours"], per_row[row]["base"]
+            if not ours:
+                continue
+            ok = all(r["rc"] == 0 for r in ours) and all(r["rc"] == 0 for r in base)
+            o_t, b_t = median(r["seconds"] for r in ours), median(r["seconds"] for r in base)
+            ratio = o_t / b_t if o_t and b_t else None
+            entry = {"row": row, "model": name, "runs": len(ours), "ok": ok,
+                     "ours_s": o_t, "base_s": b_t, "ratio": ratio, "target": TARGETS[row],
+                     "ours_tree_mb": median(r["tree_rss_mb"] for r in ours),
+                     "base_tree_mb": median(r["tree_rss_mb"] for r in base),
+                     "ours_max_mb": median(r["maxrss_mb"] for r in ours),
+                     "base_max_mb": median(r["maxrss_mb"] for r in base)}
+            if row == "export":
+                stages = [r.get("stages", {}) for r in ours]
+                entry["stages_s"] = {k: median(s.get(k) for s in stages) for k in ("load", "build", "trace", "write", "check")}
+            if row == "verify" and base:
+                entry["base_inputs_via"] = base[0].get("inputs_via")
+            rows.append(entry)
+    return rows
+
+
+def render(info: dict, profile: str, rows: list[dict], predict: dict, scaling: dict, scaling_model: str,
+           elapsed: float) -> str:
+    lines = [f"### exportkit benchmark ({info['date']})", "",
+             f"`{info['arch']}`, {info['cpu']}, {info['cores']} cores; TensorFlow {info['tensorflow']}, "
+             f"Keras {info['keras']}, Python {info['python']}, exportkit {info['exportkit']}. "
+             f"Profile `{profile}`; medians of the runs shown (each run a fresh process); "
+             f"RSS = peak summed over the whole process tree (sampled every 100 ms). Bench took {elapsed / 60:.1f} min; "
+             f"1-min load average {info['loadavg_start']} at start, {info.get('loadavg_end', '?')} at end "
+             f"(other work on the machine inflates and spreads the figures).",
+             "",
+             "| model | exportkit | time | RSS | side by side with | time | RSS | ratio | target | runs |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ours, base = ROW_TEXT[r["row"]]
+        if r["row"] == "verify" and r.get("base_inputs_via") == "inputs .npy":
+            base = base.replace("--input_exprs", "--inputs x.npy")
+        met = "" if r["ratio"] is None else (" ✅" if r["ratio"] <= r["target"] else " ❌")
+        fail = "" if r["ok"] else " (FAIL)"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        lines.append(f"| {r['model']} | {ours}{fail} | {fmt_s(r['ours_s'])} | {fmt_mb(r['ours_tree_mb'])} | {base} | "
+                     f"{fmt_s(r['base_s'])} | {fmt_mb(r['base_tree_mb'])} | "
+                     f"{ratio}{met} | "
+                     f"<= {r['target']}x | {r['runs']} |")
+    for name, p in predict.items():
+        if "error" in p:
+            lines.append(f"| {name} | `ServingClient.predict` | error | | bare `PredictionServiceStub.Predict` | | | - | "
+                         f"<= {TARGETS['predict']}x | |")
+            continue
+        met = " ✅" if p["ratio"] <= TARGETS["predict"] else " ❌"
+        lines.append(f"| {name} | `ServingClient.predict` (batch {p['batch']}, per call) | {p['ours_median_ms']:.2f} ms | | "
+                     f"bare `PredictionServiceStub.Predict`, pre-built request | {p['bare_median_ms']:.2f} ms | | "
+                     f"{p['ratio']:.2f}x{met} | <= {TARGETS['predict']}x | {len(p['ours'])} calls |")
+    export_rows = [r for r in rows if r["row"] == "export" and r.get("stages_s")]
+    if export_rows:
+        lines += ["", "`exportkit export` stages (median s, from its stderr): " + "; ".join(
+            f"{r['model']}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["stages_s"].items() if v is not None)
+            for r in export_rows)]
+    if scaling:
+        names = sorted({k for runs in scaling.values() for r in runs for k in r.get("runtime_seconds", {})})
+        lines += ["", f"`exportkit verify DIR --serving embedded --samples N` on {scaling_model} "
+                      f"(generated batches of 1 and N, plus the 2 golden batches):", "",
+                  "| --samples | wall | peak RSS, tree | peak RSS, largest process | " +
+                  " | ".join(f"{n} (in-report s)" for n in names) + " | runs |",
+                  "|---:|---:|---:|---:|" + "---:|" * len(names) + "---:|"]
+        for samples, runs in scaling.items():
+            per_rt = [fmt_s(median(r.get("runtime_seconds", {}).get(n) for r in runs)) for n in names]
+            fail = "" if all(r["rc"] == 0 for r in runs) else " (FAIL)"
+            lines.append(f"| {samples}{fail} | {fmt_s(median(r['seconds'] for r in runs))} | "
+                         f"{fmt_mb(median(r['tree_rss_mb'] for r in runs))} | {fmt_mb(median(r['maxrss_mb'] for r in runs))} | "
+                         + " | ".join(per_rt) + f" | {len(runs)} |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--samples-dir", default=str(REPO / "build" / "samples"), help="where `make samples` wrote")
+    parser.add_argument("--out", default=str(REPO / "build" / "bench"), help="results.md, results.json, models/, work/")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_true", help="1 run, 2 models (~2.5 min on 2 cores)")
+    group.add_argument("--full", action="store_true", help="3 runs, 4 models incl. ResNet50 (~15 min on 2 cores)")
+    parser.add_argument("--runs", type=int, help="runs per command on the small samples (median reported)")
+    parser.add_argument("--app-runs", type=int, help="runs per command on the keras.applications models")
+    parser.add_argument("--models", help="comma-separated: sample names from samples.json and/or "
+                                         + ", ".join(APP_MODELS))
+    parser.add_argument("--scaling-model", default="mobilenet_v2", help="model for the verify --samples rows ('' skips)")
+    parser.add_argument("--scaling-runs", type=int)
+    parser.add_argument("--predict-models", help="comma-separated models for the predict row ('' skips)")
+    parser.add_argument("--predict-calls", type=int, help="Predict calls per client")
+    args = parser.parse_args(argv)
+
+    profile = "quick" if args.quick else "full" if args.full else "default"
+    cfg = dict(PROFILES[profile])
+    for key in ("runs", "app_runs", "scaling_runs", "predict_calls"):
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
+    if args.models is not None:
+        cfg["models"] = [m for m in args.models.split(",") if m]
+    if args.predict_models is not None:
+        cfg["predict_models"] = [m for m in args.predict_models.split(",") if m]
+    scaling_model = args.scaling_model
+    out = Path(args.out).resolve()
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+
+    began = time.perf_counter()
+
+    def log(message):
+        print(f"[{time.perf_counter() - began:6.0f}s] {message}", file=sys.stderr, flush=True)
+
+    wanted = list(dict.fromkeys(cfg["models"] + cfg["predict_models"] + ([scaling_model] if scaling_model else [])))
+    models = resolve_models(wanted, Path(args.samples_dir).resolve(), out)
+    info = machine()
+    runs_of = {n: cfg["app_runs"] if n in APP_MODELS else cfg["runs"] for n in cfg["models"]}
+    log(f"profile {profile}: runs {runs_of}; verify scaling {cfg['scaling_samples']} on {scaling_model or '-'} "
+        f"x{cfg['scaling_runs']}; predict on {', '.join(cfg['predict_models']) or '-'}")
+    # One untimed TensorFlow import so the first timed command does not pay for a cold page cache alone.
+    subprocess.run([sys.executable, "-c", "import tensorflow"], env=child_env(), capture_output=True)
+
+    table_models = {n: models[n] for n in cfg["models"]}
+    raw, dirs = run_pairs(table_models, runs_of, work, log)
+    extra = [n for n in wanted if n not in dirs]
+    if extra:  # models used only by the predict/scaling rows still need an exported SavedModel
+        extra_raw, extra_dirs = run_pairs({n: models[n] for n in extra}, {n: 1 for n in extra}, work / "extra",
+                                          lambda m: None)
+        dirs.update(extra_dirs)
+
+    predict = {}
+    for name in cfg["predict_models"]:
+        if name in dirs:
+            log(f"  predict {name}: {cfg['predict_calls']} calls per client")
+            predict[name] = bench_predict(models[name], dirs[name], cfg["predict_calls"])
+            if "error" not in predict[name]:
+                log(f"  predict {name}: ours {predict[name]['ours_median_ms']:.2f} ms, bare "
+                    f"{predict[name]['bare_median_ms']:.2f} ms")
+            else:
+                log(f"  predict {name}: {predict[name]['error'][-500:]}")
+
+    scaling = {}
+    if scaling_model and scaling_model in dirs:
+        scaling = run_scaling(dirs[scaling_model], cfg["scaling_samples"], cfg["scaling_runs"], work, log)
+
+    rows = summarize(raw)
+    elapsed = time.perf_counter() - began
+    info["loadavg_end"] = round(os.getloadavg()[0], 2)
+    markdown = render(info, profile, rows, predict, scaling, scaling_model, elapsed)
+    print(markdown)
+    (out / "results.md").write_text(markdown)
+    for per_model in raw.values():  # keep results.json readable: stdout of verify/inspect only as a tail
+        for per_row in per_model.values():
+            for side in per_row.values():
+                for r in side:
+                    r["stdout"] = r["stdout"][-1500:]
+    for runs in scaling.values():
+        for r in runs:
+            r["stdout"] = r["stdout"][-1500:]
+    (out / "results.json").write_text(json.dumps({
+        "machine": info, "profile": profile, "config": cfg, "elapsed_seconds": elapsed, "targets": TARGETS,
+        "summary": rows, "predict": predict, "scaling_model": scaling_model,
+        "scaling": {str(k): v for k, v in scaling.items()}, "runs": raw}, indent=1, default=str) + "\n")
+    log(f"wrote {out / 'results.md'} and {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
