@@ -34,7 +34,7 @@ test: install
 	$(PY) -m pytest -q tests
 
 bench: samples
-	$(PY) benchmarks/bench.py
+	$(PY) benchmarks/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build .pytest_cache

@@ -30,8 +30,9 @@ plus `exportkit verify --samples 1, 100, 1000` on one model (wall time, peak RSS
 
 Profiles (`make bench` runs the default one; times measured on 2 cores):
   default   mixed_functional.keras (custom objects): 3 runs; mobilenet_v2 (keras.applications MobileNetV2,
-            96x96x3, ~3.5M params, random weights): 1 run; verify --samples 1/100/1000 on mobilenet_v2, 1 run
-            each; predict on mixed_functional.keras, 200 calls per client. ~5 minutes.
+            96x96x3, ~3.5M params) and resnet50 (ResNet50, 64x64x3, ~25.6M params), random weights: 1 run each;
+            verify --samples 1/100/1000 on mobilenet_v2, 1 run each; predict on mixed_functional.keras, 200 calls
+            per client. ~6 minutes.
   --quick   1 run of everything; verify --samples 1/100 only. ~3 minutes.
   --full    3 runs of everything; also multi_io.keras and resnet50 (ResNet50, 64x64x3, ~25.6M params);
             predict also on mobilenet_v2. ~20 minutes.
@@ -70,7 +71,7 @@ APP_MODELS = {
 PROFILES = {
     "quick": dict(runs=1, app_runs=1, models=["mixed_functional.keras", "mobilenet_v2"], scaling_runs=1,
                   scaling_samples=[1, 100], predict_calls=100, predict_models=["mixed_functional.keras"]),
-    "default": dict(runs=3, app_runs=1, models=["mixed_functional.keras", "mobilenet_v2"], scaling_runs=1,
+    "default": dict(runs=3, app_runs=1, models=["mixed_functional.keras", "mobilenet_v2", "resnet50"], scaling_runs=1,
                     scaling_samples=[1, 100, 1000], predict_calls=200, predict_models=["mixed_functional.keras"]),
     "full": dict(runs=3, app_runs=3, models=["mixed_functional.keras", "multi_io.keras", "mobilenet_v2", "resnet50"],
                  scaling_runs=3, scaling_samples=[1, 100, 1000], predict_calls=300,
