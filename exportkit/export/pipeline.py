@@ -7,14 +7,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 
 from exportkit import __version__
 from exportkit.errors import CheckFailed
 from exportkit.export import signature as sig
 from exportkit.export import writer
+from exportkit.runtimes.session import SessionRuntime
+from exportkit.sources.load import detect_format, load_source
 from exportkit.spec import ExportOptions, export_options
-from exportkit.verify.inputs import InputSpec
+from exportkit.tfenv import import_tf
+from exportkit.verify.compare import Tolerance, compare_batches, default_tolerance
+from exportkit.verify.inputs import InputSpec, generate_batches, save_batches
 
 GOLDEN_SAMPLES = 8
 GOLDEN_SEED = 0
@@ -58,99 +61,122 @@ def _tolerance_dtype(policy: str, raw_dtype: str) -> str:
     return raw_dtype
 
 
+@dataclass
+class GoldenRecord:
+    """Reference inputs and the eager Keras outputs for them, keyed like the signature."""
+
+    specs: list[InputSpec]
+    keys: list[str]
+    inputs: list[dict]
+    outputs: list[dict]
+    raw_dtypes: dict[str, str]  # output key -> dtype the model computed it in
+    out_dtypes: dict[str, str]  # output key -> dtype in the signature
+
+
+def _golden_record(model, specs: list[InputSpec], keep_output_dtype: bool) -> GoldenRecord:
+    import tensorflow as tf
+
+    inputs = generate_batches(specs, samples=GOLDEN_SAMPLES, seed=GOLDEN_SEED)
+    raws = [sig.feed_model(model, {s.key: tf.constant(b[s.key]) for s in specs}) for b in inputs]
+    keys = sig.output_keys(model, raws[0])
+    raw_dtypes = {k: _dtype(v) for k, v in zip(keys, sig.flat_outputs(raws[0], keys))}
+    outputs = [{k: v.numpy() for k, v in sig.serving_outputs(raw, keys, keep_output_dtype).items()} for raw in raws]
+    out_dtypes = {k: "string" if v.dtype == object else str(v.dtype) for k, v in outputs[0].items()}
+    return GoldenRecord(specs, keys, inputs, outputs, raw_dtypes, out_dtypes)
+
+
+def _archive(model, golden: GoldenRecord, options: ExportOptions, assets: list[Path]):
+    import keras
+    import tensorflow as tf
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    # ExportArchive.track() only collects lookup-table resources; an Asset must hang off the saved root
+    # object to be copied into assets/ and listed in the MetaGraph's asset_file_def.
+    archive._tf_trackable.exportkit_assets = [tf.saved_model.Asset(str(path)) for path in assets]
+    serve = sig.make_serving_fn(model, golden.specs, golden.keys, options.keep_output_dtype)
+    archive.add_endpoint(options.signature_name, serve, input_signature=sig.tensor_specs(golden.specs))
+    return archive
+
+
+def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, tolerances: dict) -> dict:
+    import keras
+    import tensorflow as tf
+
+    return {
+        "exportkit_version": __version__,
+        "tensorflow_version": tf.__version__,
+        "keras_version": keras.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "source": {"path": loaded.path, "format": loaded.format, "sha256": loaded.sha256},
+        "dtype_policy": loaded.policy,
+        "signature_name": options.signature_name,
+        "signature": {
+            "inputs": {s.key: {"dtype": s.dtype, "shape": s.shape} for s in golden.specs},
+            "outputs": {k: {"dtype": golden.out_dtypes[k], "compute_dtype": golden.raw_dtypes[k]} for k in golden.keys},
+        },
+        "tolerances": tolerances,
+        "golden": {"dir": str(writer.EXTRA_DIR), "inputs": writer.GOLDEN_INPUTS, "outputs": writer.GOLDEN_OUTPUTS,
+                   "batch_sizes": [len(next(iter(b.values()))) for b in golden.inputs], "seed": GOLDEN_SEED},
+        "assets": [Path(a).name for a in options.assets],
+        "custom_objects": sorted(loaded.custom_objects),
+    }
+
+
+def _write_version(staging: Path, archive, loaded, golden: GoldenRecord, options: ExportOptions,
+                   model_name: str, tolerances: dict) -> None:
+    from exportkit.serving.warmup import write_warmup_records
+
+    archive.write_out(str(staging), verbose=False)
+    write_warmup_records(str(staging), model_name, options.signature_name, golden.inputs)
+    save_batches(staging / writer.EXTRA_DIR, golden.inputs, writer.GOLDEN_INPUTS)
+    save_batches(staging / writer.EXTRA_DIR, golden.outputs, writer.GOLDEN_OUTPUTS)
+    writer.write_json(staging / writer.MANIFEST, _manifest(loaded, golden, options, tolerances))
+
+
 def export_model(options: ExportOptions, progress: Progress | None = None) -> ExportResult:
     progress = progress or Progress()
+    # Everything that can be checked without TensorFlow is checked first; an existing version is never touched.
     base = Path(options.output)
-    version = writer.choose_version(base, options.version)  # an existing version is refused before any work
+    version = writer.choose_version(base, options.version)
     overrides = [sig.parse_input_spec(text) for text in options.input_specs]
     assets = writer.check_assets(options.assets)
-    from exportkit.sources.load import detect_format
+    detect_format(options.source.src, options.source.format)
 
-    detect_format(options.source.src, options.source.format)  # a wrong path fails before TensorFlow is imported
-
-    session = None
-    if options.verify:
-        from exportkit.runtimes.session import SessionRuntime
-
-        # Start the serving-equivalent worker now: its TensorFlow import overlaps with loading and tracing.
-        session = SessionRuntime(str(base / str(version)), options.signature_name, device="cpu")
+    # The serving-equivalent worker starts now: its TensorFlow import overlaps with loading and tracing.
+    session = SessionRuntime(str(base / str(version)), options.signature_name, device="cpu") if options.verify else None
     try:
-        from exportkit.sources.load import load_source
-        from exportkit.tfenv import import_tf
-
-        tf = import_tf()
-        import keras
-
+        import_tf()
         loaded = load_source(options.source)
         progress.stage("load", f"{loaded.format} {options.source.src} (policy {loaded.policy})")
 
-        specs = sig.model_input_specs(loaded.model, overrides)
-        from exportkit.verify.compare import default_tolerance
-        from exportkit.verify.inputs import generate_batches
+        golden = _golden_record(loaded.model, sig.model_input_specs(loaded.model, overrides), options.keep_output_dtype)
+        progress.stage("build", f"{len(golden.specs)} input(s), {len(golden.keys)} output(s), golden record of "
+                                f"{len(golden.inputs)} batches")
 
-        golden_inputs = generate_batches(specs, samples=GOLDEN_SAMPLES, seed=GOLDEN_SEED)
-        raws = [sig.feed_model(loaded.model, {s.key: tf.constant(b[s.key]) for s in specs}) for b in golden_inputs]
-        keys = sig.output_keys(loaded.model, raws[0])
-        raw_dtypes = {k: _dtype(v) for k, v in zip(keys, sig.flat_outputs(raws[0], keys))}
-        golden_outputs = [_numpy(sig.serving_outputs(raw, keys, options.keep_output_dtype)) for raw in raws]
-        serve = sig.make_serving_fn(loaded.model, specs, keys, options.keep_output_dtype)
-        out_dtypes = {k: str(v.dtype) if v.dtype != object else "string" for k, v in golden_outputs[0].items()}
-        progress.stage("build", f"{len(specs)} input(s), {len(keys)} output(s), golden record of "
-                                f"{len(golden_inputs)} batches")
-
-        archive = keras.export.ExportArchive()
-        archive.track(loaded.model)
-        # ExportArchive.track() only collects lookup-table resources; an Asset must hang off the saved root
-        # object to be copied into assets/ and listed in the MetaGraph's asset_file_def.
-        archive._tf_trackable.exportkit_assets = [tf.saved_model.Asset(str(path)) for path in assets]
-        archive.add_endpoint(options.signature_name, serve, input_signature=sig.tensor_specs(specs))
+        archive = _archive(loaded.model, golden, options, assets)
         progress.stage("trace", f"signature '{options.signature_name}'")
 
+        tolerances = {k: vars(default_tolerance(_tolerance_dtype(loaded.policy, golden.raw_dtypes[k])))
+                      for k in golden.keys}
         with writer.staged_version_dir(base, version) as staging:
-            archive.write_out(str(staging), verbose=False)
-            from exportkit.serving.warmup import write_warmup_records
-            from exportkit.verify.inputs import save_batches
-
-            write_warmup_records(str(staging), base.resolve().name, options.signature_name, golden_inputs)
-            save_batches(staging / writer.EXTRA_DIR, golden_inputs, writer.GOLDEN_INPUTS)
-            save_batches(staging / writer.EXTRA_DIR, golden_outputs, writer.GOLDEN_OUTPUTS)
-            tolerances = {k: vars(default_tolerance(_tolerance_dtype(loaded.policy, raw_dtypes[k]))) for k in keys}
-            writer.write_json(staging / writer.MANIFEST, {
-                "exportkit_version": __version__,
-                "tensorflow_version": tf.__version__,
-                "keras_version": keras.__version__,
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "source": {"path": loaded.path, "format": loaded.format, "sha256": loaded.sha256},
-                "dtype_policy": loaded.policy,
-                "signature_name": options.signature_name,
-                "signature": {
-                    "inputs": {s.key: {"dtype": s.dtype, "shape": s.shape} for s in specs},
-                    "outputs": {k: {"dtype": out_dtypes[k], "compute_dtype": raw_dtypes[k]} for k in keys},
-                },
-                "tolerances": tolerances,
-                "golden": {"dir": str(writer.EXTRA_DIR), "inputs": writer.GOLDEN_INPUTS, "outputs": writer.GOLDEN_OUTPUTS,
-                           "batch_sizes": [len(next(iter(b.values()))) for b in golden_inputs], "seed": GOLDEN_SEED},
-                "assets": [Path(a).name for a in options.assets],
-                "custom_objects": sorted(loaded.custom_objects),
-            })
+            _write_version(staging, archive, loaded, golden, options, base.resolve().name, tolerances)
             progress.stage("write", f"{base / str(version)}")
             if session is not None:
                 session.path = str(staging.resolve())
-                _self_check(session, golden_inputs, golden_outputs, tolerances)
+                _self_check(session, golden.inputs, golden.outputs, tolerances)
                 progress.stage("check", "TF1 loader in a fresh process agrees with eager Keras on the golden record")
     finally:
         if session is not None:
             session.close()
 
     return ExportResult(path=base / str(version), version=version, signature_name=options.signature_name,
-                        inputs=specs, outputs=out_dtypes, policy=loaded.policy, source_format=loaded.format,
-                        checked=options.verify, stage_seconds=progress.times)
+                        inputs=golden.specs, outputs=golden.out_dtypes, policy=loaded.policy,
+                        source_format=loaded.format, checked=options.verify, stage_seconds=progress.times)
 
 
 def _self_check(session, inputs, expected, tolerances) -> None:
     """The TF-Serving-equivalent load must reproduce the eager outputs; otherwise the export fails."""
-    from exportkit.verify.compare import Tolerance, compare_batches
-
     session.load()
     actual = [session.run(batch) for batch in inputs]
     results = compare_batches(expected, actual, lambda key, dtype: Tolerance(**tolerances[key]))
@@ -164,10 +190,6 @@ def _self_check(session, inputs, expected, tolerances) -> None:
 def _dtype(tensor) -> str:
     name = getattr(getattr(tensor, "dtype", None), "name", None) or str(tensor.dtype)
     return "string" if name in ("string", "object") else name
-
-
-def _numpy(outputs: dict) -> dict[str, np.ndarray]:
-    return {k: v.numpy() for k, v in outputs.items()}
 
 
 def render_summary(result: ExportResult) -> str:
