@@ -23,24 +23,14 @@ if REPO_ROOT not in sys.path:
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from exportkit.tfenv import dtype_policy as keras_policy  # noqa: E402  (the Keras 3 policy, restored on exit)
+
 SEED = 1234
 CUSTOM_ARGS = ["--custom-objects", "sample_models.custom_layers", "--python-path", REPO_ROOT]
 RANKER_ARGS = {"num_features": 8, "hidden": 16}
 
 
 # --------------------------------------------------------------------------------------------- helpers
-@contextlib.contextmanager
-def keras_policy(name: str):
-    """Keras 3 global dtype policy for the block; the previous one comes back afterwards."""
-    import keras
-
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(name)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
-
 
 @contextlib.contextmanager
 def tf_keras_policy(name: str):
