@@ -75,6 +75,7 @@ def export(
     asset: Optional[List[str]] = typer.Option(None, "--asset", help="File copied into assets/ and tracked (repeatable)."),
     signature_name: Optional[str] = typer.Option(None, "--signature-name", help="Signature key (default serving_default)."),
     input_spec: Optional[List[str]] = INPUT_SPEC,
+    int_range: Optional[str] = typer.Option(None, "--int-range", help="LO:HI for integer golden inputs (default 0:10)."),
     keep_output_dtype: bool = typer.Option(False, "--keep-output-dtype", help="Keep float16/bfloat16 outputs (default: cast to float32)."),
     unsafe: bool = UNSAFE,
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the self-check after writing."),
@@ -90,6 +91,7 @@ def export(
             model_config=model_config, spec_path=spec, custom_objects=custom_objects or [],
             python_path=python_path or [], policy=policy, version=version, assets=asset or [],
             signature_name=signature_name, input_specs=input_spec or [], keep_output_dtype=keep_output_dtype,
+            int_range=int_range,
             unsafe=unsafe, no_verify=no_verify)
 
     _run(go, debug)
@@ -112,7 +114,7 @@ def verify(
     inputs: Optional[str] = typer.Option(None, "--inputs", help=".npz keyed by input name, or JSON."),
     samples: int = typer.Option(8, "--samples", help="Batch size of the generated input batch (batch 1 is always added)."),
     seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
-    int_range: str = typer.Option("0:10", "--int-range", help="LO:HI for generated integer inputs."),
+    int_range: Optional[str] = typer.Option(None, "--int-range", help="LO:HI for generated integer inputs (default: the export's, else 0:10)."),
     save_inputs: Optional[str] = typer.Option(None, "--save-inputs", help="Write the inputs used, to reproduce a failure."),
     save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="Write every runtime's outputs."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance for every output."),

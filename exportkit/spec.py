@@ -34,6 +34,7 @@ class ExportOptions:
     assets: list[str] = field(default_factory=list)
     signature_name: str = "serving_default"
     input_specs: list[str] = field(default_factory=list)
+    int_range: str = "0:10"  # values of generated integer inputs (golden record, warm-up): LO:HI
     keep_output_dtype: bool = False
     verify: bool = True
 
@@ -66,7 +67,7 @@ def find_spec_file(src: str, spec_path: str | None) -> Path | None:
 
 _TOML_KEYS = {
     "format", "builder", "builder_args", "model_config", "custom_objects", "python_path", "policy", "unsafe",
-    "assets", "signature_name", "input_specs", "keep_output_dtype", "version",
+    "assets", "signature_name", "input_specs", "keep_output_dtype", "version", "int_range",
 }
 _PATH_LISTS = ("python_path", "assets")
 
@@ -114,7 +115,7 @@ def source_options(src: str, spec_path: str | None = None, *, format=None, build
 
 
 def export_options(src: str, output: str, spec_path: str | None = None, *, version=None, assets=(),
-                   signature_name=None, input_specs=(), keep_output_dtype=False, no_verify=False,
+                   signature_name=None, input_specs=(), keep_output_dtype=False, no_verify=False, int_range=None,
                    **source_flags) -> ExportOptions:
     spec_file = find_spec_file(src, spec_path)
     spec = read_spec_file(spec_file) if spec_file else {}
@@ -125,6 +126,7 @@ def export_options(src: str, output: str, spec_path: str | None = None, *, versi
         assets=list(assets) + list(spec.get("assets", [])),
         signature_name=signature_name or spec.get("signature_name") or "serving_default",
         input_specs=list(input_specs) or list(spec.get("input_specs", [])),
+        int_range=int_range or spec.get("int_range", "0:10"),
         keep_output_dtype=bool(keep_output_dtype or spec.get("keep_output_dtype", False)),
         verify=not no_verify,
     )

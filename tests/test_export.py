@@ -322,3 +322,22 @@ def test_interrupted_export_leaves_nothing(sample, existing_base):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert tree_snapshot(existing_base) == before
+
+
+def test_integer_inputs_outside_the_vocabulary_ask_for_int_range(tmp_path):
+    script = textwrap.dedent(f"""
+        import keras
+        ids = keras.Input((4,), dtype="int32", name="ids")
+        x = keras.layers.Embedding(5, 3, name="emb")(ids)
+        keras.Model(ids, keras.layers.Dense(1, name="y")(keras.layers.Flatten()(x))).save({str(tmp_path / 'e.keras')!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=120)
+    proc = invoke("export", tmp_path / "e.keras", "-o", tmp_path / "bad")
+    _assert_clean_failure(proc, 2, "generated inputs", "--int-range")
+    assert not (tmp_path / "bad").exists()
+    proc = invoke("export", tmp_path / "e.keras", "-o", tmp_path / "good", "--int-range", "0:5")
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((tmp_path / "good/1/assets.extra/exportkit/manifest.json").read_text())
+    assert manifest["golden"]["int_range"] == "0:5"
+    proc = invoke("verify", tmp_path / "good", "--serving", "none")  # verify generates ints in the export's range
+    assert proc.returncode == 0, proc.stdout + proc.stderr

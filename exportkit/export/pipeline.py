@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 from exportkit import __version__
-from exportkit.errors import CheckFailed
+from exportkit.errors import CheckFailed, UsageError
 from exportkit.export import signature as sig
 from exportkit.export import writer
 from exportkit.runtimes.session import SessionRuntime
@@ -17,7 +17,7 @@ from exportkit.sources.load import detect_format, load_source
 from exportkit.spec import ExportOptions, export_options
 from exportkit.tfenv import import_tf
 from exportkit.verify.compare import Tolerance, compare_batches, default_tolerance
-from exportkit.verify.inputs import InputSpec, generate_batches, save_batches
+from exportkit.verify.inputs import InputSpec, generate_batches, parse_int_range, save_batches
 
 GOLDEN_SAMPLES = 8
 GOLDEN_SEED = 0
@@ -73,11 +73,17 @@ class GoldenRecord:
     out_dtypes: dict[str, str]  # output key -> dtype in the signature
 
 
-def _golden_record(model, specs: list[InputSpec], keep_output_dtype: bool) -> GoldenRecord:
+def _golden_record(model, specs: list[InputSpec], keep_output_dtype: bool, int_range: tuple[int, int]) -> GoldenRecord:
     import tensorflow as tf
 
-    inputs = generate_batches(specs, samples=GOLDEN_SAMPLES, seed=GOLDEN_SEED)
-    raws = [sig.feed_model(model, {s.key: tf.constant(b[s.key]) for s in specs}) for b in inputs]
+    inputs = generate_batches(specs, samples=GOLDEN_SAMPLES, seed=GOLDEN_SEED, int_range=int_range)
+    try:
+        raws = [sig.feed_model(model, {s.key: tf.constant(b[s.key]) for s in specs}) for b in inputs]
+    except (tf.errors.OpError, ValueError, TypeError) as err:
+        detail = " ".join(str(err).split())[:300]
+        raise UsageError(f"the model fails on generated inputs ({type(err).__name__}: {detail})",
+                         "pass --int-range LO:HI that fits the integer inputs (e.g. 0:VOCAB_SIZE), or --input-spec "
+                         "name:shape:dtype for inputs whose shape or dtype cannot be read from the model") from err
     keys = sig.output_keys(model, raws[0])
     raw_dtypes = {k: _dtype(v) for k, v in zip(keys, sig.flat_outputs(raws[0], keys))}
     outputs = [{k: v.numpy() for k, v in sig.serving_outputs(raw, keys, keep_output_dtype).items()} for raw in raws]
@@ -117,7 +123,8 @@ def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, tolerances: 
         },
         "tolerances": tolerances,
         "golden": {"dir": str(writer.EXTRA_DIR), "inputs": writer.GOLDEN_INPUTS, "outputs": writer.GOLDEN_OUTPUTS,
-                   "batch_sizes": [len(next(iter(b.values()))) for b in golden.inputs], "seed": GOLDEN_SEED},
+                   "batch_sizes": [len(next(iter(b.values()))) for b in golden.inputs], "seed": GOLDEN_SEED,
+                   "int_range": options.int_range},
         "assets": [Path(a).name for a in options.assets],
         "custom_objects": sorted(loaded.custom_objects),
     }
@@ -141,6 +148,7 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
     version = writer.choose_version(base, options.version)
     overrides = [sig.parse_input_spec(text) for text in options.input_specs]
     assets = writer.check_assets(options.assets)
+    int_range = parse_int_range(options.int_range)
     detect_format(options.source.src, options.source.format)
 
     # The serving-equivalent worker starts now: its TensorFlow import overlaps with loading and tracing.
@@ -150,7 +158,8 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
         loaded = load_source(options.source)
         progress.stage("load", f"{loaded.format} {options.source.src} (policy {loaded.policy})")
 
-        golden = _golden_record(loaded.model, sig.model_input_specs(loaded.model, overrides), options.keep_output_dtype)
+        specs = sig.model_input_specs(loaded.model, overrides)
+        golden = _golden_record(loaded.model, specs, options.keep_output_dtype, int_range)
         progress.stage("build", f"{len(golden.specs)} input(s), {len(golden.keys)} output(s), golden record of "
                                 f"{len(golden.inputs)} batches")
 

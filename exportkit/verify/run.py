@@ -108,13 +108,13 @@ def _run_all(runtime, batches) -> list:
 
 def verify_command(*, path, against=None, format=None, builder=None, builder_arg=None, model_config=None, spec=None,
                    custom_objects=None, python_path=None, policy=None, unsafe=False,
-                   signature_name="serving_default", inputs=None, samples=8, seed=0, int_range="0:10",
+                   signature_name="serving_default", inputs=None, samples=8, seed=0, int_range=None,
                    save_inputs=None, save_outputs=None, atol=None, rtol=None, tol=None, runtimes=None,
                    serving="auto", model_server_bin=None, model_name=None, model_version=None, load_timeout=120.0,
                    device="cpu", allow_tf32=False, baseline=None, json_out=None, junit=None) -> int:
     devices = _devices(device)
     names = _selected_runtimes(runtimes, serving, against)
-    lo_hi = parse_int_range(int_range)
+    lo_hi = parse_int_range(int_range) if int_range else None
     per_output = dict(parse_tol(t) for t in tol or [])
     if "gpu" in devices:
         from exportkit.runtimes.local import require_gpu
@@ -122,6 +122,8 @@ def verify_command(*, path, against=None, format=None, builder=None, builder_arg
         require_gpu()  # before any process is started: no GPU is an infrastructure failure (exit 3)
     version_dir, proto, findings, signature = _read_model(path, signature_name)
     manifest, golden_inputs, golden_outputs = _read_golden(version_dir)
+    if lo_hi is None:  # the range the model was exported with fits its integer inputs (e.g. a vocabulary)
+        lo_hi = parse_int_range((manifest or {}).get("golden", {}).get("int_range") or "0:10")
     if "golden" in names and golden_inputs is None:
         names.remove("golden")  # a third-party SavedModel: nothing recorded, the other runtimes still agree or not
 
