@@ -45,7 +45,7 @@ def test_runtimes_run_on_the_device_they_are_given_and_report_it(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     placed = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert placed == {"/CPU:0": "CPU:0", "/CPU:1": "CPU:1"}
+    assert placed == {"/CPU:0": "cpu:0", "/CPU:1": "cpu:1"}
 
 
 def test_gpu_without_gpu_is_an_infrastructure_failure():

@@ -29,8 +29,8 @@ def tf_device(device: str | None) -> str | None:
 
 
 def placement(tensors) -> str | None:
-    """Where the outputs were computed, e.g. "CPU:0" or "GPU:0", from the eager tensors' devices."""
-    devices = sorted({t.device.rpartition("device:")[2] for t in tensors if getattr(t, "device", "")})
+    """Where the outputs were computed, e.g. "cpu:0" or "gpu:0", from the eager tensors' devices."""
+    devices = sorted({t.device.rpartition("device:")[2].lower() for t in tensors if getattr(t, "device", "")})
     return ",".join(devices) or None
 
 
