@@ -257,3 +257,13 @@ def test_cli_usage_errors(models, args, code, needle):
     proc = run_cli("verify", *args)
     assert proc.returncode == code, proc.stdout + proc.stderr
     assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_large_sample_counts_run_in_bounded_batches(capsys, models):
+    from exportkit.verify.run import MAX_BATCH_ROWS
+
+    code, report = _verify(capsys, models["multi_io"], samples=MAX_BATCH_ROWS * 2 + 3, runtimes="saved_model,session")
+    assert code == 0, report["verdict"]
+    assert max(report["inputs"]["batch_sizes"]) == MAX_BATCH_ROWS
+    golden = 1 + 8  # the export's golden batches come first
+    assert sum(report["inputs"]["batch_sizes"]) == golden + 1 + MAX_BATCH_ROWS * 2 + 3

@@ -78,6 +78,17 @@ def _read_golden(version_dir: Path):
         return manifest, None, None
 
 
+MAX_BATCH_ROWS = 256
+
+
+def _chunks(batch: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """Rows of a large batch in slices of MAX_BATCH_ROWS, so memory grows with the work, not with --samples."""
+    rows = {np.shape(v)[0] for v in batch.values() if np.ndim(v)}
+    if len(rows) != 1 or (n := rows.pop()) <= MAX_BATCH_ROWS:
+        return [batch]
+    return [{k: v[i:i + MAX_BATCH_ROWS] for k, v in batch.items()} for i in range(0, n, MAX_BATCH_ROWS)]
+
+
 def _input_batches(specs, golden_inputs, inputs_file, samples, seed, int_range):
     """[(origin, batch)]: golden batches, then --inputs batches, then generated ones (batch sizes 1 and N)."""
     batches = [("golden", b) for b in (golden_inputs or [])]
@@ -86,7 +97,7 @@ def _input_batches(specs, golden_inputs, inputs_file, samples, seed, int_range):
     if samples < 1:
         raise UsageError(f"--samples {samples} must be at least 1", "pass --samples 8 (for example)")
     batches += [("generated", b) for b in generate_batches(specs, samples=samples, seed=seed, int_range=int_range)]
-    return batches
+    return [(origin, chunk) for origin, batch in batches for chunk in _chunks(batch)]
 
 
 def _per_output_tolerances(atol, rtol, per_output, manifest):
