@@ -79,6 +79,7 @@ def export(
     keep_output_dtype: bool = typer.Option(False, "--keep-output-dtype", help="Keep float16/bfloat16 outputs (default: cast to float32)."),
     unsafe: bool = UNSAFE,
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the self-check after writing."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write a JSON summary here ('-' for stdout)."),
     debug: bool = DEBUG,
 ):
     """Export a model to BASE_DIR/<version>/ as a TF-Serving-ready SavedModel."""
@@ -92,7 +93,7 @@ def export(
             python_path=python_path or [], policy=policy, version=version, assets=asset or [],
             signature_name=signature_name, input_specs=input_spec or [], keep_output_dtype=keep_output_dtype,
             int_range=int_range,
-            unsafe=unsafe, no_verify=no_verify)
+            unsafe=unsafe, no_verify=no_verify, json_out=json_out)
 
     _run(go, debug)
 

@@ -164,8 +164,11 @@ def test_keep_output_dtype_and_version_numbering(sample, tmp_path):
     base = tmp_path / "ranker"
     first = invoke(*export_args(entry, base, "--keep-output-dtype", "--no-verify"))
     assert first.returncode == 0, first.stderr
-    second = invoke(*export_args(entry, base, "--no-verify", "--signature-name", "rank"))
+    second = invoke(*export_args(entry, base, "--no-verify", "--signature-name", "rank", "--json", "-"))
     assert second.returncode == 0, second.stderr
+    summary = json.loads(second.stdout)  # --json -: exactly one JSON document on stdout
+    assert summary["version"] == 2 and summary["self_check"] == "skipped"
+    assert summary["outputs"]["embedding"]["dtype"] == "float32" and summary["inputs"]["ids"]["dtype"] == "int32"
     assert sorted(p.name for p in base.iterdir()) == ["1", "2"]
     kept = json.loads((base / "1/assets.extra/exportkit/manifest.json").read_text())
     cast = json.loads((base / "2/assets.extra/exportkit/manifest.json").read_text())

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -212,8 +213,21 @@ def render_summary(result: ExportResult) -> str:
     return "\n".join(lines)
 
 
-def export_command(*, src, output, spec_path=None, **flags) -> int:
+def summary_json(result: ExportResult) -> dict:
+    return {"path": str(result.path), "version": result.version, "signature_name": result.signature_name,
+            "inputs": {s.key: {"dtype": s.dtype, "shape": s.shape} for s in result.inputs},
+            "outputs": {k: {"dtype": d} for k, d in result.outputs.items()}, "dtype_policy": result.policy,
+            "source_format": result.source_format, "self_check": "passed" if result.checked else "skipped",
+            "stage_seconds": {k: round(v, 3) for k, v in result.stage_seconds.items()}}
+
+
+def export_command(*, src, output, spec_path=None, json_out=None, **flags) -> int:
     options = export_options(src, output, spec_path, **flags)
     result = export_model(options)
+    if json_out == "-":
+        print(json.dumps(summary_json(result), indent=2))
+        return 0
     print(render_summary(result))
+    if json_out:
+        Path(json_out).write_text(json.dumps(summary_json(result), indent=2) + "\n")
     return 0
