@@ -220,10 +220,11 @@ def binary_version(binary: str, timeout: float = 10.0) -> str:
 
 def _binary_base_dir(path: str, stack: list) -> tuple[str, int]:
     """TF Serving wants a base dir of integer versions and serves the highest; make one that serves `path`."""
-    from exportkit.serving.server import list_versions, resolve_model_path
+    from exportkit.savedmodel import list_versions
+    from exportkit.serving.server import resolve_model_path
 
     loc = resolve_model_path(path)
-    if loc.base_dir is not None and max(list_versions(loc.base_dir)) == loc.version:
+    if loc.base_dir is not None and list_versions(loc.base_dir)[-1] == loc.version:
         return loc.base_dir, loc.version
     tmp = tempfile.mkdtemp(prefix="exportkit-base-")
     stack.append(lambda: shutil.rmtree(tmp, ignore_errors=True))

@@ -47,41 +47,15 @@ class ModelLocation:
     default_name: str
 
 
-def _is_saved_model(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "saved_model.pb")) or os.path.isfile(os.path.join(path, "saved_model.pbtxt"))
-
-
-def list_versions(base_dir: str) -> dict[int, str]:
-    """Integer-named subdirectories holding a SavedModel: what TF Serving would consider versions."""
-    versions = {}
-    try:
-        names = os.listdir(base_dir)
-    except OSError:
-        return versions
-    for name in names:
-        full = os.path.join(base_dir, name)
-        if name.isdigit() and os.path.isdir(full) and _is_saved_model(full):
-            versions[int(name)] = full
-    return versions
-
-
 def resolve_model_path(path: str) -> ModelLocation:
     """A base dir (serve its highest integer version) or a version dir (version = its name if integer, else 1)."""
-    full = os.path.abspath(path)
-    if not os.path.isdir(full):
-        raise UsageError(f"no such directory: {path}", "pass a model base directory or a SavedModel version directory")
-    if _is_saved_model(full):
-        name = os.path.basename(full)
-        if name.isdigit():
-            parent = os.path.dirname(full)
-            return ModelLocation(parent, full, int(name), os.path.basename(parent) or "model")
-        return ModelLocation(None, full, 1, name or "model")
-    versions = list_versions(full)
-    if not versions:
-        raise UsageError(f"{path} is neither a SavedModel nor a base directory with integer version subdirectories",
-                         "export with `exportkit export SRC -o BASE_DIR`, then pass BASE_DIR or BASE_DIR/<version>")
-    version = max(versions)
-    return ModelLocation(full, versions[version], version, os.path.basename(full) or "model")
+    from exportkit.savedmodel import resolve_savedmodel_dir
+
+    version_dir = resolve_savedmodel_dir(path).resolve()
+    if version_dir.name.isdigit():
+        base = version_dir.parent
+        return ModelLocation(str(base), str(version_dir), int(version_dir.name), base.name or "model")
+    return ModelLocation(None, str(version_dir), 1, version_dir.name or "model")
 
 
 # --------------------------------------------------------------------------------------------------- the model
