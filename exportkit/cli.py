@@ -61,7 +61,7 @@ INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tok
 
 @app.command()
 def export(
-    src: str = typer.Argument(..., help="A .h5/.hdf5 or .keras file, a checkpoint directory or a .weights.h5 file."),
+    src: str = typer.Argument(..., metavar="SRC", help="A .h5/.hdf5 or .keras file, a checkpoint directory or a .weights.h5 file."),
     output: str = typer.Option(..., "-o", "--output", help="Model base directory; the version goes below it."),
     format: Optional[str] = FORMAT,
     builder: Optional[str] = BUILDER,
@@ -100,7 +100,7 @@ def export(
 
 @app.command()
 def verify(
-    path: str = typer.Argument(..., help="A version directory, a model base directory or any SavedModel."),
+    path: str = typer.Argument(..., metavar="PATH", help="A version directory, a model base directory or any SavedModel."),
     against: Optional[str] = typer.Option(None, "--against", help="The training source to rebuild in eager Keras."),
     format: Optional[str] = FORMAT,
     builder: Optional[str] = BUILDER,
@@ -147,7 +147,7 @@ def verify(
 
 @app.command()
 def inspect(
-    path: str = typer.Argument(..., help="A SavedModel (version or base directory) or a source (.h5, .keras, checkpoint)."),
+    path: str = typer.Argument(..., metavar="PATH", help="A SavedModel (version or base directory) or a source (.h5, .keras, checkpoint)."),
     json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if a finding is an error."),
     format: Optional[str] = FORMAT,
@@ -174,7 +174,7 @@ def inspect(
 
 @app.command()
 def serve(
-    path: str = typer.Argument(..., help="A model base directory (highest version is served) or a version directory."),
+    path: str = typer.Argument(..., metavar="PATH", help="A model base directory (highest version is served) or a version directory."),
     port: int = typer.Option(8500, "--port", help="gRPC port on 127.0.0.1 (0 picks a free one)."),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name (default: base directory name)."),
     device: str = typer.Option("cpu", "--device", help="cpu | gpu."),
