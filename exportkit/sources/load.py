@@ -158,13 +158,9 @@ def _read_config(path: Path, fmt: str) -> dict | None:
             with zipfile.ZipFile(path) as archive:
                 return json.loads(archive.read("config.json"))
         if fmt == "h5":
-            import h5py
+            from exportkit.sources.h5compat import read_h5_model_config
 
-            with h5py.File(path, "r") as handle:
-                raw = handle.attrs.get("model_config")
-                if raw is None:
-                    return None
-                return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+            return read_h5_model_config(path)
     except (OSError, KeyError, ValueError, zipfile.BadZipFile):
         return None
     return None
