@@ -1,7 +1,6 @@
 """`exportkit inspect SRC` for a model source: inputs, outputs, dtype policy and the custom objects it needs."""
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -57,7 +56,7 @@ def describe_source(path: str, *, spec=None, **flags) -> SourceDescription:
         config = load._read_config(Path(path), fmt)
         if config is not None:
             load.import_tf()
-            needed = load.unresolved_classes(copy.deepcopy(config), {})
+            needed = load.unresolved_classes(config, {})
             description.custom_objects_needed = [{"name": n, "module": m} for n, m in needed]
     try:
         loaded = load.load_source(options)

@@ -6,7 +6,6 @@ Formats: full-model .h5/.hdf5 (Keras 3 or tf.keras 2), .keras archives, TF check
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import importlib
 import inspect as pyinspect
@@ -232,7 +231,7 @@ def _load_file(path: Path, fmt: str, custom: dict, unsafe: bool):
         if config is None:
             raise UsageError(f"{path} is not a Keras {fmt} model file ({type(err).__name__}: {err})",
                              "pass a model saved with model.save(...) (.keras or .h5)") from err
-        missing = unresolved_classes(copy.deepcopy(config), custom)
+        missing = unresolved_classes(config, custom)
         if missing:
             raise _missing_object_error(path, missing) from err
         text = str(err)
