@@ -344,3 +344,36 @@ def test_integer_inputs_outside_the_vocabulary_ask_for_int_range(tmp_path):
     assert manifest["golden"]["int_range"] == "0:5"
     proc = invoke("verify", tmp_path / "good", "--serving", "none")  # verify generates ints in the export's range
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def plain_keras_models(tmp_path_factory):
+    """Models none of the samples cover: a Sequential .h5 with BatchNorm/Dropout, and TextVectorization inside."""
+    folder = tmp_path_factory.mktemp("plain")
+    script = textwrap.dedent(f"""
+        import numpy as np, keras
+        keras.utils.set_random_seed(7)
+        seq = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="relu"),
+                                keras.layers.BatchNormalization(), keras.layers.Dropout(0.5), keras.layers.Dense(2)])
+        seq.save({str(folder / 'seq.h5')!r})
+        tv = keras.layers.TextVectorization(max_tokens=20, output_sequence_length=4)
+        tv.adapt(np.array(["the cat sat", "a dog ran home", "red mat"]))
+        text = keras.Input((1,), dtype="string", name="sentence")
+        x = keras.layers.Flatten()(keras.layers.Embedding(20, 4)(tv(text)))
+        keras.Model(text, keras.layers.Dense(1, name="p")(x)).save({str(folder / 'tv.keras')!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=180)
+    return folder
+
+
+@pytest.mark.parametrize("name,inputs,outputs", [("seq.h5", {"inputs": "float32"}, ["output"]),
+                                                 ("tv.keras", {"sentence": "string"}, ["p"])])
+def test_sequential_and_text_vectorization(plain_keras_models, name, inputs, outputs):
+    base = plain_keras_models / f"out_{name}"
+    proc = invoke("export", plain_keras_models / name, "-o", base, "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert {k: v["dtype"] for k, v in summary["inputs"].items()} == inputs
+    assert sorted(summary["outputs"]) == outputs
+    proc = invoke("verify", base, "--serving", "none")
+    assert proc.returncode == 0, proc.stdout
