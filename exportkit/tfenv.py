@@ -33,6 +33,20 @@ def _stderr_to_devnull():
         os.close(devnull)
 
 
+def child_env(device: str | None) -> dict:
+    """Environment for a worker or server process: no PYTHON* variables (so no user code on its path), TF quiet,
+    GPUs hidden unless the device is "gpu"."""
+    if device not in (None, "cpu", "gpu"):
+        from exportkit.errors import UsageError
+
+        raise UsageError(f"device must be cpu or gpu, got {device!r}", "pass --device cpu or --device gpu")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
 def import_tf():
     """Import TensorFlow once, without its start-up chatter."""
     if "tensorflow" in sys.modules and hasattr(sys.modules["tensorflow"], "function"):

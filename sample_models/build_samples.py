@@ -74,6 +74,13 @@ def _entry(name, path, fmt, export_args, policy, notes):
             "policy": policy, "notes": notes}
 
 
+def _save_sample(out_dir, name: str, model, export_args, policy: str, notes: str) -> dict:
+    """Save `model` as out_dir/name (.h5 or .keras by the name) and return its samples.json entry."""
+    path = Path(out_dir) / name
+    _quiet_save(model, path)
+    return _entry(name, path, "h5" if name.endswith(".h5") else "keras", export_args, policy, notes)
+
+
 def _quiet_save(model, path) -> None:
     """model.save without Keras' 'HDF5 is legacy' warning."""
     import logging
@@ -102,18 +109,14 @@ def _mixed_functional_model():
 
 
 def build_mixed_functional_h5(out_dir) -> dict:
-    path = Path(out_dir) / "mixed_functional.h5"
-    _quiet_save(_mixed_functional_model(), path)
-    return _entry("mixed_functional.h5", path, "h5", CUSTOM_ARGS, "mixed_float16",
+    return _save_sample(out_dir, "mixed_functional.h5", _mixed_functional_model(), CUSTOM_ARGS, "mixed_float16",
                   "Keras 3 functional model under mixed_float16; inputs features (None,8) float32 and ids "
                   "(None,4) int32; outputs score (float32 layer) and embedding (float16, must be cast). Uses "
                   "registered ScaledDense and unregistered FeatureCross (needs --custom-objects).")
 
 
 def build_mixed_functional_keras(out_dir) -> dict:
-    path = Path(out_dir) / "mixed_functional.keras"
-    _quiet_save(_mixed_functional_model(), path)
-    return _entry("mixed_functional.keras", path, "keras", CUSTOM_ARGS, "mixed_float16",
+    return _save_sample(out_dir, "mixed_functional.keras", _mixed_functional_model(), CUSTOM_ARGS, "mixed_float16",
                   "Same model and weights as mixed_functional.h5, in the .keras zip format.")
 
 
@@ -170,10 +173,8 @@ def build_ranker_weights(out_dir) -> dict:
 def build_multi_io_keras(out_dir) -> dict:
     from sample_models import builders
 
-    path = Path(out_dir) / "multi_io.keras"
     _seed_keras()
-    _quiet_save(builders.build_multi_io(), path)
-    return _entry("multi_io.keras", path, "keras", [], "float32",
+    return _save_sample(out_dir, "multi_io.keras", builders.build_multi_io(), [], "float32",
                   "Inputs user (None,6), item (None,6), context (None,3) float32 given as a dict; dict "
                   "outputs {'click': sigmoid, 'dwell': softplus}. Built-in layers only.")
 
@@ -181,10 +182,8 @@ def build_multi_io_keras(out_dir) -> dict:
 def build_text_keras(out_dir) -> dict:
     from sample_models import builders
 
-    path = Path(out_dir) / "text.keras"
     _seed_keras()
-    _quiet_save(builders.build_text_classifier(), path)
-    return _entry("text.keras", path, "keras", [], "float32",
+    return _save_sample(out_dir, "text.keras", builders.build_text_classifier(), [], "float32",
                   "String input text (None,1) -> StringLookup (fixed 10-word vocabulary, 1 OOV index) -> "
                   "Embedding -> GlobalAveragePooling1D -> Dense; output logits (None,3) float32.")
 
@@ -192,10 +191,8 @@ def build_text_keras(out_dir) -> dict:
 def build_subclassed_keras(out_dir) -> dict:
     from sample_models import builders
 
-    path = Path(out_dir) / "subclassed.keras"
     _seed_keras()
-    _quiet_save(builders.build_subclassed(), path)
-    return _entry("subclassed.keras", path, "keras", CUSTOM_ARGS, "float32",
+    return _save_sample(out_dir, "subclassed.keras", builders.build_subclassed(), CUSTOM_ARGS, "float32",
                   "Registered subclassed keras.Model ResidualMLP (uses ScaledDense), built by calling it on "
                   "a (1,8) float32 batch, so its build_config records input_shape [1, 8] (batch 1, not None); no named "
                   "inputs: the input signature has to come from the build config (relax the batch dimension).")
@@ -215,9 +212,7 @@ def _tfk2_model(policy: str):
 
 
 def build_tfk2_functional_h5(out_dir) -> dict:
-    path = Path(out_dir) / "tfk2_functional.h5"
-    _quiet_save(_tfk2_model("float32"), path)
-    return _entry("tfk2_functional.h5", path, "h5", [], "float32",
+    return _save_sample(out_dir, "tfk2_functional.h5", _tfk2_model("float32"), [], "float32",
                   "Written by tf.keras 2 (tf_keras): functional, inputs features (None,8) float32 and ids "
                   "(None,4) int32, a nested functional model (feature_tower) and a nested Sequential (block), outputs "
                   "score and embedding. Built-in layers only. Keras 3 load_model fails on it (nested-model node "
@@ -225,9 +220,7 @@ def build_tfk2_functional_h5(out_dir) -> dict:
 
 
 def build_tfk2_mixed_h5(out_dir) -> dict:
-    path = Path(out_dir) / "tfk2_mixed.h5"
-    _quiet_save(_tfk2_model("mixed_float16"), path)
-    return _entry("tfk2_mixed.h5", path, "h5", [], "mixed_float16",
+    return _save_sample(out_dir, "tfk2_mixed.h5", _tfk2_model("mixed_float16"), [], "mixed_float16",
                   "Same architecture as tfk2_functional.h5, written by tf.keras 2 under mixed_float16: "
                   "its config stores tf.keras 'Policy' dtype objects, which keras.models.load_model (Keras 3) "
                   "cannot read; exportkit.sources.h5compat.load_h5 rewrites them. score is float32 (an "

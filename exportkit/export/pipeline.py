@@ -86,9 +86,9 @@ def _golden_record(model, specs: list[InputSpec], keep_output_dtype: bool, int_r
                          "pass --int-range LO:HI that fits the integer inputs (e.g. 0:VOCAB_SIZE), or --input-spec "
                          "name:shape:dtype for inputs whose shape or dtype cannot be read from the model") from err
     keys = sig.output_keys(model, raws[0])
-    raw_dtypes = {k: _dtype(v) for k, v in zip(keys, sig.flat_outputs(raws[0], keys))}
+    raw_dtypes = {k: sig.dtype_name(v.dtype) for k, v in zip(keys, sig.flat_outputs(raws[0], keys))}
     outputs = [{k: v.numpy() for k, v in sig.serving_outputs(raw, keys, keep_output_dtype).items()} for raw in raws]
-    out_dtypes = {k: "string" if v.dtype == object else str(v.dtype) for k, v in outputs[0].items()}
+    out_dtypes = {k: sig.dtype_name(v.dtype) for k, v in outputs[0].items()}
     return GoldenRecord(specs, keys, inputs, outputs, raw_dtypes, out_dtypes)
 
 
@@ -195,11 +195,6 @@ def _self_check(session, inputs, expected, tolerances) -> None:
         detail = "; ".join(f"output '{r.key}': {r.reason} (max abs err {r.max_abs_err})" for r in failed)
         raise CheckFailed(f"the exported SavedModel does not reproduce eager Keras: {detail}",
                           "the version was not written; re-run with --debug, or --no-verify to keep it for inspection")
-
-
-def _dtype(tensor) -> str:
-    name = getattr(getattr(tensor, "dtype", None), "name", None) or str(tensor.dtype)
-    return "string" if name in ("string", "object") else name
 
 
 def render_summary(result: ExportResult) -> str:

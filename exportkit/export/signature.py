@@ -34,7 +34,8 @@ def parse_input_spec(text: str) -> InputSpec:
     return InputSpec(key=name, dtype=dtype, shape=shape)
 
 
-def _dtype_name(dtype) -> str:
+def dtype_name(dtype) -> str:
+    """A Keras/TF/numpy dtype (or a string) as the numpy-style name the signature uses; strings are "string"."""
     name = getattr(dtype, "name", None) or str(dtype)
     return {"str": "string", "object": "string"}.get(name, name)
 
@@ -57,7 +58,7 @@ def model_input_specs(model, overrides: list[InputSpec]) -> list[InputSpec]:
         specs = []
         for kt in keras.tree.flatten(model._inputs_struct):
             shape = [-1] + [-1 if d is None else int(d) for d in kt.shape[1:]]
-            specs.append(InputSpec(key=_input_layer_name(kt), dtype=_dtype_name(kt.dtype), shape=shape))
+            specs.append(InputSpec(key=_input_layer_name(kt), dtype=dtype_name(kt.dtype), shape=shape))
     else:
         specs = _subclassed_input_specs(model)
     known = {spec.key for spec in specs}

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import select
 import subprocess
 import sys
@@ -14,17 +13,9 @@ import numpy as np
 
 from exportkit.verify.inputs import load_batches, save_batches
 from exportkit.errors import CheckFailed, InfraError
+from exportkit.tfenv import child_env
 
 REPLY_TIMEOUT = 600.0
-
-
-def isolated_env(device: str | None) -> dict:
-    """The child's environment: no PYTHONPATH (no user code), GPUs hidden unless asked for."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
 
 
 class SessionRuntime:
@@ -45,7 +36,7 @@ class SessionRuntime:
         self._proc = subprocess.Popen(
             [sys.executable, "-I", "-m", "exportkit.runtimes.session_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=self._dir.name,
-            env=isolated_env(device), text=True, start_new_session=True)
+            env=child_env(device), text=True, start_new_session=True)
         self._ready = False
         self._runs = 0
 

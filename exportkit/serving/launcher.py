@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from exportkit.errors import CheckFailed, InfraError, UsageError
+from exportkit.tfenv import child_env
 
 BINARY_NAME = "tensorflow_model_server"
 BINARY_ENV = "EXPORTKIT_MODEL_SERVER"
@@ -139,16 +140,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _child_env(device: str) -> dict:
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    elif device != "gpu":
-        raise UsageError(f"device must be cpu or gpu, got {device!r}")
-    return env
 
 
 def _wait(handle_child: _Child, client, load_timeout: float, what: str) -> int:
@@ -282,7 +273,7 @@ def start_binary(path: str, model_name: str | None = None, binary: str | None = 
         port = free_port()
         argv = [found, f"--port={port}", "--rest_api_port=0", f"--model_name={name}",
                 f"--model_base_path={os.path.abspath(base_dir)}"]
-        child = _Child(argv, _child_env(device), label="binary")
+        child = _Child(argv, child_env(device), label="binary")
     except BaseException:
         clean()
         raise
@@ -346,7 +337,7 @@ def start_embedded(path: str, model_name: str | None = None, device: str = "cpu"
 
     loc = resolve_model_path(path)
     name = model_name or loc.default_name
-    env = _child_env(device)
+    env = child_env(device)
     env[WATCH_STDIN_ENV] = "1"  # the child exits when our end of its stdin closes (we died)
     argv = [sys.executable, "-I", "-m", "exportkit", "serve", os.path.abspath(path), "--port", "0",
             "--model-name", name, "--device", device]

@@ -25,6 +25,7 @@ import grpc
 import numpy as np
 
 from exportkit.errors import CheckFailed, InfraError, UsageError
+from exportkit.savedmodel import dtype_name, shape_list
 from exportkit.tfenv import import_tf, quiet_env
 
 ADDRESS_LINE = "exportkit serve: model '{name}' version {version} AVAILABLE at {address}"
@@ -74,21 +75,6 @@ def _grpc_code(tf_code: int) -> grpc.StatusCode:
         if code.value[0] == tf_code:
             return code
     return grpc.StatusCode.UNKNOWN
-
-
-def _dtype_name(enum: int) -> str:
-    tf = import_tf()
-    try:
-        return tf.as_dtype(enum).name
-    except TypeError:
-        return f"DataType({enum})"
-
-
-def _shape_of(tensor_info) -> list[int] | None:
-    shape = tensor_info.tensor_shape
-    if shape.unknown_rank:
-        return None
-    return [d.size for d in shape.dim]
 
 
 class ServedModel:
@@ -194,12 +180,12 @@ class ServedModel:
             info, proto = signature.inputs[key], request.inputs[key]
             if proto.dtype != info.dtype:
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"input '{key}': expected dtype {_dtype_name(info.dtype)}, got {_dtype_name(proto.dtype)}")
+                               f"input '{key}': expected dtype {dtype_name(info.dtype)}, got {dtype_name(proto.dtype)}")
             try:
                 value = tensor_proto_to_ndarray(proto)
             except Exception as err:  # noqa: BLE001 — a malformed TensorProto is the caller's fault
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"input '{key}': malformed TensorProto: {err}") from None
-            want = _shape_of(info)
+            want = shape_list(info.tensor_shape)
             if want is not None and (len(want) != value.ndim or any(w >= 0 and w != g for w, g in zip(want, value.shape))):
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"input '{key}': expected shape {want} (-1 = any size), got {list(value.shape)}")

@@ -92,20 +92,12 @@ def warmup_path(version_dir: str) -> str:
 
 
 def _signature_of(version_dir: str | None, signature_name: str):
-    if version_dir is None:
+    if version_dir is None or not os.path.exists(os.path.join(version_dir, "saved_model.pb")):
         return None
-    from tensorflow.core.protobuf import saved_model_pb2
+    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
 
-    pb = os.path.join(version_dir, "saved_model.pb")
-    if not os.path.exists(pb):
-        return None
-    saved = saved_model_pb2.SavedModel()
-    with open(pb, "rb") as fh:
-        saved.ParseFromString(fh.read())
-    for meta in saved.meta_graphs:
-        if "serve" in meta.meta_info_def.tags and signature_name in meta.signature_def:
-            return meta.signature_def[signature_name]
-    return None
+    meta_graph = select_meta_graph(read_saved_model_proto(version_dir))
+    return meta_graph.signature_def[signature_name] if signature_name in meta_graph.signature_def else None
 
 
 def write_warmup_records(path: str, model_name: str, signature_name: str,

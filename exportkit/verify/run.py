@@ -21,8 +21,8 @@ from exportkit.verify.compare import Tolerance, compare_batches, parse_tol, reso
 from exportkit.verify.inputs import InputSpec, generate_batches, load_inputs, parse_int_range
 from exportkit.verify.report import RuntimeResult, VerifyReport
 
+# Also the order of preference for the reference: the first runtime with outputs for a batch is its reference.
 ALL_RUNTIMES = ("golden", "keras", "saved_model", "session", "serving")
-REFERENCE_ORDER = ("golden", "keras", "saved_model", "session", "serving")
 
 
 def _devices(device: str) -> list[str]:
@@ -53,14 +53,12 @@ class _Labeled:
 
 
 def _read_model(path: str, signature_name: str):
-    from exportkit.lint import lint_saved_model
+    """(version dir, SavedModel proto, the signature in savedmodel.signatures_of's form or None)."""
     from exportkit.savedmodel import read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph, signatures_of
 
     version_dir = resolve_savedmodel_dir(path)
     proto = read_saved_model_proto(version_dir)
-    findings = lint_saved_model(proto, signature_name)
-    signature = signatures_of(select_meta_graph(proto)).get(signature_name)
-    return version_dir, proto, findings, signature
+    return version_dir, proto, signatures_of(select_meta_graph(proto)).get(signature_name)
 
 
 def _read_golden(version_dir: Path):
@@ -81,10 +79,16 @@ def _read_golden(version_dir: Path):
 MAX_BATCH_ROWS = 256
 
 
+def _rows(batch: dict[str, np.ndarray]) -> int:
+    """The batch size: the leading dimension the inputs share (1 for scalars or disagreeing inputs)."""
+    rows = {np.shape(v)[0] for v in batch.values() if np.ndim(v)}
+    return rows.pop() if len(rows) == 1 else 1
+
+
 def _chunks(batch: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     """Rows of a large batch in slices of MAX_BATCH_ROWS, so memory grows with the work, not with --samples."""
-    rows = {np.shape(v)[0] for v in batch.values() if np.ndim(v)}
-    if len(rows) != 1 or (n := rows.pop()) <= MAX_BATCH_ROWS:
+    n = _rows(batch)
+    if n <= MAX_BATCH_ROWS:
         return [batch]
     return [{k: v[i:i + MAX_BATCH_ROWS] for k, v in batch.items()} for i in range(0, n, MAX_BATCH_ROWS)]
 
@@ -131,7 +135,10 @@ def verify_command(*, path, against=None, format=None, builder=None, builder_arg
         from exportkit.runtimes.local import require_gpu
 
         require_gpu()  # before any process is started: no GPU is an infrastructure failure (exit 3)
-    version_dir, proto, findings, signature = _read_model(path, signature_name)
+    from exportkit.lint import lint_saved_model
+
+    version_dir, proto, signature = _read_model(path, signature_name)
+    findings = lint_saved_model(proto, signature_name)
     manifest, golden_inputs, golden_outputs = _read_golden(version_dir)
     if lo_hi is None:  # the range the model was exported with fits its integer inputs (e.g. a vocabulary)
         lo_hi = parse_int_range((manifest or {}).get("golden", {}).get("int_range") or "0:10")
@@ -141,7 +148,7 @@ def verify_command(*, path, against=None, format=None, builder=None, builder_arg
     if baseline:
         from exportkit.verify.baseline import compare_signatures
 
-        _, _, _, old_signature = _read_model(baseline, signature_name)
+        _, _, old_signature = _read_model(baseline, signature_name)
         if old_signature is None:
             raise UsageError(f"baseline {baseline} has no signature '{signature_name}'", "pass the previous release's SavedModel")
         if signature is not None:
@@ -157,9 +164,7 @@ def verify_command(*, path, against=None, format=None, builder=None, builder_arg
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
     batches = _input_batches(specs, golden_inputs, inputs, samples, seed, lo_hi)
     origins = sorted({origin for origin, _ in batches}, key=["golden", "file", "generated"].index)
-    report.inputs = {"source": "+".join(origins),
-                     "batch_sizes": [int(np.shape(next(iter(b.values())))[0]) if b and np.ndim(next(iter(b.values()))) else 1
-                                     for _, b in batches], "seed": seed}
+    report.inputs = {"source": "+".join(origins), "batch_sizes": [_rows(b) for _, b in batches], "seed": seed}
     if save_inputs:
         _save(save_inputs, "inputs", [b for _, b in batches])
 
@@ -243,7 +248,7 @@ def _build_runtimes(names, devices, version_dir, signature_name, specs, output_d
         for dev in devices:
             built.append(_Labeled(SavedModelRuntime(str(version_dir), signature_name, dtypes, device=dev),
                                   label("saved_model", dev)))
-    order = {n: i for i, n in enumerate(REFERENCE_ORDER)}
+    order = {n: i for i, n in enumerate(ALL_RUNTIMES)}
     built.sort(key=lambda item: (order[item.runtime.name], item.label))
     # Start the slow ones early where the runtime supports it (server launch, worker import).
     for item in built:
@@ -287,7 +292,7 @@ def _serving_checks(runtimes_, signature, version_dir, report) -> None:
 
 
 def _compare_all(report: VerifyReport, outputs: dict[str, list], batches, tolerance, devices) -> None:
-    """Per batch, the reference is the first runtime in REFERENCE_ORDER that has outputs for it."""
+    """Per batch, the reference is the first runtime in ALL_RUNTIMES that has outputs for it."""
     labels = [r.name for r in report.runtimes if r.name in outputs]
     if not labels:
         return
