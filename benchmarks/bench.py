@@ -212,7 +212,9 @@ def smcli_inputs(version_dir: Path, scratch: Path) -> tuple[list[str], str]:
     inputs too large for one argv string as `--inputs KEY=file.npy`, which is what a user does for images."""
     import numpy as np
 
-    manifest = json.loads((version_dir / "assets.extra" / "exportkit" / "manifest.json").read_text())
+    from exportkit.layout import read_manifest
+
+    manifest, _ = read_manifest(version_dir)
     rng = np.random.default_rng(0)
     exprs, files, how = [], [], []
     for key, spec in manifest["signature"]["inputs"].items():
@@ -242,41 +244,6 @@ def smcli_inputs(version_dir: Path, scratch: Path) -> tuple[list[str], str]:
 
 
 # --------------------------------------------------------------------------------------------- predict
-PREDICT_WORKER = r'''
-import json, statistics, sys, time
-import numpy as np
-from exportkit.tfenv import import_tf
-tf = import_tf()
-import grpc
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-from exportkit.serving.client import ServingClient
-from exportkit.verify.inputs import load_batches
-
-address, name, version_dir, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-inputs = load_batches(version_dir + "/assets.extra/exportkit", "golden_inputs")[-1]   # the batch of 8
-
-client = ServingClient(address, name)
-# What a user writes without exportkit: one channel, one stub, a request built once, Predict in a loop.
-channel = grpc.insecure_channel(address)
-stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-request = predict_pb2.PredictRequest()
-request.model_spec.name = name
-request.model_spec.signature_name = "serving_default"
-for key, value in inputs.items():
-    request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
-
-for _ in range(10):   # warm both channels and the server
-    client.predict(inputs)
-    stub.Predict(request, timeout=30.0)
-ours, bare = [], []
-block = 10
-for _ in range(max(1, calls // block)):   # alternate blocks so drift hits both alike
-    for _ in range(block):
-        t = time.perf_counter(); client.predict(inputs); ours.append(time.perf_counter() - t)
-    for _ in range(block):
-        t = time.perf_counter(); stub.Predict(request, timeout=30.0); bare.append(time.perf_counter() - t)
-print(json.dumps({"ours": ours, "bare": bare, "batch": int(len(next(iter(inputs.values()))))}))
-'''
 
 
 def bench_predict(model: dict, version_dir: Path, calls: int) -> dict:
@@ -299,7 +266,7 @@ def bench_predict(model: dict, version_dir: Path, calls: int) -> dict:
                 break
         if address is None:
             return {"error": "exportkit serve did not report AVAILABLE"}
-        result = subprocess.run([sys.executable, "-c", PREDICT_WORKER, address, "bench", str(version_dir), str(calls)],
+        result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "predict_worker.py"), address, "bench", str(version_dir), str(calls)],
                                 cwd=REPO, env=child_env(), capture_output=True, text=True)
         if result.returncode != 0:
             return {"error": result.stderr[-2000:]}

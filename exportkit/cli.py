@@ -14,6 +14,7 @@ from typing import List, Optional
 import typer
 
 from exportkit.errors import EXIT_INFRA, ExportkitError
+from exportkit.savedmodel import DEFAULT_SIGNATURE
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Export Keras/TensorFlow models for TF Serving and prove they compute what the model computed.")
@@ -44,6 +45,16 @@ def _run(fn, debug: bool) -> None:
         _fail(f"unexpected {type(err).__name__}: {err}", "re-run with --debug for the traceback and report it", EXIT_INFRA)
     else:
         raise typer.Exit(code or 0)
+
+
+def _source_options(src, spec, format, builder, builder_arg, model_config, custom_objects, python_path, policy,
+                    unsafe):
+    """The nine source flags (plus exportkit.toml) as one SourceOptions."""
+    from exportkit.spec import source_options
+
+    return source_options(src, spec, format=format, builder=builder, builder_args=builder_arg or [],
+                          model_config=model_config, custom_objects=custom_objects or [],
+                          python_path=python_path or [], policy=policy, unsafe=unsafe)
 
 
 DEBUG = typer.Option(False, "--debug", help="Show tracebacks.")
@@ -111,7 +122,7 @@ def verify(
     python_path: Optional[List[str]] = PYTHON_PATH,
     policy: Optional[str] = POLICY,
     unsafe: bool = UNSAFE,
-    signature_name: str = typer.Option("serving_default", "--signature-name", help="Signature to verify."),
+    signature_name: str = typer.Option(DEFAULT_SIGNATURE, "--signature-name", help="Signature to verify."),
     inputs: Optional[str] = typer.Option(None, "--inputs", help=".npz keyed by input name, or JSON."),
     samples: int = typer.Option(8, "--samples", help="Batch size of the generated input batch (batch 1 is always added)."),
     seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
@@ -137,11 +148,18 @@ def verify(
     """Prove the SavedModel computes what the model computed, in every runtime. Exit 0 only if all agree."""
 
     def go():
+        from exportkit.spec import VerifyOptions
         from exportkit.verify.run import verify_command
 
-        return verify_command(**{k: v for k, v in locals_.items() if k not in ("debug", "go")})
+        source = _source_options(against, spec, format, builder, builder_arg, model_config, custom_objects,
+                                 python_path, policy, unsafe) if against else None
+        return verify_command(VerifyOptions(
+            path=path, against=source, signature_name=signature_name, inputs=inputs, samples=samples, seed=seed,
+            int_range=int_range, save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
+            tol=tol or [], runtimes=runtimes, serving=serving, model_server_bin=model_server_bin,
+            model_name=model_name, model_version=model_version, load_timeout=load_timeout, device=device,
+            allow_tf32=allow_tf32, baseline=baseline, json_out=json_out, junit=junit))
 
-    locals_ = dict(locals())
     _run(go, debug)
 
 
@@ -164,11 +182,11 @@ def inspect(
     """Signatures, dtypes, shapes, ops, assets and findings of a SavedModel (or a source's inputs and outputs)."""
 
     def go():
-        from exportkit.inspect import inspect_command
+        from exportkit.inspection import inspect_command
 
-        return inspect_command(**{k: v for k, v in locals_.items() if k not in ("debug", "go")})
+        return inspect_command(path, json_out=json_out, strict=strict, source=lambda: _source_options(
+            path, spec, format, builder, builder_arg, model_config, custom_objects, python_path, policy, unsafe))
 
-    locals_ = dict(locals())
     _run(go, debug)
 
 

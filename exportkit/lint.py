@@ -17,8 +17,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from exportkit.dtypes import HALF_DTYPES
 from exportkit.findings import Finding
-from exportkit.savedmodel import SERVE_TAG, dtype_name, select_meta_graph, shape_list, signature_names
+from exportkit.savedmodel import DEFAULT_SIGNATURE, SERVE_TAG, dtype_name, select_meta_graph, shape_list, signature_names
 
 # Ops that run Python in the exporting process: TF Serving (C++) cannot run them.
 PY_FUNC_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
@@ -26,8 +27,6 @@ PY_FUNC_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 DENYLIST_OPS = frozenset({"WriteFile", "ReadFile", "PrintV2"})
 # Keys TF/Keras generate when inputs or outputs are not named: unstable between exports.
 AUTO_KEY = re.compile(r"(keras_tensor|args)_\d+")
-HALF_DTYPES = ("float16", "bfloat16")
-DEFAULT_SIGNATURE = "serving_default"
 
 OP_CACHE_ENV = "EXPORTKIT_CACHE_DIR"
 _REGISTRY_TIMEOUT_S = 300

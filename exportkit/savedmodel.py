@@ -15,13 +15,16 @@ import re
 import sys
 import threading
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
+from exportkit.dtypes import canonical
 from exportkit.errors import UsageError
 
 SAVED_MODEL_PB = "saved_model.pb"
 SAVED_MODEL_PBTXT = "saved_model.pbtxt"
 SERVE_TAG = "serve"
+DEFAULT_SIGNATURE = "serving_default"  # what TF Serving uses when a request names no signature
 
 _lock = threading.Lock()
 _protos: dict[str, types.ModuleType] = {}
@@ -173,6 +176,25 @@ def resolve_savedmodel_dir(path: str | Path) -> Path:
                      "(models/NAME holding 1/, 2/, ...)")
 
 
+@dataclass(frozen=True)
+class ModelLocation:
+    """Where a served version lives: `base_dir` is None when a non-integer version dir was given directly."""
+
+    base_dir: str | None
+    version_dir: str
+    version: int
+    default_name: str
+
+
+def resolve_model_path(path: str) -> ModelLocation:
+    """A base dir (serve its highest integer version) or a version dir (version = its name if integer, else 1)."""
+    version_dir = resolve_savedmodel_dir(path).resolve()
+    if version_dir.name.isdigit():
+        base = version_dir.parent
+        return ModelLocation(str(base), str(version_dir), int(version_dir.name), base.name or "model")
+    return ModelLocation(None, str(version_dir), 1, version_dir.name or "model")
+
+
 def _version_name(base: Path, version: int) -> str:
     """The real name of version `version` (`007` stays `007`)."""
     for child in base.iterdir():
@@ -200,22 +222,13 @@ def select_meta_graph(saved_model, tags: list[str] | tuple[str, ...] | None = No
 
 
 # ----------------------------------------------------------------------------------------- dtypes, shapes
-_DTYPE_NAMES = {
-    "DT_FLOAT": "float32", "DT_DOUBLE": "float64", "DT_HALF": "float16", "DT_BFLOAT16": "bfloat16",
-    "DT_STRING": "string", "DT_BOOL": "bool", "DT_INVALID": "invalid",
-}
-
-
 def dtype_name(dtype_enum: int) -> str:
-    """A DataType enum value as a numpy-style name: float32, float16, bfloat16, int64, string, bool, ..."""
+    """A DataType enum value by its canonical name (exportkit.dtypes): float32, bfloat16, int64, string, ..."""
     types_pb2 = protos()["types"]
     try:
-        name = types_pb2.DataType.Name(int(dtype_enum))
+        return canonical(types_pb2.DataType.Name(int(dtype_enum)))
     except ValueError:
         return f"dtype_{int(dtype_enum)}"
-    if name.endswith("_REF"):
-        name = name[: -len("_REF")]
-    return _DTYPE_NAMES.get(name, name[len("DT_"):].lower() if name.startswith("DT_") else name.lower())
 
 
 def shape_list(shape_proto) -> list[int] | None:

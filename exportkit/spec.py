@@ -1,4 +1,5 @@
-"""Export options: the optional exportkit.toml next to a checkpoint (or --spec FILE), overridden by CLI flags."""
+"""Options objects for the commands; source and export options merge the optional exportkit.toml next to a
+checkpoint (or --spec FILE) with CLI flags, which win."""
 from __future__ import annotations
 
 import ast
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exportkit.errors import UsageError
+from exportkit.savedmodel import DEFAULT_SIGNATURE
 
 SPEC_NAME = "exportkit.toml"
 
@@ -32,11 +34,41 @@ class ExportOptions:
     output: str
     version: int | None = None
     assets: list[str] = field(default_factory=list)
-    signature_name: str = "serving_default"
+    signature_name: str = DEFAULT_SIGNATURE
     input_specs: list[str] = field(default_factory=list)
     int_range: str = "0:10"  # values of generated integer inputs (golden record, warm-up): LO:HI
     keep_output_dtype: bool = False
     verify: bool = True
+
+
+@dataclass
+class VerifyOptions:
+    """`exportkit verify`: what to check (path, signature), with which inputs, through which runtimes, and how
+    to compare and report. Flags are validated where they are used, before any runtime starts."""
+
+    path: str
+    against: SourceOptions | None = None  # the training source, for the keras runtime
+    signature_name: str = DEFAULT_SIGNATURE
+    inputs: str | None = None
+    samples: int = 8
+    seed: int = 0
+    int_range: str | None = None
+    save_inputs: str | None = None
+    save_outputs: str | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    tol: list[str] = field(default_factory=list)
+    runtimes: str | None = None
+    serving: str = "auto"
+    model_server_bin: str | None = None
+    model_name: str | None = None
+    model_version: int | None = None
+    load_timeout: float = 120.0
+    device: str = "cpu"
+    allow_tf32: bool = False
+    baseline: str | None = None
+    json_out: str | None = None
+    junit: str | None = None
 
 
 def parse_builder_args(items: list[str]) -> dict:
@@ -124,7 +156,7 @@ def export_options(src: str, output: str, spec_path: str | None = None, *, versi
         output=output,
         version=version if version is not None else spec.get("version"),
         assets=list(assets) + list(spec.get("assets", [])),
-        signature_name=signature_name or spec.get("signature_name") or "serving_default",
+        signature_name=signature_name or spec.get("signature_name") or DEFAULT_SIGNATURE,
         input_specs=list(input_specs) or list(spec.get("input_specs", [])),
         int_range=int_range or spec.get("int_range", "0:10"),
         keep_output_dtype=bool(keep_output_dtype or spec.get("keep_output_dtype", False)),

@@ -10,10 +10,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from exportkit.dtypes import name_of_array
 from exportkit.errors import UsageError
 from exportkit.verify.compare import (
     EXACT, OutputComparison, Tolerance, compare_arrays, compare_batches, compare_outputs, default_tolerance,
-    dtype_name, merge_comparisons, parse_tol, resolve_tolerance,
+    merge_comparisons, parse_tol, resolve_tolerance,
 )
 
 T = Tolerance(1e-5, 1e-5)
@@ -35,7 +36,7 @@ def _json(c: OutputComparison) -> dict:
 
 
 def test_no_tensorflow_imported():
-    code = ("import sys, exportkit.verify.compare, exportkit.verify.inputs, exportkit.verify.report, "
+    code = ("import sys, exportkit.verify.compare, exportkit.batches, exportkit.verify.report, "
             "exportkit.verify.baseline; assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -383,7 +384,7 @@ def test_string_trailing_nul_is_significant_in_object_arrays():
 def test_bfloat16_compared_in_float64():
     e = np.array([1.0, 2.0, 3.0], ml_dtypes.bfloat16)
     a = np.array([1.0, 2.0, 3.015625], ml_dtypes.bfloat16)  # one ulp at 3 (spacing 2**-6)
-    assert dtype_name(e) == "bfloat16"
+    assert name_of_array(e) == "bfloat16"
     c = compare_arrays("h", e, a, default_tolerance("bfloat16"))
     assert c.passed and c.max_abs_err == 0.015625
     assert isinstance(c.worst_expected, float)

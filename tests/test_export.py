@@ -89,17 +89,17 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample):
     import keras
     import tensorflow as tf
 
-    from exportkit.export import signature as sig
+    from exportkit.sources.model_io import feed_model, keyed_outputs
     from exportkit.sources.load import load_source
     from exportkit.spec import source_options
     from exportkit.verify.compare import compare_outputs, default_tolerance
-    from exportkit.verify.inputs import load_batches
+    from exportkit.batches import load_batches
 
     script = textwrap.dedent("""
         import sys, json, importlib.util
         assert importlib.util.find_spec("sample_models") is None, "user code must not be importable"
         from exportkit.tf1_loader import Tf1SavedModel
-        from exportkit.verify.inputs import load_batches, save_batches
+        from exportkit.batches import load_batches, save_batches
         for version_dir, out_dir in json.loads(sys.argv[1]):
             model = Tf1SavedModel(version_dir)
             batches = load_batches(version_dir + "/assets.extra/exportkit", "golden_inputs")
@@ -122,9 +122,8 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample):
         inputs = load_batches(version_dir / "assets.extra/exportkit", "golden_inputs")
         served = load_batches(version_dir.parent / "tf1_out", "tf1")
         for batch, served_outputs in zip(inputs, served):
-            raw = sig.feed_model(model, {k: tf.constant(v) for k, v in batch.items()})
-            keys = sig.output_keys(model, raw)
-            eager = {k: np.asarray(keras.ops.cast(v, "float32")) for k, v in zip(keys, sig.flat_outputs(raw, keys))}
+            raw = keyed_outputs(model, feed_model(model, {k: tf.constant(v) for k, v in batch.items()}))
+            eager = {k: np.asarray(keras.ops.cast(v, "float32")) for k, v in raw.items()}
             compute = {k: v["compute_dtype"] for k, v in manifest["signature"]["outputs"].items()}
             tol_dtype = lambda key, dtype: "bfloat16" if manifest["dtype_policy"] == "mixed_bfloat16" else (  # noqa: E731
                 "float16" if manifest["dtype_policy"] == "mixed_float16" else compute[key])

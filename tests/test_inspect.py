@@ -304,7 +304,7 @@ def test_damaged_saved_model_pb_exits_2(tmp_path, env):
 def test_reading_does_not_import_tensorflow_and_tf_still_works_after(models, env, multi_json):
     script = textwrap.dedent(f"""
         import sys
-        from exportkit.inspect import read_info
+        from exportkit.inspection import read_info
         from exportkit.savedmodel import read_saved_model_proto
         info = read_info({str(models["multi"])!r})
         assert info.signatures["serving_default"]["inputs"]["x"]["shape"] == [-1, 3]

@@ -296,18 +296,18 @@ def test_remote_runtime_against_running_serve(embedded, model_base, reference):
         got = runtime.run(inputs)
         for key, value in reference.run("serving_default", inputs).items():
             np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-7)
-        assert runtime.check_metadata(reference.signatures["serving_default"]) == []
-        assert runtime.check_metadata(reference.signatures) == []
-        from exportkit.savedmodel import signatures_of  # the form verify passes in
+        from exportkit.savedmodel import signatures_of
+        from exportkit.verify.baseline import served_signature_findings
 
-        assert runtime.check_metadata(signatures_of(reference.meta_graph)["serving_default"]) == []
-        changed = type(reference.signatures["serving_default"])()
-        changed.CopyFrom(reference.signatures["serving_default"])
-        changed.inputs["x"].dtype = tf.float64.as_datatype_enum
-        changed.inputs["x"].tensor_shape.dim[1].size = 5
-        del changed.outputs["total"]
-        problems = runtime.check_metadata(changed)
-        assert len(problems) == 3 and any("float64" in p for p in problems)
+        served = runtime.served_signatures()
+        expected = signatures_of(reference.meta_graph)["serving_default"]
+        assert served_signature_findings("serving_default", expected, served) == []
+        changed = {"inputs": {**expected["inputs"], "x": {**expected["inputs"]["x"], "dtype": "float64"}},
+                   "outputs": {k: v for k, v in expected["outputs"].items() if k != "total"}}
+        problems = served_signature_findings("serving_default", changed, served)
+        assert [f.code for f in problems] == ["serving-metadata"] * 2, problems
+        assert any("float64" in f.message for f in problems) and any("'total'" in f.message for f in problems)
+        assert served_signature_findings("nope", expected, served)[0].message.startswith("signature 'nope' is not served")
         assert runtime.replay_warmup(str(model_base / "3")) == []
         with pytest.raises(CheckFailed, match="INVALID_ARGUMENT"):
             runtime.run({"x": inputs["x"]})

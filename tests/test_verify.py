@@ -24,10 +24,11 @@ def _export(src, out, **flags):
 
 def _verify(capsys, path, **flags):
     """verify in this process (TensorFlow is already imported here); returns (exit code, text, JSON report)."""
+    from exportkit.spec import VerifyOptions
     from exportkit.verify.run import verify_command
 
     flags.setdefault("serving", "none")
-    code = verify_command(path=str(path), json_out="-", **flags)
+    code = verify_command(VerifyOptions(path=str(path), json_out="-", **flags))
     out = capsys.readouterr().out
     return code, json.loads(out)
 
@@ -59,10 +60,11 @@ def test_golden_saved_model_and_session_agree(capsys, models, name):
 
 
 def test_against_the_training_source_in_eager_keras(capsys, models, sample):
+    from exportkit.spec import VerifyOptions, source_options
     from exportkit.verify.run import verify_command
 
-    code = verify_command(path=str(models["mixed"]), against=sample("mixed_functional.keras")["path"],
-                          serving="none", json_out="-", **CUSTOM)
+    against = source_options(sample("mixed_functional.keras")["path"], **CUSTOM)
+    code = verify_command(VerifyOptions(path=str(models["mixed"]), against=against, serving="none", json_out="-"))
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report["verdict"]
     keras_runtime = next(r for r in report["runtimes"] if r["name"] == "keras")
@@ -169,7 +171,7 @@ def test_missing_signature_fails(capsys, models):
 
 def _nudge_golden(version_dir, delta):
     """Shift the recorded outputs a little: the export now differs from its golden record by `delta`."""
-    from exportkit.verify.inputs import load_batches, save_batches
+    from exportkit.batches import load_batches, save_batches
 
     folder = version_dir / "assets.extra/exportkit"
     outputs = load_batches(folder, "golden_outputs")
@@ -215,7 +217,7 @@ def test_cli_reports_agree_json_junit_and_table(models, tmp_path):
 
 
 def test_inputs_file_and_saving_what_reproduces_a_failure(capsys, models, tmp_path):
-    from exportkit.verify.inputs import load_batches
+    from exportkit.batches import load_batches
 
     inputs = tmp_path / "in.npz"
     np.savez(inputs, user=np.ones((3, 6), np.float32), item=np.zeros((3, 6), np.float32),

@@ -9,16 +9,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from exportkit import __version__
+from exportkit import __version__, layout
 from exportkit.errors import CheckFailed, UsageError
+from exportkit.dtypes import HALF_DTYPES, name_of
 from exportkit.export import signature as sig
 from exportkit.export import writer
 from exportkit.runtimes.session import SessionRuntime
 from exportkit.sources.load import detect_format, load_source
+from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs, parse_input_spec
 from exportkit.spec import ExportOptions, export_options
 from exportkit.tfenv import import_tf
 from exportkit.verify.compare import Tolerance, compare_batches, default_tolerance
-from exportkit.verify.inputs import InputSpec, generate_batches, parse_int_range, save_batches
+from exportkit.batches import InputSpec, generate_batches, parse_int_range
 
 GOLDEN_SAMPLES = 8
 GOLDEN_SEED = 0
@@ -55,7 +57,7 @@ class ExportResult:
 
 def _tolerance_dtype(policy: str, raw_dtype: str) -> str:
     """Outputs computed in half precision are compared with half-precision tolerances, even when cast."""
-    if raw_dtype in sig.HALF_DTYPES:
+    if raw_dtype in HALF_DTYPES:
         return raw_dtype
     if policy.startswith("mixed_") and raw_dtype.startswith("float"):
         return policy.removeprefix("mixed_")
@@ -79,16 +81,17 @@ def _golden_record(model, specs: list[InputSpec], keep_output_dtype: bool, int_r
 
     inputs = generate_batches(specs, samples=GOLDEN_SAMPLES, seed=GOLDEN_SEED, int_range=int_range)
     try:
-        raws = [sig.feed_model(model, {s.key: tf.constant(b[s.key]) for s in specs}) for b in inputs]
+        raws = [feed_model(model, {s.key: tf.constant(b[s.key]) for s in specs}) for b in inputs]
     except (tf.errors.OpError, ValueError, TypeError) as err:
         detail = " ".join(str(err).split())[:300]
         raise UsageError(f"the model fails on generated inputs ({type(err).__name__}: {detail})",
                          "pass --int-range LO:HI that fits the integer inputs (e.g. 0:VOCAB_SIZE), or --input-spec "
                          "name:shape:dtype for inputs whose shape or dtype cannot be read from the model") from err
-    keys = sig.output_keys(model, raws[0])
-    raw_dtypes = {k: sig.dtype_name(v.dtype) for k, v in zip(keys, sig.flat_outputs(raws[0], keys))}
+    first = keyed_outputs(model, raws[0])
+    keys = list(first)
+    raw_dtypes = {k: name_of(v.dtype) for k, v in first.items()}
     outputs = [{k: v.numpy() for k, v in sig.serving_outputs(raw, keys, keep_output_dtype).items()} for raw in raws]
-    out_dtypes = {k: sig.dtype_name(v.dtype) for k, v in outputs[0].items()}
+    out_dtypes = {k: name_of(v.dtype) for k, v in outputs[0].items()}
     return GoldenRecord(specs, keys, inputs, outputs, raw_dtypes, out_dtypes)
 
 
@@ -123,7 +126,7 @@ def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, tolerances: 
             "outputs": {k: {"dtype": golden.out_dtypes[k], "compute_dtype": golden.raw_dtypes[k]} for k in golden.keys},
         },
         "tolerances": tolerances,
-        "golden": {"dir": str(writer.EXTRA_DIR), "inputs": writer.GOLDEN_INPUTS, "outputs": writer.GOLDEN_OUTPUTS,
+        "golden": {"dir": str(layout.EXTRA_DIR), "inputs": layout.GOLDEN_INPUTS, "outputs": layout.GOLDEN_OUTPUTS,
                    "batch_sizes": [len(next(iter(b.values()))) for b in golden.inputs], "seed": GOLDEN_SEED,
                    "int_range": options.int_range},
         "assets": [Path(a).name for a in options.assets],
@@ -137,9 +140,8 @@ def _write_version(staging: Path, archive, loaded, golden: GoldenRecord, options
 
     archive.write_out(str(staging), verbose=False)
     write_warmup_records(str(staging), model_name, options.signature_name, golden.inputs)
-    save_batches(staging / writer.EXTRA_DIR, golden.inputs, writer.GOLDEN_INPUTS)
-    save_batches(staging / writer.EXTRA_DIR, golden.outputs, writer.GOLDEN_OUTPUTS)
-    writer.write_json(staging / writer.MANIFEST, _manifest(loaded, golden, options, tolerances))
+    layout.write_golden(staging, golden.inputs, golden.outputs)
+    layout.write_manifest(staging, _manifest(loaded, golden, options, tolerances))
 
 
 def export_model(options: ExportOptions, progress: Progress | None = None) -> ExportResult:
@@ -147,19 +149,21 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
     # Everything that can be checked without TensorFlow is checked first; an existing version is never touched.
     base = Path(options.output)
     version = writer.choose_version(base, options.version)
-    overrides = [sig.parse_input_spec(text) for text in options.input_specs]
+    overrides = [parse_input_spec(text) for text in options.input_specs]
     assets = writer.check_assets(options.assets)
     int_range = parse_int_range(options.int_range)
     detect_format(options.source.src, options.source.format)
 
     # The serving-equivalent worker starts now: its TensorFlow import overlaps with loading and tracing.
     session = SessionRuntime(str(base / str(version)), options.signature_name, device="cpu") if options.verify else None
+    if session is not None:
+        session.start()
     try:
         import_tf()
         loaded = load_source(options.source)
         progress.stage("load", f"{loaded.format} {options.source.src} (policy {loaded.policy})")
 
-        specs = sig.model_input_specs(loaded.model, overrides)
+        specs = model_input_specs(loaded.model, overrides)
         golden = _golden_record(loaded.model, specs, options.keep_output_dtype, int_range)
         progress.stage("build", f"{len(golden.specs)} input(s), {len(golden.keys)} output(s), golden record of "
                                 f"{len(golden.inputs)} batches")

@@ -1,125 +1,13 @@
-"""The serving signature: fixed input specs named after the model's inputs, outputs named after its outputs.
+"""The serving signature: a fixed input_signature named after the model's inputs, outputs keyed for serving.
 
-Never `keras_tensor_N`: input keys are the Input layers' names, output keys the dict keys of dict outputs or
-the output layers' names. The batch dimension is always free (-1); the dtype is the one declared on the Input.
+Half-precision outputs are cast to float32 unless kept; the model's inputs and output keys come from
+`exportkit.sources.model_io`.
 """
 from __future__ import annotations
 
-import inspect as pyinspect
-import re
-
-from exportkit.errors import UsageError
-from exportkit.verify.inputs import InputSpec
-
-HALF_DTYPES = ("float16", "bfloat16")
-_DTYPE_ALIASES = {"float": "float32", "int": "int32", "str": "string", "bytes": "string", "double": "float64",
-                  "half": "float16", "long": "int64"}
-_KNOWN_DTYPES = {"float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
-                 "uint16", "uint32", "uint64", "bool", "string"}
-
-
-def parse_input_spec(text: str) -> InputSpec:
-    """`name:shape:dtype`, e.g. `tokens:-1,16:int32` (`?` or -1 for a free dimension, `` for a scalar)."""
-    parts = text.split(":")
-    if len(parts) != 3 or not parts[0]:
-        raise UsageError(f"--input-spec {text!r} is not name:shape:dtype", "write it as --input-spec tokens:-1,16:int32")
-    name, shape_text, dtype = parts
-    dtype = _DTYPE_ALIASES.get(dtype, dtype)
-    if dtype not in _KNOWN_DTYPES:
-        raise UsageError(f"--input-spec {text!r}: unknown dtype {dtype!r}", f"use one of {', '.join(sorted(_KNOWN_DTYPES))}")
-    try:
-        shape = [-1 if d.strip() in ("?", "-1", "None") else int(d) for d in shape_text.split(",") if d.strip()]
-    except ValueError:
-        raise UsageError(f"--input-spec {text!r}: bad shape {shape_text!r}", "use comma-separated sizes, -1 for free")
-    return InputSpec(key=name, dtype=dtype, shape=shape)
-
-
-def dtype_name(dtype) -> str:
-    """A Keras/TF/numpy dtype (or a string) as the numpy-style name the signature uses; strings are "string"."""
-    name = getattr(dtype, "name", None) or str(dtype)
-    return {"str": "string", "object": "string"}.get(name, name)
-
-
-def is_functional(model) -> bool:
-    return bool(getattr(model, "_inputs_struct", None) is not None and getattr(model, "inputs", None))
-
-
-def _input_layer_name(keras_tensor) -> str:
-    history = getattr(keras_tensor, "_keras_history", None)
-    return history.operation.name if history else keras_tensor.name
-
-
-def model_input_specs(model, overrides: list[InputSpec]) -> list[InputSpec]:
-    """Input specs from the model's Inputs (functional) or its build config (subclassed), then --input-spec."""
-    import keras
-
-    by_key = {spec.key: spec for spec in overrides}
-    if is_functional(model):
-        specs = []
-        for kt in keras.tree.flatten(model._inputs_struct):
-            shape = [-1] + [-1 if d is None else int(d) for d in kt.shape[1:]]
-            specs.append(InputSpec(key=_input_layer_name(kt), dtype=dtype_name(kt.dtype), shape=shape))
-    else:
-        specs = _subclassed_input_specs(model)
-    known = {spec.key for spec in specs}
-    unknown = sorted(set(by_key) - known)
-    if unknown and specs:
-        raise UsageError(f"--input-spec names {', '.join(unknown)}, but the model's inputs are {', '.join(sorted(known))}",
-                         "use the model's input names")
-    if not specs:
-        if not overrides:
-            raise UsageError("cannot tell the inputs of this subclassed model (it saved no build config)",
-                             "pass --input-spec name:shape:dtype for each input, e.g. --input-spec x:-1,8:float32")
-        return list(overrides)
-    return [by_key.get(spec.key, spec) for spec in specs]
-
-
-def _subclassed_input_specs(model) -> list[InputSpec]:
-    config = model.get_build_config() or {}
-    shape = config.get("input_shape")
-    if shape is None:
-        return []
-    try:
-        arg = next(iter(pyinspect.signature(model.call).parameters))
-    except StopIteration:
-        arg = "inputs"
-    if isinstance(shape, dict):
-        return [InputSpec(key=k, dtype="float32", shape=[-1] + [-1 if d is None else int(d) for d in s[1:]])
-                for k, s in sorted(shape.items())]
-    return [InputSpec(key=arg, dtype="float32", shape=[-1] + [-1 if d is None else int(d) for d in list(shape)[1:]])]
-
-
-_AUTO_NAME = re.compile(r"^(keras_tensor|args)_\d+$")
-
-
-def output_keys(model, outputs) -> list[str]:
-    """Output keys for the structure `outputs` that the model returned."""
-    import keras
-
-    if isinstance(outputs, dict):
-        return sorted(outputs)
-    flat = keras.tree.flatten(outputs)
-    names = list(getattr(model, "output_names", None) or []) if is_functional(model) else []
-    if len(names) == len(flat) and len(set(names)) == len(names) and not any(_AUTO_NAME.match(n) for n in names):
-        return names
-    return ["output"] if len(flat) == 1 else [f"output_{i}" for i in range(len(flat))]
-
-
-def feed_model(model, tensors: dict):
-    """Call `model` on tensors keyed by input name, in the structure its call expects."""
-    import keras
-
-    if is_functional(model):
-        x = keras.tree.map_structure(lambda kt: tensors[_input_layer_name(kt)], model._inputs_struct)
-    else:
-        x = next(iter(tensors.values())) if len(tensors) == 1 else tensors
-    return model(x, training=False)
-
-
-def flat_outputs(outputs, keys: list[str]) -> list:
-    import keras
-
-    return [outputs[k] for k in keys] if isinstance(outputs, dict) else keras.tree.flatten(outputs)
+from exportkit.batches import InputSpec
+from exportkit.dtypes import HALF_DTYPES
+from exportkit.sources.model_io import feed_model, flat_outputs
 
 
 def serving_outputs(raw, keys: list[str], keep_output_dtype: bool) -> dict:

@@ -1,4 +1,4 @@
-"""Writing a version directory: SavedModel (ExportArchive), assets, warm-up records, manifest and golden record.
+"""Choosing the version number and staging the version directory (what goes in it: exportkit.layout).
 
 Everything is written into a hidden temporary sibling inside the base directory and renamed into place at the
 end, so TF Serving (which polls for integer-named directories) never sees a half-written version.
@@ -6,19 +6,12 @@ end, so TF Serving (which polls for integer-named directories) never sees a half
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from exportkit.errors import UsageError
-
-EXTRA_DIR = Path("assets.extra") / "exportkit"
-MANIFEST = EXTRA_DIR / "manifest.json"
-GOLDEN_INPUTS = "golden_inputs"  # batch-file prefixes inside EXTRA_DIR (exportkit.verify.inputs.save_batches)
-GOLDEN_OUTPUTS = "golden_outputs"
-WARMUP = Path("assets.extra") / "tf_serving_warmup_requests"
 
 
 def integer_versions(base: Path) -> list[int]:
@@ -72,7 +65,3 @@ def check_assets(files: list[str]) -> list[Path]:
             raise UsageError(f"--asset {path} is not a file", "pass files (vocabularies, label maps) to --asset")
     return [path.resolve() for path in paths]
 
-
-def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

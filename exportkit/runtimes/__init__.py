@@ -1,28 +1,46 @@
-"""Runtimes: one small interface, every runtime gets the very same input arrays.
+"""Runtimes: one lifecycle, and every runtime gets the very same input arrays.
 
-    runtime.load()                                   # may raise CheckFailed (the model's fault) or InfraError
-    runtime.run({input_key: ndarray}) -> {output_key: ndarray}
-    runtime.close()
+    with runtime:                                     # start() + load(); close() on exit
+        runtime.run({input_key: ndarray}) -> {output_key: ndarray}
 
-Attributes: `name` (golden | keras | saved_model | session | serving), `kind` (recorded | in-process |
-subprocess | grpc), `device` ("cpu", "gpu" or None when unknown) and `server` (a dict describing the server
-that answered, for the serving runtime; None elsewhere).
+`start()` begins slow work early (a worker's TensorFlow import, a server launch) and returns at once, so that
+several runtimes get ready in parallel; `load()` waits until the model is loaded and raises CheckFailed (the
+model's fault) or InfraError. Fields: `name` (one of RUNTIME_NAMES), `kind` (recorded | in-process | subprocess |
+grpc), `device` asked for ("cpu", "gpu", or None when not ours to choose), `placed_on` (where the last outputs
+were computed, e.g. "cpu:0", when the runtime can tell), `server` (who answered, for a server), `loaded`.
 """
 from __future__ import annotations
 
-from typing import Protocol
-
 import numpy as np
 
+# Every runtime verify knows, in order of preference for the reference.
+RUNTIME_NAMES = ("golden", "keras", "saved_model", "session", "serving")
 
-class Runtime(Protocol):
-    name: str
-    kind: str
-    device: str | None
-    server: dict | None
 
-    def load(self) -> None: ...
+class Runtime:
+    name: str = ""
+    kind: str = ""
+    device: str | None = None
+    placed_on: str | None = None
+    server: dict | None = None
+    loaded: bool = False
 
-    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+    def start(self) -> None:
+        """Begin what takes long, without waiting for it. Safe to call more than once."""
 
-    def close(self) -> None: ...
+    def load(self) -> None:
+        self.start()
+        self.loaded = True
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.loaded = False
+
+    def __enter__(self):
+        self.load()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

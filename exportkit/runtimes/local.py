@@ -5,7 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit.errors import CheckFailed, InfraError
+from exportkit.errors import CheckFailed, InfraError, UsageError
+from exportkit.runtimes import Runtime
 
 
 def require_gpu() -> None:
@@ -25,7 +26,7 @@ def tf_device(device: str | None) -> str | None:
         return "/GPU:0"
     if device.startswith("/"):
         return device  # an explicit TF device string, e.g. a logical device in tests
-    raise InfraError(f"unknown device {device!r}", "use --device cpu, gpu or all")
+    raise UsageError(f"unknown device {device!r}", "use --device cpu, gpu or all")
 
 
 def placement(tensors) -> str | None:
@@ -34,19 +35,14 @@ def placement(tensors) -> str | None:
     return ",".join(devices) or None
 
 
-class GoldenRuntime:
+class GoldenRuntime(Runtime):
     """The outputs eager Keras computed at export time, for the golden inputs only."""
 
     name = "golden"
     kind = "recorded"
-    device = None
-    server = None
 
     def __init__(self, inputs: list[dict], outputs: list[dict]):
         self._answers = list(zip(inputs, outputs))
-
-    def load(self) -> None:
-        pass
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         for recorded_inputs, recorded_outputs in self._answers:
@@ -55,16 +51,12 @@ class GoldenRuntime:
                 return recorded_outputs
         return None  # not a golden batch: nothing recorded to compare
 
-    def close(self) -> None:
-        pass
 
-
-class SavedModelRuntime:
+class SavedModelRuntime(Runtime):
     """`tf.saved_model.load` and the signature's concrete function (the TF2 way of loading)."""
 
     name = "saved_model"
     kind = "in-process"
-    server = None
 
     def __init__(self, path: str, signature_name: str, input_dtypes: dict[str, str], device: str | None = "cpu"):
         self.path = str(Path(path).resolve())
@@ -86,6 +78,7 @@ class SavedModelRuntime:
             raise CheckFailed(f"no signature '{self.signature_name}' (available: {', '.join(self._loaded.signatures)})",
                               "pass --signature-name with one of them")
         self._fn = self._loaded.signatures[self.signature_name]
+        self.loaded = True
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import tensorflow as tf
@@ -98,14 +91,14 @@ class SavedModelRuntime:
 
     def close(self) -> None:
         self._fn = self._loaded = None
+        self.loaded = False
 
 
-class KerasRuntime:
+class KerasRuntime(Runtime):
     """Eager Keras rebuilt from the training source (`--against`), outputs cast to the signature's dtypes."""
 
     name = "keras"
     kind = "in-process"
-    server = None
 
     def __init__(self, source_options, output_dtypes: dict[str, str], device: str | None = "cpu"):
         self.source_options = source_options
@@ -117,18 +110,18 @@ class KerasRuntime:
         from exportkit.sources.load import load_source
 
         self._model = load_source(self.source_options).model
+        self.loaded = True
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import tensorflow as tf
 
-        from exportkit.export import signature as sig
+        from exportkit.sources.model_io import feed_model, keyed_outputs
 
         with tf.device(tf_device(self.device)):
-            raw = sig.feed_model(self._model, {k: tf.constant(v) for k, v in inputs.items()})
-        keys = sig.output_keys(self._model, raw)
-        self.placed_on = placement(sig.flat_outputs(raw, keys))
+            raw = keyed_outputs(self._model, feed_model(self._model, {k: tf.constant(v) for k, v in inputs.items()}))
+        self.placed_on = placement(list(raw.values()))
         outputs = {}
-        for key, tensor in zip(keys, sig.flat_outputs(raw, keys)):
+        for key, tensor in raw.items():
             want = self.output_dtypes.get(key)
             if want and want != "string" and tensor.dtype.name != want:
                 tensor = tf.cast(tensor, want)
@@ -137,3 +130,4 @@ class KerasRuntime:
 
     def close(self) -> None:
         self._model = None
+        self.loaded = False

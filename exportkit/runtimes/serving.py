@@ -1,25 +1,24 @@
 """The `serving` runtime: the model as clients see it, over TF Serving's gRPC API (binary, remote or embedded).
 
-Beyond computing outputs it checks what only a server shows: the served signature (GetModelMetadata) against
-the SavedModel's, and the warm-up records replayed through Predict.
+Beyond computing outputs it gives what only a server shows: the served signatures (GetModelMetadata), and the
+warm-up records replayed through Predict.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from exportkit.errors import CheckFailed, InfraError
+from exportkit.runtimes import Runtime
+from exportkit.savedmodel import DEFAULT_SIGNATURE
 
-_INFRA_CODES = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED"}
 
-
-class ServingRuntime:
+class ServingRuntime(Runtime):
     """Runtime protocol on top of launcher + client. `server` describes who answered (kind, version, address)."""
 
     name = "serving"
     kind = "grpc"
 
     def __init__(self, path: str | None, mode: str = "auto", *, model_name: str | None = None,
-                 model_version: int | None = None, signature_name: str = "serving_default",
+                 model_version: int | None = None, signature_name: str = DEFAULT_SIGNATURE,
                  binary: str | None = None, device: str = "cpu", load_timeout: float = 120.0,
                  timeout: float = 30.0):
         """`mode`: auto | binary | embedded | HOST:PORT (see serving.launcher.start)."""
@@ -67,10 +66,10 @@ class ServingRuntime:
         self.loaded = True
 
     def _raise(self, err, what: str):
+        from exportkit.serving.client import as_exportkit_error
+
         where = f"{self.server['kind']} server at {self.server['address']}" if self.server else "server"
-        if err.code in _INFRA_CODES:
-            raise InfraError(f"{what} on the {where} failed: {err.code}: {err.message}") from None
-        raise CheckFailed(f"{what} on the {where} failed: {err.code}: {err.message}") from None
+        raise as_exportkit_error(err, f"{what} on the {where}") from None
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from exportkit.serving.client import ServingError
@@ -94,33 +93,19 @@ class ServingRuntime:
             self._handle.stop()
             self._handle = None
 
-    # -- checks only a server can do ------------------------------------------------------------------------
-    def check_metadata(self, expected_signature_def, signature_name: str | None = None) -> list[str]:
-        """Problems where the served signature (GetModelMetadata) differs from `expected_signature_def`.
-
-        `expected_signature_def`: the SavedModel's SignatureDef for `signature_name` (default: this runtime's),
-        or a {name: SignatureDef} map to compare every signature. Compares input/output keys, dtypes, shapes.
-        """
+    # -- what only a server shows -----------------------------------------------------------------------------
+    def served_signatures(self) -> dict:
+        """{signature name: {"inputs", "outputs"}} as the server reports them (GetModelMetadata)."""
+        from exportkit.savedmodel import tensor_info_dict
         from exportkit.serving.client import ServingError
 
         try:
             served = self._client.metadata()
         except ServingError as err:
             self._raise(err, "GetModelMetadata")
-        if _is_one_signature(expected_signature_def):
-            expected = {signature_name or self.signature_name: expected_signature_def}
-        else:
-            expected = dict(expected_signature_def)
-        problems = []
-        for sig_name, want in sorted(expected.items()):
-            got = served.get(sig_name)
-            if got is None:
-                problems.append(f"signature '{sig_name}' is not served (served: {sorted(served)})")
-                continue
-            want, got = _as_dict(want), _as_dict(got)
-            problems += _compare_side(sig_name, "input", want["inputs"], got["inputs"])
-            problems += _compare_side(sig_name, "output", want["outputs"], got["outputs"])
-        return problems
+        return {name: {"inputs": {k: tensor_info_dict(v) for k, v in sig.inputs.items()},
+                       "outputs": {k: tensor_info_dict(v) for k, v in sig.outputs.items()}}
+                for name, sig in served.items()}
 
     def replay_warmup(self, path: str) -> list[str]:
         """Send the warm-up records (file, or version dir's assets.extra file) through Predict; list failures.
@@ -147,47 +132,3 @@ class ServingRuntime:
                 problems.append(f"warm-up record {i}: {err.code}: {err.message}")
         return problems
 
-    def __enter__(self) -> "ServingRuntime":
-        self.load()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _is_one_signature(value) -> bool:
-    """A SignatureDef proto or exportkit.savedmodel's dict form ({"inputs": {...}, "outputs": {...}})."""
-    if hasattr(value, "DESCRIPTOR"):
-        return True
-    return isinstance(value, dict) and isinstance(value.get("inputs"), dict) and isinstance(value.get("outputs"), dict)
-
-
-def _as_dict(signature) -> dict:
-    """Both forms as {"inputs": {key: {"dtype", "shape"}}, "outputs": ...} (savedmodel.signatures_of's form)."""
-    if isinstance(signature, dict):
-        return signature
-    from exportkit.savedmodel import tensor_info_dict
-
-    return {"inputs": {k: tensor_info_dict(v) for k, v in signature.inputs.items()},
-            "outputs": {k: tensor_info_dict(v) for k, v in signature.outputs.items()}}
-
-
-def _compare_side(sig_name: str, side: str, want: dict, got: dict) -> list[str]:
-    problems = []
-    for key in sorted(set(want) - set(got)):
-        problems.append(f"signature '{sig_name}': {side} '{key}' missing on the server")
-    for key in sorted(set(got) - set(want)):
-        problems.append(f"signature '{sig_name}': server has an extra {side} '{key}'")
-    for key in sorted(set(want) & set(got)):
-        w, g = want[key], got[key]
-        if w.get("dtype") != g.get("dtype"):
-            problems.append(f"signature '{sig_name}': {side} '{key}' dtype {w.get('dtype')} expected, "
-                            f"server has {g.get('dtype')}")
-        if _shape(w.get("shape")) != _shape(g.get("shape")):
-            problems.append(f"signature '{sig_name}': {side} '{key}' shape {_shape(w.get('shape'))} expected, "
-                            f"server has {_shape(g.get('shape'))}")
-    return problems
-
-
-def _shape(shape) -> str:
-    return "unknown rank" if shape is None else "(" + ", ".join(str(d) for d in shape) + ")"

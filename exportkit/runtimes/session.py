@@ -11,34 +11,40 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit.verify.inputs import load_batches, save_batches
+from exportkit.batches import load_batches, save_batches
 from exportkit.errors import CheckFailed, InfraError
+from exportkit.runtimes import Runtime
 from exportkit.tfenv import child_env
+from exportkit.savedmodel import DEFAULT_SIGNATURE
 
 REPLY_TIMEOUT = 600.0
 
 
-class SessionRuntime:
-    """Starts its worker at once, so TensorFlow's import overlaps with whatever the caller does next."""
+class SessionRuntime(Runtime):
+    """`start()` spawns the worker, so its TensorFlow import overlaps with whatever the caller does next."""
 
     name = "session"
     kind = "subprocess"
-    server = None
 
-    def __init__(self, path: str, signature_name: str = "serving_default", device: str | None = "cpu",
+    def __init__(self, path: str, signature_name: str = DEFAULT_SIGNATURE, device: str | None = "cpu",
                  allow_tf32: bool = False):
         self.path = str(Path(path).resolve())
         self.allow_tf32 = allow_tf32
         self.signature_name = signature_name
         self.device = device
+        self._proc = None
+        self._ready = False
+        self._runs = 0
+
+    def start(self) -> None:
+        if self._proc is not None:
+            return
         self._dir = tempfile.TemporaryDirectory(prefix="exportkit-session-")
         self._log = open(Path(self._dir.name) / "worker.log", "w+")
         self._proc = subprocess.Popen(
             [sys.executable, "-I", "-m", "exportkit.runtimes.session_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=self._dir.name,
-            env=child_env(device), text=True, start_new_session=True)
-        self._ready = False
-        self._runs = 0
+            env=child_env(self.device), text=True, start_new_session=True)
 
     def _log_tail(self, lines: int = 15) -> str:
         self._log.flush()
@@ -78,8 +84,10 @@ class SessionRuntime:
         return reply
 
     def load(self) -> None:
+        self.start()
         self._request(op="load", path=self.path, signature=self.signature_name, device=self.device,
                       allow_tf32=self.allow_tf32)
+        self.loaded = True
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self._runs += 1
@@ -89,6 +97,9 @@ class SessionRuntime:
         return load_batches(self._dir.name, outputs_prefix)[0]
 
     def close(self) -> None:
+        self.loaded = False
+        if self._proc is None:
+            return
         if self._proc.poll() is None:
             try:
                 self._proc.stdin.close()

@@ -29,7 +29,7 @@ def main() -> int:
 
     tf = import_tf()
     from exportkit.tf1_loader import Tf1SavedModel
-    from exportkit.verify.inputs import load_batches, save_batches
+    from exportkit.batches import load_batches, save_batches
 
     _reply(channel, ok=True, ready=True)
     model = signature = None

@@ -13,8 +13,10 @@ from typing import Callable
 import grpc
 import numpy as np
 
+from exportkit.errors import CheckFailed, ExportkitError, InfraError
 from exportkit.serving.warmup import _np_to_dt, ndarray_to_tensor_proto, tensor_proto_to_ndarray
 from exportkit.tfenv import import_tf
+from exportkit.savedmodel import DEFAULT_SIGNATURE
 
 GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 _RETRY_WHILE_STARTING = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -34,6 +36,17 @@ class ModelLoadFailed(ServingError):
     """GetModelStatus says the version ended (END) with an error: the model failed to load."""
 
 
+# Statuses that say the server or the network failed, not the model.
+INFRA_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED"})
+
+
+def as_exportkit_error(err: ServingError, what: str, remedy: str | None = None) -> ExportkitError:
+    """The one rule for server errors: transport and capacity failures are infrastructure (exit 3), every
+    other status is the model's failure (exit 1)."""
+    kind = InfraError if err.code in INFRA_CODES else CheckFailed
+    return kind(f"{what} failed: {err.code}: {err.message}", remedy)
+
+
 def _error(err: grpc.RpcError, rpc: str) -> ServingError:
     code = err.code() if hasattr(err, "code") else None
     details = err.details() if hasattr(err, "details") else str(err)
@@ -44,7 +57,7 @@ class ServingClient:
     """Talks to one model (name, optional version, signature) at `address` ("host:port")."""
 
     def __init__(self, address: str, model_name: str, version: int | None = None,
-                 signature_name: str = "serving_default", timeout: float = 30.0):
+                 signature_name: str = DEFAULT_SIGNATURE, timeout: float = 30.0):
         import_tf()  # the serving protos import TF; do it quietly first
         from tensorflow_serving.apis import model_pb2, model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc
 

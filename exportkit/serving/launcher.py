@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from exportkit.errors import CheckFailed, InfraError, UsageError
+from exportkit.savedmodel import list_versions, resolve_model_path
 from exportkit.tfenv import child_env
 
 BINARY_NAME = "tensorflow_model_server"
@@ -166,8 +167,6 @@ def _wait(handle_child: _Child, client, load_timeout: float, what: str) -> int:
 
 
 def _model_name(path: str, model_name: str | None) -> str:
-    from exportkit.serving.server import resolve_model_path
-
     return model_name or resolve_model_path(path).default_name
 
 
@@ -211,9 +210,6 @@ def binary_version(binary: str, timeout: float = 10.0) -> str:
 
 def _binary_base_dir(path: str, stack: list) -> tuple[str, int]:
     """TF Serving wants a base dir of integer versions and serves the highest; make one that serves `path`."""
-    from exportkit.savedmodel import list_versions
-    from exportkit.serving.server import resolve_model_path
-
     loc = resolve_model_path(path)
     if loc.base_dir is not None and list_versions(loc.base_dir)[-1] == loc.version:
         return loc.base_dir, loc.version
@@ -333,7 +329,7 @@ def _read_line(child: _Child, deadline: float, pattern: re.Pattern) -> str | Non
 def start_embedded(path: str, model_name: str | None = None, device: str = "cpu",
                    load_timeout: float = 120.0) -> PendingServer:
     """Spawn `python -I -m exportkit serve PATH --port 0`: isolated from cwd/PYTHONPATH, so no user code."""
-    from exportkit.serving.server import WATCH_STDIN_ENV, resolve_model_path
+    from exportkit.serving.server import WATCH_STDIN_ENV
 
     loc = resolve_model_path(path)
     name = model_name or loc.default_name
@@ -409,7 +405,7 @@ def launch_embedded(path: str, model_name: str | None = None, device: str = "cpu
 def connect_remote(address: str, model_name: str, model_version: int | None = None,
                    load_timeout: float = 30.0) -> ServerHandle:
     """A server someone else runs: check the model is AVAILABLE there, launch nothing, stop nothing."""
-    from exportkit.serving.client import ModelLoadFailed, ServingClient, ServingError
+    from exportkit.serving.client import ModelLoadFailed, ServingClient, ServingError, as_exportkit_error
 
     if not re.fullmatch(r"\[?[\w.:-]+\]?:\d+", address):
         raise UsageError(f"--serving {address!r} is not HOST:PORT")
@@ -421,10 +417,8 @@ def connect_remote(address: str, model_name: str, model_version: int | None = No
         except ModelLoadFailed as err:
             raise CheckFailed(f"remote server {address}: {err.message}") from None
         except ServingError as err:
-            if err.code in ("DEADLINE_EXCEEDED", "UNAVAILABLE"):
-                raise InfraError(f"remote server {address} did not answer with model '{model_name}' AVAILABLE: {err}",
-                                 "check the address and that the server is running") from None
-            raise CheckFailed(f"remote server {address}: {err}") from None
+            raise as_exportkit_error(err, f"remote server {address} (model '{model_name}')",
+                                     "check the address and that the server is running") from None
     description = {"kind": "remote", "version": "unknown", "address": address, "binary": None,
                    "model_name": model_name, "model_version": model_version if model_version is not None else version}
     return ServerHandle(address, description, model_name, model_version if model_version is not None else version)

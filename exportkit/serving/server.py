@@ -19,44 +19,20 @@ import sys
 import threading
 import time
 from concurrent import futures
-from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
 from exportkit.errors import CheckFailed, InfraError, UsageError
-from exportkit.savedmodel import dtype_name, shape_list
+from exportkit.savedmodel import DEFAULT_SIGNATURE, ModelLocation, dtype_name, resolve_model_path, shape_list
+from exportkit.serving.client import GRPC_OPTIONS
 from exportkit.tfenv import import_tf, quiet_env
 
 ADDRESS_LINE = "exportkit serve: model '{name}' version {version} AVAILABLE at {address}"
 ADDRESS_RE = re.compile(r"^exportkit serve: model '(?P<name>.*)' version (?P<version>\d+) AVAILABLE at (?P<address>\S+)\s*$")
 WATCH_STDIN_ENV = "EXPORTKIT_SERVE_WATCH_STDIN"
-DEFAULT_SIGNATURE = "serving_default"
-GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 log = logging.getLogger("exportkit.serve")
-
-
-# --------------------------------------------------------------------------------------------------- model paths
-@dataclass(frozen=True)
-class ModelLocation:
-    """Where a served version lives: `base_dir` is None when a non-integer version dir was given directly."""
-
-    base_dir: str | None
-    version_dir: str
-    version: int
-    default_name: str
-
-
-def resolve_model_path(path: str) -> ModelLocation:
-    """A base dir (serve its highest integer version) or a version dir (version = its name if integer, else 1)."""
-    from exportkit.savedmodel import resolve_savedmodel_dir
-
-    version_dir = resolve_savedmodel_dir(path).resolve()
-    if version_dir.name.isdigit():
-        base = version_dir.parent
-        return ModelLocation(str(base), str(version_dir), int(version_dir.name), base.name or "model")
-    return ModelLocation(None, str(version_dir), 1, version_dir.name or "model")
 
 
 # --------------------------------------------------------------------------------------------------- the model
@@ -117,7 +93,8 @@ class ServedModel:
         self.state = "END"
 
     def _warm_up(self) -> int:
-        from exportkit.serving.warmup import read_warmup_records, warmup_path
+        from exportkit.layout import warmup_path
+        from exportkit.serving.warmup import read_warmup_records
 
         path = warmup_path(self.location.version_dir)
         if not os.path.exists(path):

@@ -10,10 +10,9 @@ import os
 
 import numpy as np
 
+from exportkit.layout import WARMUP, warmup_path
 from exportkit.tfenv import import_tf
 
-WARMUP_DIR = "assets.extra"
-WARMUP_FILE = "tf_serving_warmup_requests"
 MAX_WARMUP_RECORDS = 1000  # TF Serving refuses more (saved_model_warmup_util.cc: kMaxNumRecords)
 
 
@@ -87,10 +86,6 @@ def tensor_proto_to_ndarray(proto) -> np.ndarray:
     return tf.make_ndarray(proto)
 
 
-def warmup_path(version_dir: str) -> str:
-    return os.path.join(version_dir, WARMUP_DIR, WARMUP_FILE)
-
-
 def _signature_of(version_dir: str | None, signature_name: str):
     if version_dir is None or not os.path.exists(os.path.join(version_dir, "saved_model.pb")):
         return None
@@ -118,7 +113,7 @@ def write_warmup_records(path: str, model_name: str, signature_name: str,
         raise ValueError(f"warm-up needs 1..{MAX_WARMUP_RECORDS} records (TF Serving's limit), got {len(batches)}")
     if signature_def is None:
         parent = os.path.dirname(os.path.abspath(path))
-        version_dir = os.path.dirname(parent) if os.path.basename(parent) == WARMUP_DIR else None
+        version_dir = os.path.dirname(parent) if os.path.basename(parent) == WARMUP.parent.name else None
         signature_def = _signature_of(version_dir, signature_name)
 
     if signature_def is not None:

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from exportkit.errors import EXIT_OK, EXIT_USAGE, UsageError
+from exportkit.spec import SourceOptions
 
 
 @dataclass
@@ -45,11 +46,10 @@ class SourceDescription:
         return "\n".join(lines)
 
 
-def describe_source(path: str, *, spec=None, **flags) -> SourceDescription:
+def describe_source(options: SourceOptions) -> SourceDescription:
     from exportkit.sources import load
-    from exportkit.spec import source_options
 
-    options = source_options(path, spec, **flags)
+    path = options.src
     fmt = load.detect_format(path, options.format)
     description = SourceDescription(path=str(Path(path).resolve()), format=fmt)
     if fmt in ("h5", "keras"):
@@ -73,14 +73,13 @@ def describe_source(path: str, *, spec=None, **flags) -> SourceDescription:
 def _describe_io(model, description: SourceDescription) -> None:
     import tensorflow as tf
 
-    from exportkit.export import signature as sig
-    from exportkit.verify.inputs import generate_batches
+    from exportkit.batches import generate_batches
+    from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs
 
-    specs = sig.model_input_specs(model, [])
+    specs = model_input_specs(model, [])
     description.inputs = [{"key": s.key, "dtype": s.dtype, "shape": s.shape} for s in specs]
     batch = generate_batches(specs, samples=1, seed=0)[0]
-    outputs = sig.feed_model(model, {k: tf.constant(v) for k, v in batch.items()})
-    keys = sig.output_keys(model, outputs)
-    for key, tensor in zip(keys, sig.flat_outputs(outputs, keys)):
+    outputs = keyed_outputs(model, feed_model(model, {k: tf.constant(v) for k, v in batch.items()}))
+    for key, tensor in outputs.items():
         shape = [-1] + [int(d) for d in tensor.shape[1:]]
         description.outputs.append({"key": key, "dtype": tensor.dtype.name, "shape": shape})

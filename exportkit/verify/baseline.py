@@ -1,4 +1,5 @@
-"""Compare a new serving signature with a previously released one (`verify --baseline`).
+"""Compare a new serving signature with a previously released one (`verify --baseline`), and the signature a
+server reports with the SavedModel's (one comparison: a served signature must not differ at all).
 
 A signature is `{"inputs": {KEY: {"dtype": "float32", "shape": [-1, 3]}}, "outputs": {...}}`, the form of
 `exportkit inspect --json` signatures (extra fields are ignored; `shape: null` = unknown rank; a dim of
@@ -26,18 +27,13 @@ An unchanged signature gives no findings.
 """
 from __future__ import annotations
 
+from exportkit.dtypes import canonical
 from exportkit.findings import Finding
-
-_DT_NAMES = {"DT_FLOAT": "float32", "DT_DOUBLE": "float64", "DT_HALF": "float16", "DT_BFLOAT16": "bfloat16",
-             "DT_INT8": "int8", "DT_INT16": "int16", "DT_INT32": "int32", "DT_INT64": "int64", "DT_UINT8": "uint8",
-             "DT_UINT16": "uint16", "DT_UINT32": "uint32", "DT_UINT64": "uint64", "DT_BOOL": "bool",
-             "DT_STRING": "string", "DT_COMPLEX64": "complex64", "DT_COMPLEX128": "complex128",
-             "half": "float16", "float": "float32", "double": "float64"}
 
 
 def _dtype(t: dict) -> str | None:
     d = t.get("dtype") if isinstance(t, dict) else None
-    return None if d is None else _DT_NAMES.get(str(d), str(d))
+    return None if d is None else canonical(str(d))
 
 
 def _shape(t: dict) -> list[int] | None:
@@ -142,6 +138,16 @@ def _compare_side(side: str, old: dict, new: dict) -> list[Finding]:
         if f is not None:
             findings.append(f)
     return findings
+
+
+def served_signature_findings(name: str, expected: dict, served: dict[str, dict]) -> list[Finding]:
+    """The signature a server reports (GetModelMetadata) must be the SavedModel's: every difference is an error."""
+    if name not in served:
+        return [Finding("error", "serving-metadata",
+                        f"signature '{name}' is not served (served: {', '.join(sorted(served)) or 'none'})")]
+    return [Finding("error", "serving-metadata", f"the served signature '{name}' differs from the SavedModel's: "
+                                                 f"{finding.message}")
+            for finding in compare_signatures(expected, served[name])]
 
 
 def compare_signatures(old: dict, new: dict) -> list[Finding]:

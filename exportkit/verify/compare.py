@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from exportkit.dtypes import canonical, is_float, name_of_array
 from exportkit.errors import UsageError
 
 # --------------------------------------------------------------------------------------------- tolerances
@@ -74,18 +75,9 @@ _DEFAULTS = {
 }
 EXACT = Tolerance(0.0, 0.0)
 
-_FLOAT_NAMES = {"float16", "float32", "float64", "float128", "longdouble", "complex64", "complex128",
-                "bfloat16", "half", "double"}
-
-
-def is_float_dtype(dtype_name: str) -> bool:
-    """True for every floating/complex dtype name, including bfloat16 and the float8/6/4 types."""
-    return dtype_name in _FLOAT_NAMES or dtype_name.startswith(("float8_", "float6_", "float4_"))
-
-
 def default_tolerance(dtype_name: str) -> Tolerance:
     """The default tolerance for an output of this dtype (see the table above)."""
-    name = {"half": "float16", "double": "float64", "float": "float32"}.get(dtype_name, dtype_name)
+    name = canonical(dtype_name)
     if name in _DEFAULTS:
         return _DEFAULTS[name]
     if name.startswith(("float8_", "float6_", "float4_")):
@@ -125,7 +117,7 @@ def resolve_tolerance(key: str, dtype_name: str, atol: float | None = None, rtol
     if per_output and key in per_output:
         return per_output[key]
     base = default_tolerance(dtype_name)
-    if is_float_dtype(dtype_name) and (atol is not None or rtol is not None):
+    if is_float(dtype_name) and (atol is not None or rtol is not None):
         return Tolerance(base.atol if atol is None else float(atol), base.rtol if rtol is None else float(rtol))
     return base
 
@@ -209,24 +201,12 @@ def to_jsonable(v: Any) -> Any:
 # --------------------------------------------------------------------------------------------- dtypes
 
 
-def dtype_name(arr: np.ndarray) -> str:
-    """numpy dtype name, with "string" for S/U arrays and object arrays of bytes/str."""
-    dt = arr.dtype
-    if dt.kind in "SU":
-        return "string"
-    if dt.kind == "O":
-        if all(isinstance(x, (bytes, str)) for x in arr.flat):
-            return "string"
-        return "object"
-    return dt.name
-
-
 def _category_of_name(name: str) -> str:
     if name == "string":
         return "string"
     if name == "bool":
         return "bool"
-    if is_float_dtype(name):
+    if is_float(name):
         return "float"
     if name.startswith(("int", "uint")):
         return "int"
@@ -234,7 +214,7 @@ def _category_of_name(name: str) -> str:
 
 
 def _category(arr: np.ndarray) -> str:
-    return _category_of_name(dtype_name(arr))
+    return _category_of_name(name_of_array(arr))
 
 
 def _to_bytes(x: Any) -> bytes:
@@ -298,7 +278,7 @@ def compare_arrays(key: str, expected: Any, actual: Any, tol: Tolerance) -> Outp
     """Compare one runtime's output (`actual`) with the reference (`expected`); see the module docstring."""
     e = np.asarray(expected)
     a = np.asarray(actual)
-    edt, adt = dtype_name(e), dtype_name(a)
+    edt, adt = name_of_array(e), name_of_array(a)
     res = OutputComparison(key=key, passed=False, expected_dtype=edt, actual_dtype=adt,
                            expected_shape=tuple(int(d) for d in e.shape), actual_shape=tuple(int(d) for d in a.shape),
                            atol=float(tol.atol), rtol=float(tol.rtol))
@@ -419,9 +399,9 @@ def _structural(key: str, reason: str, arr: np.ndarray, side: str, tol: Toleranc
     arr = np.asarray(arr)
     res = OutputComparison(key=key, passed=False, reason=reason, atol=float(tol.atol), rtol=float(tol.rtol))
     if side == "expected":
-        res.expected_dtype, res.expected_shape = dtype_name(arr), tuple(int(d) for d in arr.shape)
+        res.expected_dtype, res.expected_shape = name_of_array(arr), tuple(int(d) for d in arr.shape)
     else:
-        res.actual_dtype, res.actual_shape = dtype_name(arr), tuple(int(d) for d in arr.shape)
+        res.actual_dtype, res.actual_shape = name_of_array(arr), tuple(int(d) for d in arr.shape)
     return res
 
 
@@ -436,13 +416,13 @@ def compare_outputs(reference: dict[str, np.ndarray], actual: dict[str, np.ndarr
     for key in sorted(set(reference) | set(actual)):
         if key in reference and key in actual:
             ref = np.asarray(reference[key])
-            out.append(compare_arrays(key, ref, actual[key], tolerances(key, dtype_name(ref))))
+            out.append(compare_arrays(key, ref, actual[key], tolerances(key, name_of_array(ref))))
         elif key in reference:
             ref = np.asarray(reference[key])
-            out.append(_structural(key, "missing in runtime", ref, "expected", tolerances(key, dtype_name(ref))))
+            out.append(_structural(key, "missing in runtime", ref, "expected", tolerances(key, name_of_array(ref))))
         else:
             act = np.asarray(actual[key])
-            out.append(_structural(key, "unexpected output", act, "actual", tolerances(key, dtype_name(act))))
+            out.append(_structural(key, "unexpected output", act, "actual", tolerances(key, name_of_array(act))))
     return out
 
 

@@ -12,7 +12,6 @@ from exportkit.findings import Finding
 from exportkit.verify.compare import OutputComparison, to_jsonable
 
 SCHEMA_VERSION = 1
-RUNTIME_NAMES = ("golden", "keras", "saved_model", "session", "serving")
 
 
 @dataclass

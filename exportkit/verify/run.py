@@ -15,14 +15,16 @@ from pathlib import Path
 import numpy as np
 
 from exportkit import __version__
+from exportkit.batches import InputSpec, generate_batches, load_inputs, parse_int_range
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.findings import Finding
+from exportkit.layout import read_golden, read_manifest
+from exportkit.runtimes import RUNTIME_NAMES
+from exportkit.spec import VerifyOptions
+from exportkit.verify.baseline import served_signature_findings
 from exportkit.verify.compare import Tolerance, compare_batches, parse_tol, resolve_tolerance
-from exportkit.verify.inputs import InputSpec, generate_batches, load_inputs, parse_int_range
 from exportkit.verify.report import RuntimeResult, VerifyReport
 
-# Also the order of preference for the reference: the first runtime with outputs for a batch is its reference.
-ALL_RUNTIMES = ("golden", "keras", "saved_model", "session", "serving")
 
 
 def _devices(device: str) -> list[str]:
@@ -31,16 +33,16 @@ def _devices(device: str) -> list[str]:
     return ["cpu", "gpu"] if device == "all" else [device]
 
 
-def _selected_runtimes(spec: str | None, serving: str, against: str | None) -> list[str]:
+def _selected_runtimes(spec: str | None, serving: str, against) -> list[str]:
     if spec:
         names = [n.strip() for n in spec.split(",") if n.strip()]
-        unknown = sorted(set(names) - set(ALL_RUNTIMES))
+        unknown = sorted(set(names) - set(RUNTIME_NAMES))
         if unknown:
-            raise UsageError(f"--runtimes: unknown runtime(s) {', '.join(unknown)}", f"use some of {','.join(ALL_RUNTIMES)}")
+            raise UsageError(f"--runtimes: unknown runtime(s) {', '.join(unknown)}", f"use some of {','.join(RUNTIME_NAMES)}")
         if "keras" in names and not against:
             raise UsageError("--runtimes keras needs the training source", "pass --against SRC (and its source options)")
         return names
-    names = [n for n in ALL_RUNTIMES if n != "keras" or against]
+    names = [n for n in RUNTIME_NAMES if n != "keras" or against]
     return [n for n in names if n != "serving" or serving != "none"]
 
 
@@ -59,21 +61,6 @@ def _read_model(path: str, signature_name: str):
     version_dir = resolve_savedmodel_dir(path)
     proto = read_saved_model_proto(version_dir)
     return version_dir, proto, signatures_of(select_meta_graph(proto)).get(signature_name)
-
-
-def _read_golden(version_dir: Path):
-    from exportkit.export import writer
-    from exportkit.verify.inputs import load_batches
-
-    manifest_path = version_dir / writer.MANIFEST
-    if not manifest_path.is_file():
-        return None, None, None
-    manifest = json.loads(manifest_path.read_text())
-    folder = version_dir / writer.EXTRA_DIR
-    try:
-        return manifest, load_batches(folder, writer.GOLDEN_INPUTS), load_batches(folder, writer.GOLDEN_OUTPUTS)
-    except UsageError:  # a manifest without its golden record: verify like a third-party SavedModel
-        return manifest, None, None
 
 
 MAX_BATCH_ROWS = 256
@@ -121,80 +108,74 @@ def _run_all(runtime, batches) -> list:
     return [runtime.run(batch) for _, batch in batches]
 
 
-def verify_command(*, path, against=None, format=None, builder=None, builder_arg=None, model_config=None, spec=None,
-                   custom_objects=None, python_path=None, policy=None, unsafe=False,
-                   signature_name="serving_default", inputs=None, samples=8, seed=0, int_range=None,
-                   save_inputs=None, save_outputs=None, atol=None, rtol=None, tol=None, runtimes=None,
-                   serving="auto", model_server_bin=None, model_name=None, model_version=None, load_timeout=120.0,
-                   device="cpu", allow_tf32=False, baseline=None, json_out=None, junit=None) -> int:
-    devices = _devices(device)
-    names = _selected_runtimes(runtimes, serving, against)
-    lo_hi = parse_int_range(int_range) if int_range else None
-    per_output = dict(parse_tol(t) for t in tol or [])
+def verify_command(options: VerifyOptions) -> int:
+    o = options
+    devices = _devices(o.device)
+    names = _selected_runtimes(o.runtimes, o.serving, o.against)
+    lo_hi = parse_int_range(o.int_range) if o.int_range else None
+    per_output = dict(parse_tol(t) for t in o.tol)
     if "gpu" in devices:
         from exportkit.runtimes.local import require_gpu
 
         require_gpu()  # before any process is started: no GPU is an infrastructure failure (exit 3)
     from exportkit.lint import lint_saved_model
 
-    version_dir, proto, signature = _read_model(path, signature_name)
-    findings = lint_saved_model(proto, signature_name)
-    manifest, golden_inputs, golden_outputs = _read_golden(version_dir)
+    version_dir, proto, signature = _read_model(o.path, o.signature_name)
+    findings = lint_saved_model(proto, o.signature_name)
+    manifest, manifest_findings = read_manifest(version_dir)
+    findings += manifest_findings
+    # Without a golden record (a third-party SavedModel), the other runtimes still agree or not.
+    golden_inputs, golden_outputs = read_golden(version_dir) if manifest else (None, None)
     if lo_hi is None:  # the range the model was exported with fits its integer inputs (e.g. a vocabulary)
         lo_hi = parse_int_range((manifest or {}).get("golden", {}).get("int_range") or "0:10")
     if "golden" in names and golden_inputs is None:
-        names.remove("golden")  # a third-party SavedModel: nothing recorded, the other runtimes still agree or not
+        names.remove("golden")
 
-    if baseline:
+    if o.baseline:
         from exportkit.verify.baseline import compare_signatures
 
-        _, _, old_signature = _read_model(baseline, signature_name)
+        _, _, old_signature = _read_model(o.baseline, o.signature_name)
         if old_signature is None:
-            raise UsageError(f"baseline {baseline} has no signature '{signature_name}'", "pass the previous release's SavedModel")
+            raise UsageError(f"baseline {o.baseline} has no signature '{o.signature_name}'",
+                             "pass the previous release's SavedModel")
         if signature is not None:
             findings = findings + compare_signatures(old_signature, signature)
 
-    report = VerifyReport(path=str(version_dir), signature=signature_name, reference="", runtimes=[],
+    report = VerifyReport(path=str(version_dir), signature=o.signature_name, reference="", runtimes=[],
                           findings=list(findings), inputs={}, tf32=None, exportkit_version=__version__)
     if signature is None:
-        return _finish(report, json_out, junit)
+        return _finish(report, o.json_out, o.junit)
 
     specs = [InputSpec(key=k, dtype=v["dtype"], shape=v["shape"] if v["shape"] is not None else [-1])
              for k, v in signature["inputs"].items()]
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
-    batches = _input_batches(specs, golden_inputs, inputs, samples, seed, lo_hi)
+    batches = _input_batches(specs, golden_inputs, o.inputs, o.samples, o.seed, lo_hi)
     origins = sorted({origin for origin, _ in batches}, key=["golden", "file", "generated"].index)
-    report.inputs = {"source": "+".join(origins), "batch_sizes": [_rows(b) for _, b in batches], "seed": seed}
-    if save_inputs:
-        _save(save_inputs, "inputs", [b for _, b in batches])
+    report.inputs = {"source": "+".join(origins), "batch_sizes": [_rows(b) for _, b in batches], "seed": o.seed}
+    if o.save_inputs:
+        _save(o.save_inputs, "inputs", [b for _, b in batches])
 
     # Subprocess runtimes first: they import TensorFlow while we work here.
-    runtimes_ = _build_runtimes(names, devices, version_dir, signature_name, specs, output_dtypes, golden_inputs,
-                                golden_outputs, against=against, source_flags=dict(
-                                    format=format, builder=builder, builder_args=builder_arg or [],
-                                    model_config=model_config, custom_objects=custom_objects or [],
-                                    python_path=python_path or [], policy=policy, unsafe=unsafe),
-                                spec=spec, serving=serving, model_server_bin=model_server_bin, model_name=model_name,
-                                model_version=model_version, load_timeout=load_timeout, allow_tf32=allow_tf32)
+    runtimes_ = _build_runtimes(o, names, devices, version_dir, specs, output_dtypes, golden_inputs, golden_outputs)
     outputs: dict[str, list] = {}
     try:
         from exportkit.tfenv import import_tf, tf32
 
         if any(r.runtime.kind == "in-process" for r in runtimes_):
             import_tf()
-        report.tf32 = allow_tf32 if "gpu" in devices else None
-        with tf32(allow_tf32) if "gpu" in devices else contextlib.nullcontext():
+        report.tf32 = o.allow_tf32 if "gpu" in devices else None
+        with tf32(o.allow_tf32) if "gpu" in devices else contextlib.nullcontext():
             for item in runtimes_:
                 report.runtimes.append(_execute(item, batches, outputs))
         _serving_checks(runtimes_, signature, version_dir, report)
     finally:
         _close_all(runtimes_)
 
-    _compare_all(report, outputs, batches, _per_output_tolerances(atol, rtol, per_output, manifest), devices)
-    if save_outputs:
+    _compare_all(report, outputs, batches, _per_output_tolerances(o.atol, o.rtol, per_output, manifest), devices)
+    if o.save_outputs:
         for label, per_batch in outputs.items():
-            _save(save_outputs, label, [o for o in per_batch if o is not None])
-    return _finish(report, json_out, junit)
+            _save(o.save_outputs, label, [out for out in per_batch if out is not None])
+    return _finish(report, o.json_out, o.junit)
 
 
 def _close_all(runtimes_) -> None:
@@ -210,9 +191,8 @@ def _close_all(runtimes_) -> None:
         list(pool.map(close, runtimes_))
 
 
-def _build_runtimes(names, devices, version_dir, signature_name, specs, output_dtypes, golden_inputs, golden_outputs,
-                    *, against, source_flags, spec, serving, model_server_bin, model_name, model_version, load_timeout,
-                    allow_tf32):
+def _build_runtimes(o: VerifyOptions, names, devices, version_dir, specs, output_dtypes, golden_inputs,
+                    golden_outputs) -> list[_Labeled]:
     from exportkit.runtimes.local import GoldenRuntime, KerasRuntime, SavedModelRuntime
 
     built: list[_Labeled] = []
@@ -226,35 +206,30 @@ def _build_runtimes(names, devices, version_dir, signature_name, specs, output_d
         from exportkit.runtimes.session import SessionRuntime
 
         for dev in devices:
-            built.append(_Labeled(SessionRuntime(str(version_dir), signature_name, device=dev, allow_tf32=allow_tf32),
+            built.append(_Labeled(SessionRuntime(str(version_dir), o.signature_name, device=dev,
+                                                 allow_tf32=o.allow_tf32),
                                   label("session", dev)))
     if "serving" in names:
         from exportkit.runtimes.serving import ServingRuntime
 
-        runtime = ServingRuntime(str(version_dir), mode=serving, signature_name=signature_name,
-                                 model_name=model_name, model_version=model_version, binary=model_server_bin,
-                                 load_timeout=load_timeout, device=devices[-1])
+        runtime = ServingRuntime(str(version_dir), mode=o.serving, signature_name=o.signature_name,
+                                 model_name=o.model_name, model_version=o.model_version, binary=o.model_server_bin,
+                                 load_timeout=o.load_timeout, device=devices[-1])
         built.append(_Labeled(runtime, "serving"))
     if "golden" in names:
         built.insert(0, _Labeled(GoldenRuntime(golden_inputs, golden_outputs), "golden"))
     if "keras" in names:
-        from exportkit.spec import source_options
-
-        options = source_options(against, spec, **source_flags)
         for dev in devices:
-            built.append(_Labeled(KerasRuntime(options, output_dtypes, device=dev), label("keras", dev)))
+            built.append(_Labeled(KerasRuntime(o.against, output_dtypes, device=dev), label("keras", dev)))
     if "saved_model" in names:
         dtypes = {s.key: s.dtype for s in specs}
         for dev in devices:
-            built.append(_Labeled(SavedModelRuntime(str(version_dir), signature_name, dtypes, device=dev),
+            built.append(_Labeled(SavedModelRuntime(str(version_dir), o.signature_name, dtypes, device=dev),
                                   label("saved_model", dev)))
-    order = {n: i for i, n in enumerate(ALL_RUNTIMES)}
+    order = {n: i for i, n in enumerate(RUNTIME_NAMES)}
     built.sort(key=lambda item: (order[item.runtime.name], item.label))
-    # Start the slow ones early where the runtime supports it (server launch, worker import).
-    for item in built:
-        start = getattr(item.runtime, "start", None)
-        if callable(start):
-            start()
+    for item in built:  # the slow ones (worker import, server launch) get going now, in parallel
+        item.runtime.start()
     return built
 
 
@@ -272,27 +247,28 @@ def _execute(item: _Labeled, batches, outputs) -> RuntimeResult:
     except Exception as err:
         result.status, result.error = "error", f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
     result.server = runtime.server
-    result.device = getattr(runtime, "placed_on", None) or runtime.device
+    result.device = runtime.placed_on or runtime.device
     result.seconds = time.perf_counter() - began
     return result
 
 
 def _serving_checks(runtimes_, signature, version_dir, report) -> None:
+    from exportkit.runtimes.serving import ServingRuntime
+
     for item in runtimes_:
         runtime = item.runtime
-        if runtime.name != "serving" or not getattr(runtime, "loaded", True):
+        if not isinstance(runtime, ServingRuntime) or not runtime.loaded:
             continue
         result = next(r for r in report.runtimes if r.name == item.label)
         if result.status != "ok":
             continue
-        for problem in runtime.check_metadata(signature):
-            report.findings.append(Finding("error", "serving-metadata", problem))
+        report.findings += served_signature_findings(report.signature, signature, runtime.served_signatures())
         for problem in runtime.replay_warmup(str(version_dir)):
             report.findings.append(Finding("error", "serving-warmup", problem))
 
 
 def _compare_all(report: VerifyReport, outputs: dict[str, list], batches, tolerance, devices) -> None:
-    """Per batch, the reference is the first runtime in ALL_RUNTIMES that has outputs for it."""
+    """Per batch, the reference is the first runtime in RUNTIME_NAMES that has outputs for it."""
     labels = [r.name for r in report.runtimes if r.name in outputs]
     if not labels:
         return
@@ -328,7 +304,7 @@ def _compare_all(report: VerifyReport, outputs: dict[str, list], batches, tolera
 
 
 def _save(directory: str, name: str, batches) -> None:
-    from exportkit.verify.inputs import save_batches
+    from exportkit.batches import save_batches
 
     save_batches(directory, batches, name)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from exportkit.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
 from exportkit.findings import Finding, has_errors
+from exportkit.layout import ASSET_DIRS, read_manifest
+from exportkit.spec import source_options
 
-MANIFEST_PATH = "assets.extra/exportkit/manifest.json"
-ASSET_DIRS = ("assets", "assets.extra")
 SOURCE_SUFFIXES = (".h5", ".hdf5", ".keras")
 
 
@@ -66,19 +66,6 @@ def _dir_bytes(root: Path) -> int:
     return total
 
 
-def _read_manifest(directory: Path) -> tuple[dict | None, list[Finding]]:
-    path = directory / MANIFEST_PATH
-    if not path.is_file():
-        return None, []
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        return None, [Finding("warning", "bad-manifest", f"{MANIFEST_PATH} cannot be read ({err}); export again")]
-    if not isinstance(data, dict):
-        return None, [Finding("warning", "bad-manifest", f"{MANIFEST_PATH} is not a JSON object; export again")]
-    return data, []
-
-
 def read_info(path: str | Path, *, signature_name: str | None = None, check_registry: bool = True) -> SavedModelInfo:
     """Everything `inspect` shows about the SavedModel at `path` (version or base directory). No TF import.
 
@@ -91,7 +78,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     proto = read_saved_model_proto(directory)
     meta_graph = select_meta_graph(proto)
     assets = sorted(a for d in ASSET_DIRS if (directory / d).is_dir() for a in _files_under(directory / d, directory))
-    manifest, manifest_findings = _read_manifest(directory)
+    manifest, manifest_findings = read_manifest(directory)
     findings = lint_saved_model(proto, signature_name, check_registry=check_registry) + manifest_findings
     return SavedModelInfo(
         path=os.path.abspath(directory),
@@ -202,13 +189,10 @@ def _print(text: str) -> None:
     sys.stdout.flush()
 
 
-def _describe(path, json_out, format, builder, builder_arg, model_config, spec, custom_objects, python_path,
-              policy, unsafe) -> int:
+def _describe(options, json_out) -> int:
     from exportkit.sources.describe import describe_source
 
-    result = describe_source(path, format=format, builder=builder, builder_args=builder_arg or [],
-                             model_config=model_config, spec=spec, custom_objects=custom_objects or [],
-                             python_path=python_path or [], policy=policy, unsafe=unsafe)
+    result = describe_source(options)
     if json_out:
         data = result.to_dict() if hasattr(result, "to_dict") else result
         _print(json.dumps(data, indent=2, sort_keys=False, default=str))
@@ -219,18 +203,17 @@ def _describe(path, json_out, format, builder, builder_arg, model_config, spec, 
     return int(getattr(result, "exit_code", EXIT_OK) or EXIT_OK)
 
 
-def inspect_command(path, json_out=False, strict=False, format=None, builder=None, builder_arg=None,
-                    model_config=None, spec=None, custom_objects=None, python_path=None, policy=None,
-                    unsafe=False) -> int:
+def inspect_command(path, json_out=False, strict=False, source=None) -> int:
     """Show a SavedModel (or describe a model source). Returns the exit code: 0 readable; 1 with --strict and
-    an error finding; unreadable input raises UsageError (exit 2)."""
+    an error finding; unreadable input raises UsageError (exit 2). `source()` gives the SourceOptions for a
+    model source (built only when `path` is one)."""
     p = Path(path).expanduser()
     if not p.exists() and not Path(str(p) + ".index").is_file():
         raise UsageError(f"no such file or directory: {p}",
                          "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")
-    if is_model_source(p, format):
-        return _describe(str(p), json_out, format, builder, builder_arg, model_config, spec, custom_objects,
-                         python_path, policy, unsafe)
+    options = source() if source else None
+    if is_model_source(p, options.format if options else None):
+        return _describe(options or source_options(str(p)), json_out)
     if p.is_file() and p.name not in ("saved_model.pb", "saved_model.pbtxt"):
         raise UsageError(f"{p} is neither a SavedModel nor a model source exportkit reads",
                          "pass a SavedModel directory, a .h5/.hdf5/.keras/.weights.h5 file or a checkpoint directory")

@@ -1,4 +1,5 @@
-"""Input sets for verify: generated (deterministic by seed), loaded from .npz/.json, saved for reproduction.
+"""Batches of inputs and outputs, shared by export, the runtimes and their workers, and verify: InputSpec,
+generated batches (deterministic by seed), user inputs from .npz/.json, and the .npz batch format on disk.
 
 No TensorFlow here. Conventions:
 
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from exportkit.dtypes import is_string, numpy_dtype
 from exportkit.errors import UsageError
 
 # Unknown non-batch dims (e.g. a sequence length) are generated with this size: long enough to exercise
@@ -34,40 +36,12 @@ DEFAULT_UNKNOWN_DIM = 8
 STRING_ALPHABET = b"abcdefghijklmnopqrstuvwxyz"
 STRING_MAX_LEN = 8
 
-_TF_NAMES = {"half": "float16", "float": "float32", "double": "float64", "str": "string", "bytes": "string",
-             "object": "string", "tf.string": "string"}
-
 
 @dataclass
 class InputSpec:
     key: str
     dtype: str  # numpy dtype name ("float32", "int64", "bool", "bfloat16", ...) or "string"
     shape: list[int] | None = field(default_factory=list)  # -1 = unknown dim; None = unknown rank
-
-
-def numpy_dtype(name: str) -> np.dtype | None:
-    """numpy dtype for a spec dtype name; None for "string" (object arrays of bytes)."""
-    name = _TF_NAMES.get(name, name)
-    if name == "string":
-        return None
-    if name == "bfloat16" or name.startswith(("float8_", "float6_", "float4_")) or name in ("int4", "uint4", "int2", "uint2"):
-        import ml_dtypes
-
-        try:
-            return np.dtype(getattr(ml_dtypes, name))
-        except AttributeError:
-            raise UsageError(f"unknown dtype {name!r}") from None
-    try:
-        return np.dtype(name)
-    except TypeError:
-        raise UsageError(f"unknown dtype {name!r}") from None
-
-
-def _is_string(name: str) -> bool:
-    return _TF_NAMES.get(name, name) == "string"
-
-
-# --------------------------------------------------------------------------------------------- generate
 
 
 def parse_int_range(spec: str) -> tuple[int, int]:
@@ -100,7 +74,7 @@ def _concrete_shape(spec: InputSpec, batch: int, unknown_dim: int) -> tuple[int,
 
 def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator,
                   int_range: tuple[int, int]) -> np.ndarray:
-    if _is_string(spec.dtype):
+    if is_string(spec.dtype):
         out = np.empty(shape, dtype=object)
         for idx in np.ndindex(*shape):
             n = int(rng.integers(1, STRING_MAX_LEN + 1))
@@ -184,7 +158,7 @@ def cast_input(key: str, value: Any, spec: InputSpec, where: str = "") -> np.nda
     """Convert one loaded value to the spec's dtype, refusing lossy casts; check rank and fixed dims."""
     at = f" in {where}" if where else ""
     arr = value if isinstance(value, np.ndarray) else None
-    if _is_string(spec.dtype):
+    if is_string(spec.dtype):
         if arr is None:
             arr = np.asarray(value, dtype=object)
         if arr.dtype.kind not in "SUO":
