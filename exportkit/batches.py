@@ -330,18 +330,39 @@ def save_batches(dir: str | os.PathLike, batches: list[dict[str, np.ndarray]], p
         path = d / _batch_name(prefix, i)
         tmp = path.with_name(path.name + ".tmp")
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            for key, arr in batch.items():
-                members = {key: _for_npz(arr)}
-                if np.asarray(arr).dtype.kind in "OS" and any(
-                        isinstance(x, (bytes, np.bytes_)) and bytes(x).endswith(b"\0") for x in np.asarray(arr).flat):
-                    members[key + LENGTHS_SUFFIX] = np.array([len(x) for x in np.asarray(arr).flat],
-                                                             dtype=np.int64).reshape(np.shape(arr))
-                for name, value in members.items():
-                    with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
-                        np.lib.format.write_array(fh, _contig(value), allow_pickle=False)
+            write_batch_members(zf, batch)
         os.replace(tmp, path)
         paths.append(path)
     return paths
+
+
+def write_batch_members(zf: zipfile.ZipFile, batch: dict[str, np.ndarray], prefix: str = "") -> None:
+    """One `<prefix><key>.npy` member per array of `batch` (strings as `S` arrays, exact lengths where needed)."""
+    for key, arr in batch.items():
+        members = {key: _for_npz(arr)}
+        if np.asarray(arr).dtype.kind in "OS" and any(
+                isinstance(x, (bytes, np.bytes_)) and bytes(x).endswith(b"\0") for x in np.asarray(arr).flat):
+            members[key + LENGTHS_SUFFIX] = np.array([len(x) for x in np.asarray(arr).flat],
+                                                     dtype=np.int64).reshape(np.shape(arr))
+        for name, value in members.items():
+            with zf.open(f"{prefix}{name}.npy", "w", force_zip64=True) as fh:
+                np.lib.format.write_array(fh, _contig(value), allow_pickle=False)
+
+
+def read_batch_members(z, prefix: str = "") -> dict[str, np.ndarray]:
+    """The batch `write_batch_members` wrote under `prefix` into an open `np.load` archive."""
+    names = [k[len(prefix):] for k in z.files if k.startswith(prefix)]
+    files = set(names)
+    batch = {}
+    for k in names:
+        if k.endswith(LENGTHS_SUFFIX) and k[: -len(LENGTHS_SUFFIX)] in files:
+            continue
+        arr = _restore_void(z[prefix + k])
+        if arr.dtype.kind == "S" and k + LENGTHS_SUFFIX in files:
+            batch[k] = _exact_strings(arr, z[prefix + k + LENGTHS_SUFFIX])
+        else:
+            batch[k] = _decode_strings(arr) if arr.dtype.kind in "SU" else arr
+    return batch
 
 
 def load_batches(dir: str | os.PathLike, prefix: str = "") -> list[dict[str, np.ndarray]]:
@@ -354,14 +375,5 @@ def load_batches(dir: str | os.PathLike, prefix: str = "") -> list[dict[str, np.
     batches = []
     for _, f in found:
         with np.load(f, allow_pickle=False) as z:
-            batch = {}
-            for k in z.files:
-                if k.endswith(LENGTHS_SUFFIX) and k[: -len(LENGTHS_SUFFIX)] in z.files:
-                    continue
-                arr = _restore_void(z[k])
-                if arr.dtype.kind == "S" and k + LENGTHS_SUFFIX in z.files:
-                    batch[k] = _exact_strings(arr, z[k + LENGTHS_SUFFIX])
-                else:
-                    batch[k] = _decode_strings(arr) if arr.dtype.kind in "SU" else arr
-            batches.append(batch)
+            batches.append(read_batch_members(z))
     return batches

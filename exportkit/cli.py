@@ -67,6 +67,10 @@ POLICY = typer.Option(None, "--policy", help="Dtype policy to build under when r
 FORMAT = typer.Option(None, "--format", help="Source format: h5, keras, checkpoint, weights (detected by default).")
 SPEC = typer.Option(None, "--spec", help="exportkit.toml with the export options (default: next to the source).")
 UNSAFE = typer.Option(False, "--unsafe", help="Let Keras deserialize Lambda layers / bytecode (unsafe for untrusted files).")
+REFERENCE = typer.Option(None, "--reference", help="Training-time reference (.npz from exportkit.record_reference); "
+                         "default: SRC.reference.npz next to the source, or `reference` in exportkit.toml.")
+ALLOW_INCOMPLETE = typer.Option(False, "--allow-incomplete-config",
+                                help="Custom objects whose get_config() misses __init__ arguments are warnings, not errors.")
 INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tokens:-1,16:int32 (repeatable override).")
 
 
@@ -90,6 +94,8 @@ def export(
     keep_output_dtype: bool = typer.Option(False, "--keep-output-dtype", help="Keep float16/bfloat16 outputs (default: cast to float32)."),
     unsafe: bool = UNSAFE,
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the self-check after writing."),
+    reference: Optional[str] = REFERENCE,
+    allow_incomplete_config: bool = ALLOW_INCOMPLETE,
     json_out: Optional[str] = typer.Option(None, "--json", help="Write a JSON summary here ('-' for stdout)."),
     debug: bool = DEBUG,
 ):
@@ -103,7 +109,7 @@ def export(
             model_config=model_config, spec_path=spec, custom_objects=custom_objects or [],
             python_path=python_path or [], policy=policy, version=version, assets=asset or [],
             signature_name=signature_name, input_specs=input_spec or [], keep_output_dtype=keep_output_dtype,
-            int_range=int_range,
+            int_range=int_range, reference=reference, allow_incomplete_config=allow_incomplete_config,
             unsafe=unsafe, no_verify=no_verify, json_out=json_out)
 
     _run(go, debug)
@@ -124,6 +130,8 @@ def verify(
     unsafe: bool = UNSAFE,
     signature_name: str = typer.Option(DEFAULT_SIGNATURE, "--signature-name", help="Signature to verify."),
     inputs: Optional[str] = typer.Option(None, "--inputs", help=".npz keyed by input name, or JSON."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="Training-time reference (.npz from "
+                                            "exportkit.record_reference); default: the one recorded at export."),
     samples: int = typer.Option(8, "--samples", help="Batch size of the generated input batch (batch 1 is always added)."),
     seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
     int_range: Optional[str] = typer.Option(None, "--int-range", help="LO:HI for generated integer inputs (default: the export's, else 0:10)."),
@@ -158,7 +166,7 @@ def verify(
             int_range=int_range, save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
             tol=tol or [], runtimes=runtimes, serving=serving, model_server_bin=model_server_bin,
             model_name=model_name, model_version=model_version, load_timeout=load_timeout, device=device,
-            allow_tf32=allow_tf32, baseline=baseline, json_out=json_out, junit=junit))
+            allow_tf32=allow_tf32, reference=reference, baseline=baseline, json_out=json_out, junit=junit))
 
     _run(go, debug)
 
@@ -177,6 +185,7 @@ def inspect(
     python_path: Optional[List[str]] = PYTHON_PATH,
     policy: Optional[str] = POLICY,
     unsafe: bool = UNSAFE,
+    allow_incomplete_config: bool = ALLOW_INCOMPLETE,
     debug: bool = DEBUG,
 ):
     """Signatures, dtypes, shapes, ops, assets and findings of a SavedModel (or a source's inputs and outputs)."""
@@ -185,7 +194,8 @@ def inspect(
         from exportkit.inspection import inspect_command
 
         return inspect_command(path, json_out=json_out, strict=strict, source=lambda: _source_options(
-            path, spec, format, builder, builder_arg, model_config, custom_objects, python_path, policy, unsafe))
+            path, spec, format, builder, builder_arg, model_config, custom_objects, python_path, policy, unsafe),
+            allow_incomplete_config=allow_incomplete_config)
 
     _run(go, debug)
 

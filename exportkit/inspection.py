@@ -189,10 +189,12 @@ def _print(text: str) -> None:
     sys.stdout.flush()
 
 
-def _describe(options, json_out) -> int:
+def _describe(options, json_out, strict=False, allow_incomplete_config=False) -> int:
     from exportkit.sources.describe import describe_source
+    from exportkit.verify.compare import compare_with_default_tolerances
 
-    result = describe_source(options)
+    result = describe_source(options, allow_incomplete_config=allow_incomplete_config,
+                             compare=compare_with_default_tolerances)
     if json_out:
         data = result.to_dict() if hasattr(result, "to_dict") else result
         _print(json.dumps(data, indent=2, sort_keys=False, default=str))
@@ -200,10 +202,11 @@ def _describe(options, json_out) -> int:
         _print(result.render_text())
     else:
         _print(str(result))
-    return int(getattr(result, "exit_code", EXIT_OK) or EXIT_OK)
+    code = int(getattr(result, "exit_code", EXIT_OK) or EXIT_OK)
+    return EXIT_CHECK_FAILED if code == EXIT_OK and strict and has_errors(result.findings) else code
 
 
-def inspect_command(path, json_out=False, strict=False, source=None) -> int:
+def inspect_command(path, json_out=False, strict=False, source=None, allow_incomplete_config=False) -> int:
     """Show a SavedModel (or describe a model source). Returns the exit code: 0 readable; 1 with --strict and
     an error finding; unreadable input raises UsageError (exit 2). `source()` gives the SourceOptions for a
     model source (built only when `path` is one)."""
@@ -213,7 +216,7 @@ def inspect_command(path, json_out=False, strict=False, source=None) -> int:
                          "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")
     options = source() if source else None
     if is_model_source(p, options.format if options else None):
-        return _describe(options or source_options(str(p)), json_out)
+        return _describe(options or source_options(str(p)), json_out, strict, allow_incomplete_config)
     if p.is_file() and p.name not in ("saved_model.pb", "saved_model.pbtxt"):
         raise UsageError(f"{p} is neither a SavedModel nor a model source exportkit reads",
                          "pass a SavedModel directory, a .h5/.hdf5/.keras/.weights.h5 file or a checkpoint directory")

@@ -4,6 +4,8 @@
                    assets.extra/tf_serving_warmup_requests           (TF Serving replays it before serving)
                    assets.extra/exportkit/manifest.json              (what exportkit knew at export time)
                    assets.extra/exportkit/golden_{inputs,outputs}_*  (reference inputs and eager outputs)
+                   assets.extra/exportkit/reference_outputs_*        (training-time reference's outputs, if any;
+                                                                      its inputs are golden batches, see manifest)
 
 One place reads and writes these, so export, verify, inspect and the server agree on them.
 """
@@ -22,6 +24,7 @@ EXTRA_DIR = Path("assets.extra") / "exportkit"
 MANIFEST = EXTRA_DIR / "manifest.json"
 GOLDEN_INPUTS = "golden_inputs"  # batch-file prefixes inside EXTRA_DIR (exportkit.batches.save_batches)
 GOLDEN_OUTPUTS = "golden_outputs"
+REFERENCE_OUTPUTS = "reference_outputs"  # outputs of the model as trained (exportkit.record_reference)
 
 
 def warmup_path(version_dir: str | Path) -> Path:
@@ -60,3 +63,11 @@ def read_golden(version_dir: Path) -> tuple[list[dict], list[dict]] | tuple[None
         return load_batches(folder, GOLDEN_INPUTS), load_batches(folder, GOLDEN_OUTPUTS)
     except UsageError:
         return None, None
+
+
+def write_reference_outputs(version_dir: Path, outputs: list[dict]) -> None:
+    save_batches(version_dir / EXTRA_DIR, outputs, REFERENCE_OUTPUTS)
+
+
+def read_reference_outputs(version_dir: Path) -> list[dict]:
+    return load_batches(version_dir / EXTRA_DIR, REFERENCE_OUTPUTS)

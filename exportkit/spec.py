@@ -26,6 +26,7 @@ class SourceOptions:
     python_path: list[str] = field(default_factory=list)
     policy: str | None = None
     unsafe: bool = False
+    reference: str | None = None  # `reference` in exportkit.toml (SRC.reference.npz is found without it)
 
 
 @dataclass
@@ -39,6 +40,8 @@ class ExportOptions:
     int_range: str = "0:10"  # values of generated integer inputs (golden record, warm-up): LO:HI
     keep_output_dtype: bool = False
     verify: bool = True
+    allow_incomplete_config: bool = False  # custom-config-* findings are warnings, not errors
+    reference: str | None = None  # training-time reference (.npz from exportkit.record_reference)
 
 
 @dataclass
@@ -66,6 +69,7 @@ class VerifyOptions:
     load_timeout: float = 120.0
     device: str = "cpu"
     allow_tf32: bool = False
+    reference: str | None = None  # --reference: a training-time reference (.npz from exportkit.record_reference)
     baseline: str | None = None
     json_out: str | None = None
     junit: str | None = None
@@ -100,6 +104,7 @@ def find_spec_file(src: str, spec_path: str | None) -> Path | None:
 _TOML_KEYS = {
     "format", "builder", "builder_args", "model_config", "custom_objects", "python_path", "policy", "unsafe",
     "assets", "signature_name", "input_specs", "keep_output_dtype", "version", "int_range",
+    "allow_incomplete_config", "reference",
 }
 _PATH_LISTS = ("python_path", "assets")
 
@@ -117,8 +122,9 @@ def read_spec_file(path: Path) -> dict:
     for key in _PATH_LISTS:
         if key in data:
             data[key] = [str((base / p).resolve()) if not Path(p).is_absolute() else p for p in data[key]]
-    if "model_config" in data and not Path(data["model_config"]).is_absolute():
-        data["model_config"] = str((base / data["model_config"]).resolve())
+    for key in ("model_config", "reference"):
+        if key in data and not Path(data[key]).is_absolute():
+            data[key] = str((base / data[key]).resolve())
     if "builder_args" in data and not isinstance(data["builder_args"], dict):
         raise UsageError(f"{path}: builder_args must be a table", "write [builder_args] with key = value lines")
     return data
@@ -143,12 +149,13 @@ def source_options(src: str, spec_path: str | None = None, *, format=None, build
         python_path=list(python_path) + list(spec.get("python_path", [])),
         policy=policy or spec.get("policy"),
         unsafe=bool(unsafe or spec.get("unsafe", False)),
+        reference=spec.get("reference"),
     )
 
 
 def export_options(src: str, output: str, spec_path: str | None = None, *, version=None, assets=(),
                    signature_name=None, input_specs=(), keep_output_dtype=False, no_verify=False, int_range=None,
-                   **source_flags) -> ExportOptions:
+                   allow_incomplete_config=False, reference=None, **source_flags) -> ExportOptions:
     spec_file = find_spec_file(src, spec_path)
     spec = read_spec_file(spec_file) if spec_file else {}
     return ExportOptions(
@@ -161,5 +168,7 @@ def export_options(src: str, output: str, spec_path: str | None = None, *, versi
         int_range=int_range or spec.get("int_range", "0:10"),
         keep_output_dtype=bool(keep_output_dtype or spec.get("keep_output_dtype", False)),
         verify=not no_verify,
+        allow_incomplete_config=bool(allow_incomplete_config or spec.get("allow_incomplete_config", False)),
+        reference=reference or spec.get("reference"),
     )
 

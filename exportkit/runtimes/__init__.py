@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-# Every runtime verify knows, in order of preference for the reference.
-RUNTIME_NAMES = ("golden", "keras", "saved_model", "session", "serving")
+# Every runtime verify knows, in order of preference for the reference (`trained`: the training-time reference).
+RUNTIME_NAMES = ("trained", "golden", "keras", "saved_model", "session", "serving")
 
 
 class Runtime:

@@ -36,12 +36,14 @@ def placement(tensors) -> str | None:
 
 
 class GoldenRuntime(Runtime):
-    """The outputs eager Keras computed at export time, for the golden inputs only."""
+    """Recorded outputs for recorded inputs only: `golden` (eager Keras at export time) or `trained` (the
+    training-time reference, exportkit.record_reference)."""
 
     name = "golden"
     kind = "recorded"
 
-    def __init__(self, inputs: list[dict], outputs: list[dict]):
+    def __init__(self, inputs: list[dict], outputs: list[dict], name: str = "golden"):
+        self.name = name
         self._answers = list(zip(inputs, outputs))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from exportkit.errors import EXIT_OK, EXIT_USAGE, UsageError
+from exportkit.findings import Finding
 from exportkit.spec import SourceOptions
 
 
@@ -19,6 +20,7 @@ class SourceDescription:
     custom_objects_needed: list[dict] = field(default_factory=list)
     parameters: int | None = None
     load_error: str | None = None
+    findings: list[Finding] = field(default_factory=list)  # custom-object contracts (exportkit.sources.contracts)
     exit_code: int = EXIT_OK
 
     def to_dict(self) -> dict:
@@ -41,12 +43,16 @@ class SourceDescription:
         if self.custom_objects_needed:
             lines.append("custom objects needed:")
             lines += [f"  {c['name']:<24} from {c['module'] or '?'}" for c in self.custom_objects_needed]
+        if self.findings:
+            lines.append("findings:")
+            lines += [f"  {f.severity:<7}  {f.code}  {f.message}" for f in self.findings]
         if self.load_error:
             lines.append(f"error: {self.load_error}")
         return "\n".join(lines)
 
 
-def describe_source(options: SourceOptions) -> SourceDescription:
+def describe_source(options: SourceOptions, allow_incomplete_config: bool = False, compare=None) -> SourceDescription:
+    """`compare` judges rebuilt custom layers' outputs (see exportkit.sources.contracts.check_contracts)."""
     from exportkit.sources import load
 
     path = options.src
@@ -66,11 +72,16 @@ def describe_source(options: SourceOptions) -> SourceDescription:
         return description
     description.sha256, description.policy = loaded.sha256, loaded.policy
     description.parameters = int(loaded.model.count_params())
-    _describe_io(loaded.model, description)
+    batches = _describe_io(loaded.model, description)
+    from exportkit.sources.contracts import check_contracts
+
+    description.findings = check_contracts(loaded.model, batches, loaded.custom_objects, allow_incomplete_config,
+                                           compare)
     return description
 
 
-def _describe_io(model, description: SourceDescription) -> None:
+def _describe_io(model, description: SourceDescription) -> list[dict]:
+    """Inputs and outputs from one generated batch, which is returned for the contract check."""
     import tensorflow as tf
 
     from exportkit.batches import generate_batches
@@ -83,3 +94,4 @@ def _describe_io(model, description: SourceDescription) -> None:
     for key, tensor in outputs.items():
         shape = [-1] + [int(d) for d in tensor.shape[1:]]
         description.outputs.append({"key": key, "dtype": tensor.dtype.name, "shape": shape})
+    return [batch]

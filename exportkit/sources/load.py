@@ -10,8 +10,11 @@ import hashlib
 import importlib
 import inspect as pyinspect
 import json
+import logging
 import re
 import sys
+import tempfile
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,6 +215,74 @@ def _missing_object_error(path: Path, missing: list[tuple[str, str | None]]) -> 
                       f"pass {hint} (and --python-path DIR if that module is not importable)")
 
 
+# ---- weights that were not restored ------------------------------------------------------------------------
+
+# Keras/TF messages that mean some weights kept their fresh initial values (a load that "worked" with random weights).
+_NOT_RESTORED = re.compile(r"Skipping variable loading|expected \d+ variables?, but received \d+|could not be loaded|"
+                           r"Skipping (nested container|loading|object)|freshly.initialized|Could not load weights|"
+                           r"were not restored|unmatched", re.IGNORECASE)
+
+
+@contextlib.contextmanager
+def weights_must_restore(what: str):
+    """Turn Keras' load-time warnings that weights were not restored into an error (warnings and log records)."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    loggers = [logging.getLogger(name) for name in ("", "absl", "keras", "tensorflow")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for logger in loggers:
+            logger.addHandler(handler)
+        try:
+            yield
+        finally:
+            for logger in loggers:
+                logger.removeHandler(handler)
+    bad = list(dict.fromkeys(m for m in [str(w.message) for w in caught] + messages if _NOT_RESTORED.search(m)))
+    if bad:
+        first = " ".join(bad[0].split())[:300]
+        more = f" (and {len(bad) - 1} more such warnings)" if len(bad) > 1 else ""
+        raise UsageError(f"{what}: Keras did not restore every weight, the model would run with freshly initialized "
+                         f"weights: {first}{more}",
+                         "load the weights into exactly the architecture they were saved from (same layers, same "
+                         "custom classes, same build()); exportkit never exports a model with random weights")
+
+
+def _h5_datasets(path: str) -> dict[str, tuple]:
+    import h5py
+
+    found: dict[str, tuple] = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: found.__setitem__(name, tuple(obj.shape))
+                     if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer") else None)
+    return found
+
+
+def _check_weights_file_consumed(model, src: str) -> None:
+    """Every entry of a .weights.h5 must belong to the model: write the model's own weights file and compare."""
+    with tempfile.TemporaryDirectory() as tmp:
+        own_path = str(Path(tmp) / "own.weights.h5")
+        model.save_weights(own_path)
+        own = _h5_datasets(own_path)
+    given = _h5_datasets(src)
+    unmatched = sorted(set(given) - set(own))
+    missing = sorted(set(own) - set(given))
+    if unmatched or missing:
+        parts = []
+        if unmatched:
+            parts.append(f"{len(unmatched)} unmatched entries ({', '.join(unmatched[:4])}{' ...' if len(unmatched) > 4 else ''})")
+        if missing:
+            parts.append(f"{len(missing)} model variables it has no entry for ({', '.join(missing[:4])}"
+                         f"{' ...' if len(missing) > 4 else ''})")
+        raise UsageError(f"weights file {src} does not fit the model's architecture: {'; '.join(parts)}",
+                         "rebuild the model exactly as it was trained (same --builder/--builder-arg or --model-config)")
+
+
 # ---- loading ------------------------------------------------------------------------------------------------
 
 def _load_file(path: Path, fmt: str, custom: dict, unsafe: bool):
@@ -317,6 +388,7 @@ def _restore_weights(model, src: str) -> None:
     except (ValueError, KeyError, OSError) as err:
         raise UsageError(f"weights file {src} does not fit the model's architecture ({str(err).splitlines()[0][:300]})",
                          "rebuild the model exactly as it was trained (same --builder/--builder-arg or --model-config)") from err
+    _check_weights_file_consumed(model, src)
 
 
 def model_policy(model) -> str:
@@ -338,9 +410,11 @@ def load_source(opts: SourceOptions) -> LoadedModel:
             path = Path(opts.src)
             if not path.is_file():
                 raise UsageError(f"{opts.src} does not exist", "check the path of the model to export")
-            model = _load_file(path, fmt, custom, opts.unsafe)
+            with weights_must_restore(f"loading {path.name}"):
+                model = _load_file(path, fmt, custom, opts.unsafe)
         else:
             model = _rebuild(opts, custom)
-            (_restore_checkpoint if fmt == "checkpoint" else _restore_weights)(model, opts.src)
+            with weights_must_restore(f"restoring {opts.src}"):
+                (_restore_checkpoint if fmt == "checkpoint" else _restore_weights)(model, opts.src)
     return LoadedModel(model=model, format=fmt, path=str(Path(opts.src).resolve()), sha256=sha256_of(opts.src),
                        policy=model_policy(model), custom_objects=custom)

@@ -516,3 +516,9 @@ def compare_batches(reference: list[dict[str, np.ndarray]], actual: list[dict[st
         for c in compare_outputs(ref, act, tolerances):
             per_key.setdefault(c.key, []).append((b, c))
     return [merge_comparisons([c for _, c in per_key[k]], [b for b, _ in per_key[k]]) for k in sorted(per_key)]
+
+
+def compare_with_default_tolerances(reference: list[dict[str, np.ndarray]],
+                                    actual: list[dict[str, np.ndarray]]) -> list[OutputComparison]:
+    """compare_batches with the default tolerance of each output's dtype."""
+    return compare_batches(reference, actual, lambda key, dtype: default_tolerance(dtype))

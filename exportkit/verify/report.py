@@ -16,7 +16,7 @@ SCHEMA_VERSION = 1
 
 @dataclass
 class RuntimeResult:
-    name: str  # golden | keras | saved_model | session | serving
+    name: str  # trained | golden | keras | saved_model | session | serving
     kind: str  # recorded | in-process | subprocess | grpc
     device: str | None = None  # "cpu", "gpu:0", ... (None: not applicable or unknown)
     server: dict | None = None  # serving only, e.g. {"kind": "embedded", "version": "2.21.0", "address": "127.0.0.1:1234"}
@@ -42,6 +42,9 @@ class VerifyReport:
     inputs: dict = field(default_factory=dict)  # {"source": "golden"|"file"|"generated", "batch_sizes": [..], "seed": int|None, "path"?: str}
     tf32: bool | None = None
     exportkit_version: str = __version__
+    # training-time reference: per link of trained -> reloaded -> SavedModel -> serving and output, a dict
+    # {link, from, to, output, passed, max_abs_err?, reason}
+    chain: list[dict] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -136,6 +139,12 @@ def failures(report: VerifyReport) -> list[str]:
     for f in report.findings:
         if f.severity == "error":
             out.append(f"lint {f.code}: {_first_line(f.message)}")
+    broken = {}
+    for c in report.chain:
+        if c["passed"] is False:
+            broken.setdefault(c["output"], c)
+    for key, c in broken.items():
+        out.append(f"output '{key}': link {c['link']} broke ({c['from']} vs {c['to']}: {c['reason']})")
     for r in report.runtimes:
         if r.status == "error":
             out.append(f"{r.name}: error: {_first_line(r.error) or 'unknown error'}")
@@ -222,6 +231,12 @@ def render_text(report: VerifyReport) -> str:
     tf32 = {None: "n/a", True: "on", False: "off"}[report.tf32]
     head.append(", ".join(desc) + f"; reference: {report.reference}; tf32: {tf32}")
     lines = head + [""] + _table(_HEADERS, _rows(report))
+    if report.chain:
+        lines += ["", "training-time reference (links of trained -> reloaded -> SavedModel -> serving):"]
+        rows = [(c["link"], f"{c['from'] or '-'} vs {c['to'] or '-'}", c["output"] or "-",
+                 {True: "PASS", False: "BROKEN", None: "-"}[c["passed"]], _g(c.get("max_abs_err")),
+                 c["reason"] or "") for c in report.chain]
+        lines += ["  " + line for line in _table(("LINK", "RUNTIMES", "OUTPUT", "RESULT", "MAX ABS ERR", "NOTE"), rows)]
     servers = [(r.name, _server_text(r.server)) for r in report.runtimes if r.server]
     if servers:
         lines.append("")
@@ -261,6 +276,7 @@ def to_json(report: VerifyReport) -> dict:
         "exportkit_version": report.exportkit_version,
         "runtimes": [runtime_to_dict(r) for r in report.runtimes],
         "findings": [f.to_dict() for f in report.findings],
+        "reference_chain": to_jsonable(report.chain),
     }
 
 

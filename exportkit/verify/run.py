@@ -42,7 +42,7 @@ def _selected_runtimes(spec: str | None, serving: str, against) -> list[str]:
         if "keras" in names and not against:
             raise UsageError("--runtimes keras needs the training source", "pass --against SRC (and its source options)")
         return names
-    names = [n for n in RUNTIME_NAMES if n != "keras" or against]
+    names = [n for n in RUNTIME_NAMES if n != "keras" or against]  # "trained" is dropped later without a reference
     return [n for n in names if n != "serving" or serving != "none"]
 
 
@@ -80,9 +80,15 @@ def _chunks(batch: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     return [{k: v[i:i + MAX_BATCH_ROWS] for k, v in batch.items()} for i in range(0, n, MAX_BATCH_ROWS)]
 
 
-def _input_batches(specs, golden_inputs, inputs_file, samples, seed, int_range):
-    """[(origin, batch)]: golden batches, then --inputs batches, then generated ones (batch sizes 1 and N)."""
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.shape(a[k]) == np.shape(b[k]) and np.array_equal(a[k], b[k]) for k in a)
+
+
+def _input_batches(specs, golden_inputs, inputs_file, samples, seed, int_range, reference_inputs=()):
+    """[(origin, batch)]: golden batches, the reference's (unless among the golden ones), --inputs batches, then
+    generated ones (batch sizes 1 and N)."""
     batches = [("golden", b) for b in (golden_inputs or [])]
+    batches += [("reference", b) for b in reference_inputs if not any(_same(b, g) for g in golden_inputs or [])]
     if inputs_file:
         batches += [("file", b) for b in load_inputs(inputs_file, specs)]
     if samples < 1:
@@ -101,6 +107,28 @@ def _per_output_tolerances(atol, rtol, per_output, manifest):
         return resolve_tolerance(key, compute.get(key) or dtype, atol=atol, rtol=rtol, per_output=per_output)
 
     return tolerance
+
+
+def _trained_reference(reference, manifest, version_dir, golden_inputs, against, specs):
+    """(inputs, outputs, inputs to add to the batches, path) of the training-time reference, or None.
+
+    --reference FILE wins; else the one the export recorded (its inputs are golden batches); else one found next
+    to --against SRC (SRC.reference.npz or `reference` in its exportkit.toml)."""
+    from exportkit import reference as refs
+
+    recorded = (manifest or {}).get("reference")
+    if not reference and recorded and golden_inputs is not None:
+        from exportkit.layout import read_reference_outputs
+
+        inputs = [golden_inputs[i] for i in recorded["golden_batches"]]
+        return inputs, read_reference_outputs(version_dir), [], recorded.get("path")
+    if not reference and against is not None:
+        reference = refs.find_reference(against.src, None, against.reference)
+    if not reference:
+        return None
+    loaded = refs.read_reference(reference)
+    inputs = refs.reference_batches(loaded, specs)
+    return inputs, loaded.outputs, inputs, loaded.path
 
 
 def _run_all(runtime, batches) -> list:
@@ -149,14 +177,20 @@ def verify_command(options: VerifyOptions) -> int:
     specs = [InputSpec(key=k, dtype=v["dtype"], shape=v["shape"] if v["shape"] is not None else [-1])
              for k, v in signature["inputs"].items()]
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
-    batches = _input_batches(specs, golden_inputs, o.inputs, o.samples, o.seed, lo_hi)
-    origins = sorted({origin for origin, _ in batches}, key=["golden", "file", "generated"].index)
+    trained = _trained_reference(o.reference, manifest, version_dir, golden_inputs, o.against, specs)
+    if trained is None and "trained" in names:
+        names.remove("trained")
+    batches = _input_batches(specs, golden_inputs, o.inputs, o.samples, o.seed, lo_hi, trained[2] if trained else ())
+    origins = sorted({origin for origin, _ in batches}, key=["golden", "reference", "file", "generated"].index)
     report.inputs = {"source": "+".join(origins), "batch_sizes": [_rows(b) for _, b in batches], "seed": o.seed}
+    if trained is not None:
+        report.inputs["reference"] = trained[3]
     if o.save_inputs:
         _save(o.save_inputs, "inputs", [b for _, b in batches])
 
     # Subprocess runtimes first: they import TensorFlow while we work here.
-    runtimes_ = _build_runtimes(o, names, devices, version_dir, specs, output_dtypes, golden_inputs, golden_outputs)
+    runtimes_ = _build_runtimes(o, names, devices, version_dir, specs, output_dtypes, golden_inputs, golden_outputs,
+                                trained)
     outputs: dict[str, list] = {}
     try:
         from exportkit.tfenv import import_tf, tf32
@@ -171,7 +205,9 @@ def verify_command(options: VerifyOptions) -> int:
     finally:
         _close_all(runtimes_)
 
-    _compare_all(report, outputs, batches, _per_output_tolerances(o.atol, o.rtol, per_output, manifest), devices)
+    tolerance = _per_output_tolerances(o.atol, o.rtol, per_output, manifest)
+    _compare_all(report, outputs, batches, tolerance, devices)
+    report.chain = _reference_chain(report, outputs, tolerance)
     if o.save_outputs:
         for label, per_batch in outputs.items():
             _save(o.save_outputs, label, [out for out in per_batch if out is not None])
@@ -192,7 +228,7 @@ def _close_all(runtimes_) -> None:
 
 
 def _build_runtimes(o: VerifyOptions, names, devices, version_dir, specs, output_dtypes, golden_inputs,
-                    golden_outputs) -> list[_Labeled]:
+                    golden_outputs, trained=None) -> list[_Labeled]:
     from exportkit.runtimes.local import GoldenRuntime, KerasRuntime, SavedModelRuntime
 
     built: list[_Labeled] = []
@@ -218,6 +254,8 @@ def _build_runtimes(o: VerifyOptions, names, devices, version_dir, specs, output
         built.append(_Labeled(runtime, "serving"))
     if "golden" in names:
         built.insert(0, _Labeled(GoldenRuntime(golden_inputs, golden_outputs), "golden"))
+    if "trained" in names:
+        built.insert(0, _Labeled(GoldenRuntime(trained[0], trained[1], name="trained"), "trained"))
     if "keras" in names:
         for dev in devices:
             built.append(_Labeled(KerasRuntime(o.against, output_dtypes, device=dev), label("keras", dev)))
@@ -301,6 +339,45 @@ def _compare_all(report: VerifyReport, outputs: dict[str, list], batches, tolera
                     name=f"{result.name} vs cpu", kind="comparison", device="gpu", server=None, status="ok",
                     error=None, seconds=0.0, is_reference=False,
                     comparisons=compare_batches([p[0] for p in pairs], [p[1] for p in pairs], tolerance)))
+
+
+def _reference_chain(report: VerifyReport, outputs: dict[str, list], tolerance) -> list[dict]:
+    """On the training-time reference's batches, each link of trained -> reloaded -> SavedModel -> serving on its
+    own, so a failure names the link that broke (not just every runtime differing from `trained`)."""
+    from exportkit.reference import LINKS
+
+    if "trained" not in outputs:
+        return []
+    index = [i for i, o in enumerate(outputs["trained"]) if o is not None]
+
+    def runtime(*names):
+        for r in report.runtimes:
+            if r.name.split("@")[0] in names and r.name in outputs and all(outputs[r.name][i] is not None for i in index):
+                return r.name
+        return None
+
+    reloaded, saved = runtime("golden", "keras"), runtime("saved_model")
+    chain = []
+
+    def link(name, a, b):
+        if a is None or b is None:
+            why = ("no reloaded model: export with the reference, or pass --against SRC" if reloaded is None
+                   else "a runtime of this link did not run")
+            chain.append({"link": name, "from": a, "to": b, "output": None, "passed": None, "reason": f"not checked: {why}"})
+            return
+        for c in compare_batches([outputs[a][i] for i in index], [outputs[b][i] for i in index], tolerance):
+            chain.append({"link": name, "from": a, "to": b, "output": c.key, "passed": c.passed,
+                          "max_abs_err": c.max_abs_err, "reason": c.reason or ""})
+
+    if reloaded is None and saved is not None:  # no reloaded model here: the first two links as one
+        link("trained -> SavedModel", "trained", saved)
+    else:
+        link(LINKS[0], "trained", reloaded)
+        link(LINKS[1], reloaded, saved)
+    for label in [r.name for r in report.runtimes if r.name.split("@")[0] in ("session", "serving")]:
+        if label in outputs:
+            link(LINKS[2], saved or reloaded, label)
+    return chain
 
 
 def _save(directory: str, name: str, batches) -> None:
