@@ -1,4 +1,5 @@
-"""exportkit export: load -> build -> trace -> write -> check, with one progress line per stage."""
+"""exportkit export: load -> build -> audit (custom-object contracts, training-time reference) -> trace -> write -> check,
+with one progress line per stage."""
 from __future__ import annotations
 
 import datetime
@@ -118,7 +119,7 @@ def _check_contracts(loaded, golden: GoldenRecord, options: ExportOptions, progr
     findings = check_contracts(loaded.model, golden.inputs[:golden.generated], loaded.custom_objects,
                                options.allow_incomplete_config, compare=compare_with_default_tolerances)
     for f in findings:
-        if f.severity != "error":
+        if f.severity == "warning":  # infos (layers whose outputs were not compared) are in --json only
             progress.stream.write(f"  {f.severity}: {f.code}: {f.message}\n")
     if has_errors(findings):
         detail = "\n".join(f"  {f.code}: {f.message}" for f in findings if f.severity == "error")
@@ -297,8 +298,7 @@ def render_summary(result: ExportResult) -> str:
     if result.reference:
         links = ", ".join(f"{link} {verdict}" for link, verdict in result.reference["links"].items())
         lines.append(f"training-time reference: {result.reference['path']} ({links})")
-    for f in result.findings:
-        lines.append(f"{f.severity}: {f.code}: {f.message}")
+    lines += [f"{f.severity}: {f.code}: {f.message}" for f in result.findings if f.severity == "warning"]
     return "\n".join(lines)
 
 
