@@ -16,6 +16,7 @@ import numpy as np
 
 from exportkit import __version__
 from exportkit.batches import InputSpec, generate_batches, load_inputs, parse_int_range
+from exportkit.dtypes import HALF_DTYPES, numpy_dtype
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.findings import Finding
 from exportkit.layout import read_golden, read_manifest
@@ -254,8 +255,10 @@ def _build_runtimes(o: VerifyOptions, names, devices, version_dir, specs, output
         built.append(_Labeled(runtime, "serving"))
     if "golden" in names:
         built.insert(0, _Labeled(GoldenRuntime(golden_inputs, golden_outputs), "golden"))
-    if "trained" in names:
-        built.insert(0, _Labeled(GoldenRuntime(trained[0], trained[1], name="trained"), "trained"))
+    if "trained" in names:  # recorded as float32 where the model computed in half precision: as the signature has it
+        as_signed = [{k: v.astype(numpy_dtype(output_dtypes[k])) if k in output_dtypes and v.dtype.kind == "f"
+                      and output_dtypes[k] in HALF_DTYPES else v for k, v in out.items()} for out in trained[1]]
+        built.insert(0, _Labeled(GoldenRuntime(trained[0], as_signed, name="trained"), "trained"))
     if "keras" in names:
         for dev in devices:
             built.append(_Labeled(KerasRuntime(o.against, output_dtypes, device=dev), label("keras", dev)))
