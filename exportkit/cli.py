@@ -151,6 +151,14 @@ def verify(
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Previously released SavedModel: fail on breaking signature changes."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout)."),
     junit: Optional[str] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
+    data: Optional[str] = typer.Option(None, "--data", help="GLOB of TFRecord files of tf.Example (plain or GZIP) or .npz shards: verify on these records."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="--data: at most N records."),
+    batch_size: int = typer.Option(256, "--batch-size", help="--data: records per batch."),
+    sample: Optional[float] = typer.Option(None, "--sample", help="--data: keep each record with this probability (seeded by --seed)."),
+    save_failures: Optional[str] = typer.Option(None, "--save-failures", help="--data: write the failing records to DIR."),
+    plot: Optional[str] = typer.Option(None, "--plot", hidden=True),
+    runner: str = typer.Option("in-process", "--runner", help="--data: in-process | beam (Apache Beam, needs exportkit[beam])."),
+    beam_option: Optional[List[str]] = typer.Option(None, "--beam-option", help="--runner beam: KEY=VALUE pipeline option (repeatable)."),
     debug: bool = DEBUG,
 ):
     """Prove the SavedModel computes what the model computed, in every runtime. Exit 0 only if all agree."""
@@ -166,7 +174,9 @@ def verify(
             int_range=int_range, save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
             tol=tol or [], runtimes=runtimes, serving=serving, model_server_bin=model_server_bin,
             model_name=model_name, model_version=model_version, load_timeout=load_timeout, device=device,
-            allow_tf32=allow_tf32, reference=reference, baseline=baseline, json_out=json_out, junit=junit))
+            allow_tf32=allow_tf32, reference=reference, baseline=baseline, json_out=json_out, junit=junit, data=data,
+            limit=limit, batch_size=batch_size, sample=sample, save_failures=save_failures, plot=plot, runner=runner,
+            beam_options=beam_option or []))
 
     _run(go, debug)
 

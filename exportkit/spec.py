@@ -73,6 +73,15 @@ class VerifyOptions:
     baseline: str | None = None
     json_out: str | None = None
     junit: str | None = None
+    # --data: verify over the records of a dataset (exportkit.verify.dataset)
+    data: str | None = None
+    limit: int | None = None
+    batch_size: int = 256
+    sample: float | None = None
+    save_failures: str | None = None
+    plot: str | None = None
+    runner: str = "in-process"
+    beam_options: list[str] = field(default_factory=list)
 
 
 def parse_builder_args(items: list[str]) -> dict:

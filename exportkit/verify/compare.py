@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from exportkit.data.stats import category_of, element_errors
 from exportkit.dtypes import canonical, is_float, name_of_array
 from exportkit.errors import UsageError
 
@@ -158,6 +159,12 @@ class OutputComparison:
     mismatched: int | None = None  # elements over tolerance, NaN/Inf mismatches included
     nonfinite_mismatched: int | None = None  # NaN/Inf mismatches alone
     batches: int = 1
+    # --data runs only (streamed over records; see exportkit.data.stats)
+    records: int | None = None  # records compared
+    failing_records: int | None = None  # records with at least one element over tolerance
+    abs_err_quantiles: dict | None = None  # {"p50": .., "p99": .., "p99.9": ..} of per-element |a - e|
+    rel_err_quantiles: dict | None = None  # the same of |a - e| / |e| (e != 0)
+    worst_records: list | None = None  # [{"file", "index", "offset", "element", "expected", "actual", ...}]
     # how far the worst element is beyond its allowance (inf for NaN/Inf mismatch); used to merge batches
     worst_excess: float | None = field(default=None, repr=False, compare=False)
 
@@ -201,16 +208,7 @@ def to_jsonable(v: Any) -> Any:
 # --------------------------------------------------------------------------------------------- dtypes
 
 
-def _category_of_name(name: str) -> str:
-    if name == "string":
-        return "string"
-    if name == "bool":
-        return "bool"
-    if is_float(name):
-        return "float"
-    if name.startswith(("int", "uint")):
-        return "int"
-    return "other"
+_category_of_name = category_of
 
 
 def _category(arr: np.ndarray) -> str:
@@ -331,22 +329,9 @@ def _compare_numeric(res: OutputComparison, e: np.ndarray, a: np.ndarray, ce: st
                      reasons: list[str]) -> OutputComparison:
     n = int(e.size)
     atol, rtol = float(tol.atol), float(tol.rtol)
-    wide = np.complex128 if (np.iscomplexobj(e) or np.iscomplexobj(a)) else np.float64
-    ef = e.astype(wide)
-    af = a.astype(wide)
-    with np.errstate(invalid="ignore", over="ignore"):
-        finite = np.isfinite(ef) & np.isfinite(af)
-        nonfinite_ok = ~finite & ((np.isnan(ef) & np.isnan(af)) | (ef == af))
-        nonfinite_bad = ~finite & ~nonfinite_ok
-        diff = np.where(finite, np.abs(af - ef), 0.0).astype(np.float64)
-        mag = np.where(finite, np.abs(ef), 0.0).astype(np.float64)
-    both_int = ce in ("int", "bool") and ca in ("int", "bool")
-    if both_int:
-        # distinct integers differ by >= 1 even if float64 rounding says less (values beyond 2**53)
-        equal = np.asarray(e == a, dtype=bool)
-        diff = np.where(equal, 0.0, np.maximum(diff, 1.0))
-    allowed = atol + rtol * mag
-    over = finite & ~(diff <= allowed)
+    err = element_errors(e, a, atol, rtol, both_int=ce in ("int", "bool") and ca in ("int", "bool"))
+    diff, mag, finite, nonfinite_bad, allowed = err.diff, err.mag, err.finite, err.nonfinite_bad, err.allowed
+    over = err.over
     bad = over | nonfinite_bad
     m, nf = int(bad.sum()), int(nonfinite_bad.sum())
     res.mismatched, res.nonfinite_mismatched = m, nf

@@ -208,6 +208,41 @@ def _rows(report: VerifyReport) -> list[tuple[str, ...]]:
     return rows
 
 
+def _v(x: Any) -> str:
+    """A value of a worst record, precise enough to see the difference (float32 has ~7 digits)."""
+    return f"{x:.7g}" if isinstance(x, float) else str(x)
+
+
+_QUANTILE_HEADERS = ("RUNTIME", "OUTPUT", "RECORDS", "FAILING", "ABS P50", "ABS P99", "ABS P99.9", "REL P50",
+                     "REL P99", "REL P99.9")
+
+
+def _data_sections(report: VerifyReport) -> list[str]:
+    """--data runs: error quantiles per runtime x output, and the worst records of failing outputs."""
+    rows, worst = [], []
+    for r in report.runtimes:
+        for c in r.comparisons:
+            if c.records is None:
+                continue
+            q_abs, q_rel = c.abs_err_quantiles or {}, c.rel_err_quantiles or {}
+            rows.append((r.name, c.key, str(c.records), str(c.failing_records or 0),
+                         *(_g(q_abs.get(p)) for p in ("p50", "p99", "p99.9")),
+                         *(_g(q_rel.get(p)) for p in ("p50", "p99", "p99.9"))))
+            if not c.passed and c.worst_records:
+                worst.append(f"  {r.name} / {c.key}:")
+                for w in c.worst_records[:5]:
+                    at = f" (byte {w['offset']})" if w.get("offset") is not None else ""
+                    err = f", abs err {_g(w['abs_err'])}" if w.get("abs_err") is not None else ""
+                    worst.append(f"    {w['file']}:{w['index']}{at} element {list(w['element'])}: "
+                                 f"expected {_v(w['expected'])}, got {_v(w['actual'])}{err}")
+    if not rows:
+        return []
+    lines = ["", "error quantiles per element (log-binned, within 1.2%):"] + _table(_QUANTILE_HEADERS, rows)
+    if worst:
+        lines += ["", "worst records (FILE:INDEX, records counted from 0):"] + worst
+    return lines
+
+
 def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     lines = []
@@ -228,6 +263,10 @@ def render_text(report: VerifyReport) -> str:
         desc.append("batch sizes " + ", ".join(str(b) for b in inp["batch_sizes"]))
     if inp.get("seed") is not None and inp.get("source") == "generated":
         desc.append(f"seed {inp['seed']}")
+    if inp.get("records") is not None:
+        desc.append(f"{inp['records']} records in {inp.get('files')} file(s)"
+                    + (f", sampled at {inp['sample']:g} (seed {inp['seed']})" if inp.get("sample") else "")
+                    + (f", {inp['runner']} runner" if inp.get("runner") else ""))
     tf32 = {None: "n/a", True: "on", False: "off"}[report.tf32]
     head.append(", ".join(desc) + f"; reference: {report.reference}; tf32: {tf32}")
     lines = head + [""] + _table(_HEADERS, _rows(report))
@@ -237,6 +276,7 @@ def render_text(report: VerifyReport) -> str:
                  {True: "PASS", False: "BROKEN", None: "-"}[c["passed"]], _g(c.get("max_abs_err")),
                  c["reason"] or "") for c in report.chain]
         lines += ["  " + line for line in _table(("LINK", "RUNTIMES", "OUTPUT", "RESULT", "MAX ABS ERR", "NOTE"), rows)]
+    lines += _data_sections(report)
     servers = [(r.name, _server_text(r.server)) for r in report.runtimes if r.server]
     if servers:
         lines.append("")
@@ -328,6 +368,14 @@ def to_junit_xml(report: VerifyReport) -> str:
         for c in r.comparisons:
             tc = ET.SubElement(suite, "testcase", classname=cls, name=_x(c.key), time="0")
             tests += 1
+            if c.records is not None:  # --data: the streamed statistics
+                tc_props = ET.SubElement(tc, "properties")
+                for name, value in (("records", c.records), ("failing_records", c.failing_records),
+                                    ("max_abs_err", c.max_abs_err), ("max_rel_err", c.max_rel_err)):
+                    ET.SubElement(tc_props, "property", name=name, value=_x(_g(value)))
+                for kind, q in (("abs_err", c.abs_err_quantiles), ("rel_err", c.rel_err_quantiles)):
+                    for p, value in (q or {}).items():
+                        ET.SubElement(tc_props, "property", name=f"{kind}_{p}", value=_x(_g(value)))
             if not c.passed:
                 failures_n += 1
                 n = needs(c)

@@ -177,6 +177,11 @@ def verify_command(options: VerifyOptions) -> int:
 
     specs = [InputSpec(key=k, dtype=v["dtype"], shape=v["shape"] if v["shape"] is not None else [-1])
              for k, v in signature["inputs"].items()]
+    if o.data:
+        from exportkit.verify.dataset import verify_data
+
+        return verify_data(o, report, version_dir, proto, signature, specs, names, devices,
+                           _per_output_tolerances(o.atol, o.rtol, per_output, manifest))
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
     trained = _trained_reference(o.reference, manifest, version_dir, golden_inputs, o.against, specs)
     if trained is None and "trained" in names:

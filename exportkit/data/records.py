@@ -1,0 +1,353 @@
+"""Record sources for `verify --data`: TFRecord files of tf.Example (uncompressed or GZIP, detected by the
+gzip magic bytes) and .npz shards keyed by input name, read in batches that never span two files.
+
+The batches are a pure function of (files, batch size, sample rate, seed, limit), so the in-process run and
+every Beam worker form the very same batches: a model's float results can depend on the batch size, and the
+two runners must agree to the last bit. Every record keeps its position (file number, index in the file, byte
+offset in the uncompressed stream) so a failing record can be found and re-run.
+
+TFRecord framing is read in Python (uint64 length, uint32 length CRC, data, uint32 data CRC); the CRCs are not
+checked (CRC-32C is not in the standard library), a short read is reported as a truncated file. Failing
+records are written back with TensorFlow's own TFRecordWriter, so the CRCs in what we write are right.
+"""
+from __future__ import annotations
+
+import glob as globlib
+import gzip
+import json
+import math
+import os
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from exportkit.batches import InputSpec, cast_input, load_inputs
+from exportkit.dtypes import is_float, is_string
+from exportkit.errors import UsageError
+
+GZIP_MAGIC = b"\x1f\x8b"
+DEFAULT_BATCH_SIZE = 256
+_READ_CHUNK = 1024  # records read (and sample draws made) at a time; results do not depend on it
+PARSE_OPS = frozenset({"ParseExample", "ParseExampleV2", "ParseSingleExample"})
+
+
+@dataclass
+class RecordBatch:
+    """Consecutive kept records of one file: serialized Examples (`records`) or npz rows (`rows`)."""
+
+    file_no: int
+    indices: np.ndarray  # record index in the file (row for npz)
+    offsets: np.ndarray  # byte offset of the record in the uncompressed stream (-1 for npz rows)
+    records: list[bytes] | None = None
+    rows: dict[str, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """The batch's id (file number, index of its first record): what Beam joins the runtimes' outputs on."""
+        return (self.file_no, int(self.indices[0]))
+
+
+@dataclass
+class DataSource:
+    """Files matched by a glob (or a comma-separated list of globs), sorted, and how to batch them."""
+
+    pattern: str
+    specs: list[InputSpec]
+    batch_size: int = DEFAULT_BATCH_SIZE
+    sample: float | None = None
+    seed: int = 0
+    limit: int | None = None
+    files: list[str] = field(default_factory=list)
+    bytes_read: int = 0  # progress: compressed bytes consumed so far (this process)
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise UsageError(f"--batch-size {self.batch_size} must be at least 1", "pass --batch-size 256 (for example)")
+        if self.sample is not None and not (0 < self.sample <= 1):
+            raise UsageError(f"--sample {self.sample} must be in (0, 1]", "pass --sample 0.1 to keep one record in ten")
+        if self.limit is not None and self.limit < 1:
+            raise UsageError(f"--limit {self.limit} must be at least 1", "pass --limit 10000 (for example)")
+        if not self.files:
+            self.files = expand(self.pattern)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(os.path.getsize(f) for f in self.files)
+
+    def batches(self) -> Iterator[RecordBatch]:
+        """Every batch of every file, in file order, up to `limit` kept records."""
+        left = self.limit
+        for file_no in range(len(self.files)):
+            for batch in self.file_batches(file_no, left):
+                if left is not None:
+                    left -= len(batch)
+                yield batch
+            if left is not None and left <= 0:
+                return
+
+    def file_batches(self, file_no: int, limit: int | None = None) -> Iterator[RecordBatch]:
+        path = self.files[file_no]
+        rng = np.random.default_rng([int(self.seed) & 0xFFFFFFFF, zlib.crc32(Path(path).name.encode())])
+        if path.endswith(".npz"):
+            yield from self._npz_batches(file_no, rng, limit)
+            return
+        pending_i, pending_o, pending_r = [], [], []
+        last_pos, done = 0, False
+        for chunk in _chunks(_tfrecord_records(path), _READ_CHUNK):
+            keep = self._sampled(rng, len(chunk))
+            for (index, offset, data, _), k in zip(chunk, keep):
+                if not k:
+                    continue
+                if limit is not None and len(pending_i) >= limit:
+                    done = True
+                    break
+                pending_i.append(index)
+                pending_o.append(offset)
+                pending_r.append(data)
+                if len(pending_i) == self.batch_size:
+                    yield RecordBatch(file_no, np.asarray(pending_i), np.asarray(pending_o), records=pending_r)
+                    if limit is not None:
+                        limit -= self.batch_size
+                    pending_i, pending_o, pending_r = [], [], []
+            self.bytes_read += chunk[-1][3] - last_pos
+            last_pos = chunk[-1][3]
+            if done:
+                break
+        if pending_i:
+            yield RecordBatch(file_no, np.asarray(pending_i), np.asarray(pending_o), records=pending_r)
+
+    def _sampled(self, rng, n: int) -> np.ndarray:
+        """Which of the next n records to keep: one uniform draw per record, so the choice is the same whatever
+        the chunking, and the same in every process."""
+        if self.sample is None:
+            return np.ones(n, dtype=bool)
+        return rng.random(n) < self.sample
+
+    def _npz_batches(self, file_no, rng, limit) -> Iterator[RecordBatch]:
+        path = self.files[file_no]
+        (rows,) = load_inputs(path, self.specs)
+        n = {np.shape(v)[0] for v in rows.values() if np.ndim(v)}
+        if len(n) != 1:
+            raise UsageError(f"{path}: the inputs need one shared leading (record) dimension",
+                             "write each shard with numpy.savez(path, key=array_with_one_row_per_record)")
+        kept = np.flatnonzero(self._sampled(rng, n.pop()))
+        if limit is not None:
+            kept = kept[:limit]
+        self.bytes_read += os.path.getsize(path)
+        for start in range(0, len(kept), self.batch_size):
+            idx = kept[start:start + self.batch_size]
+            yield RecordBatch(file_no, idx, np.full(len(idx), -1), rows={k: v[idx] for k, v in rows.items()})
+
+    def where(self, file_no: int, index: int) -> str:
+        """A record's position as a user can find it again: FILE:INDEX (records count from 0)."""
+        return f"{self.files[file_no]}:{index}"
+
+
+def expand(pattern: str) -> list[str]:
+    files: list[str] = []
+    for part in [p.strip() for p in pattern.split(",") if p.strip()]:
+        matched = sorted(globlib.glob(part, recursive=True)) if globlib.has_magic(part) else [part]
+        files += [f for f in matched if os.path.isfile(f)]
+    if not files:
+        raise UsageError(f"--data {pattern!r} matches no file",
+                         "pass a glob of TFRecord files of tf.Example (e.g. 'data/part-*.tfrecord.gz') or .npz shards")
+    return list(dict.fromkeys(files))
+
+
+def _chunks(items, n: int):
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _tfrecord_records(path: str) -> Iterator[tuple[int, int, bytes, int]]:
+    """(index, offset, data, compressed position after it) for every record of a TFRecord file."""
+    with open(path, "rb") as raw:
+        gzipped = raw.read(2) == GZIP_MAGIC
+        raw.seek(0)
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
+        offset, index = 0, 0
+        try:
+            while True:
+                header = stream.read(12)
+                if not header:
+                    return
+                (length,) = struct.unpack("<Q", header[:8]) if len(header) == 12 else (-1,)
+                data = stream.read(length) if 0 <= length < (1 << 40) else b""
+                if len(header) < 12 or len(data) != length or len(stream.read(4)) != 4:
+                    raise UsageError(f"{path}: record {index} at byte {offset} is truncated or not TFRecord framing",
+                                     "pass TFRecord files (tf.io.TFRecordWriter), uncompressed or GZIP, or .npz shards")
+                yield index, offset, data, raw.tell()
+                offset += 16 + length
+                index += 1
+        except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+            raise UsageError(f"{path}: cannot read record {index}: {err}",
+                             "pass TFRecord files, uncompressed or GZIP (other compressions are not supported)") from None
+
+
+# --------------------------------------------------------------------------------------------- tf.Example
+
+
+def example_input_key(meta_graph, signature: dict) -> str | None:
+    """The input of a signature over serialized tf.Example (one string input, a ParseExample op in the graph),
+    or None for a tensor signature."""
+    inputs = signature["inputs"]
+    if len(inputs) != 1 or not is_string(next(iter(inputs.values()))["dtype"]):
+        return None
+    graph = meta_graph.graph_def
+    ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+    return next(iter(inputs)) if ops & PARSE_OPS else None
+
+
+def _feature_kind(spec: InputSpec) -> str:
+    if is_string(spec.dtype):
+        return "bytes_list"
+    return "float_list" if is_float(spec.dtype) else "int64_list"
+
+
+class ExampleParser:
+    """Serialized tf.Example -> the signature's input arrays: the feature named like each input, with the
+    input's dtype and its shape without the batch dimension (which must be known)."""
+
+    def __init__(self, specs: list[InputSpec]):
+        import tensorflow as tf
+
+        self.specs = specs
+        features = {}
+        for s in specs:
+            if not s.shape or any(d is None or d < 0 for d in s.shape[1:]):
+                raise UsageError(f"input {s.key!r} has shape {s.shape}: tf.Example features need a batch dimension "
+                                 "and known other dimensions",
+                                 "pass .npz shards keyed by input name, or export with a fixed shape")
+            kind = {"bytes_list": tf.string, "float_list": tf.float32, "int64_list": tf.int64}[_feature_kind(s)]
+            features[s.key] = tf.io.FixedLenFeature(list(s.shape[1:]), kind)
+        self._parse = tf.function(lambda records: tf.io.parse_example(records, features),
+                                  input_signature=[tf.TensorSpec([None], tf.string)])
+
+    def __call__(self, batch: RecordBatch, where) -> dict[str, np.ndarray]:
+        """`where(file_no, index)` names a record in error messages."""
+        try:
+            parsed = self._parse(np.asarray(batch.records, dtype=object))
+            return {s.key: cast_input(s.key, parsed[s.key].numpy(), s) for s in self.specs}
+        except Exception:
+            for index, record in zip(batch.indices, batch.records):  # which record, and what is wrong with it
+                problem = self.problem(record)
+                if problem:
+                    raise UsageError(f"record {where(batch.file_no, int(index))}: {problem}",
+                                     "every record needs a feature per signature input, of its type and size: "
+                                     + ", ".join(f"{s.key} ({_feature_kind(s)}, "
+                                                 f"{math.prod(s.shape[1:])} value(s))" for s in self.specs)) from None
+            raise
+
+    def problem(self, record: bytes) -> str | None:
+        """What keeps this one record from being parsed into the inputs (None if it parses)."""
+        from google.protobuf.message import DecodeError
+        from tensorflow.core.example import example_pb2
+
+        try:
+            features = example_pb2.Example.FromString(record).features.feature
+        except DecodeError:
+            return "not a serialized tf.Example"
+        for s in self.specs:
+            want = _feature_kind(s)
+            if s.key not in features:
+                return f"feature {s.key!r} is missing"
+            kind = features[s.key].WhichOneof("kind")
+            if kind != want:
+                return f"feature {s.key!r} holds {kind or 'no values'}, input {s.key!r} ({s.dtype}) needs {want}"
+            count, need = len(getattr(features[s.key], kind).value), math.prod(s.shape[1:])
+            if count != need:
+                return f"feature {s.key!r} has {count} value(s), input {s.key!r} of shape {s.shape} needs {need}"
+            values = np.asarray(getattr(features[s.key], kind).value)
+            try:
+                cast_input(s.key, values.reshape([1, *s.shape[1:]]) if not is_string(s.dtype) else
+                           np.asarray(list(values), dtype=object).reshape([1, *s.shape[1:]]), s)
+            except UsageError as err:
+                return err.message
+        return None
+
+
+# --------------------------------------------------------------------------------------------- failures
+
+
+class FailureWriter:
+    """`--save-failures DIR`: failing TFRecord records as they were read (failures.tfrecord), npz rows as
+    failures-N.npz, and where each came from (failures.index.jsonl). Written under temporary names and renamed
+    when the run completes, so an interrupted run leaves no half-written files."""
+
+    def __init__(self, directory: str, source: DataSource):
+        self.dir = Path(directory)
+        self.source = source
+        self.count = 0
+        self._writer = None
+        self._npz = 0
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._tmp: list[Path] = []
+        self._index = self._open_tmp("failures.index.jsonl").open("w")
+
+    def _open_tmp(self, name: str) -> Path:
+        path = self.dir / f".{name}.tmp"
+        self._tmp.append(path)
+        return path
+
+    def write(self, batch: RecordBatch, failing: np.ndarray) -> None:
+        rows = np.flatnonzero(failing)
+        if not len(rows):
+            return
+        if batch.records is not None:
+            if self._writer is None:
+                import tensorflow as tf
+
+                self._writer = tf.io.TFRecordWriter(str(self._open_tmp("failures.tfrecord")))
+            for r in rows:
+                self._writer.write(batch.records[r])
+        else:
+            from exportkit.batches import save_batches
+
+            staged = self._open_tmp(f"failures-{self._npz}.npz")
+            (written,) = save_batches(self.dir, [{k: v[rows] for k, v in batch.rows.items()}], f".stage{self._npz}")
+            os.replace(written, staged)
+            self._npz += 1
+        for r in rows:
+            self._index.write(json.dumps({"file": self.source.files[batch.file_no], "index": int(batch.indices[r]),
+                                          "offset": int(batch.offsets[r])}) + "\n")
+        self.count += len(rows)
+
+    def close(self, commit: bool) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._index.close()
+        for tmp in self._tmp:
+            if commit and tmp.exists():
+                os.replace(tmp, tmp.with_name(tmp.name[1:-len(".tmp")]))
+            else:
+                tmp.unlink(missing_ok=True)
+
+
+class Feeder:
+    """A batch -> the signature's inputs: npz rows as they are, serialized Examples as they are for a signature
+    over tf.Example (`example_key`), else parsed into the inputs."""
+
+    def __init__(self, source: DataSource, specs: list[InputSpec], example_key: str | None):
+        self.source, self.example_key = source, example_key
+        needs_parser = example_key is None and any(not f.endswith(".npz") for f in source.files)
+        self._parser = ExampleParser(specs) if needs_parser else None
+
+    def __call__(self, batch: RecordBatch) -> dict[str, np.ndarray]:
+        if batch.rows is not None:
+            return batch.rows
+        if self.example_key is not None:
+            return {self.example_key: np.asarray(batch.records, dtype=object)}
+        return self._parser(batch, self.source.where)

@@ -1,0 +1,255 @@
+"""verify --data: every runtime over the records of a dataset, compared batch by batch with the reference and
+accumulated in streaming statistics (exportkit.data.stats), so memory stays flat however many records there are.
+
+In-process (default): one batch at a time goes through every runtime in the same order, then is dropped.
+`--runner beam`: the same batches and statistics as an Apache Beam pipeline (exportkit.data.beam).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import numpy as np
+
+from exportkit.data.records import DataSource, Feeder, FailureWriter, example_input_key
+from exportkit.data.stats import OutputStats, compare_into
+from exportkit.errors import CheckFailed, InfraError, UsageError
+from exportkit.spec import VerifyOptions
+from exportkit.verify.compare import OutputComparison, _value_reasons
+from exportkit.verify.report import RuntimeResult, VerifyReport
+
+PROGRESS_EVERY = 5.0  # seconds between progress lines on stderr (a short run prints none)
+SHOWN_WORST = 5
+
+
+def check_data_options(o: VerifyOptions, devices: list[str]) -> None:
+    """Flags that make no sense with --data, refused before anything starts."""
+    clashes = [flag for flag, value in (("--inputs", o.inputs), ("--save-inputs", o.save_inputs),
+                                        ("--save-outputs", o.save_outputs)) if value]
+    if clashes:
+        raise UsageError(f"--data cannot be combined with {', '.join(clashes)}",
+                         "the records are the inputs; use --save-failures DIR to keep the failing ones")
+    if len(devices) > 1:
+        raise UsageError("--data runs on one device", "pass --device cpu or --device gpu")
+    if o.runner not in ("in-process", "beam"):
+        raise UsageError(f"--runner {o.runner!r} is not in-process or beam", "pass --runner beam, or leave it out")
+    if o.runner == "beam" and o.save_failures:
+        raise UsageError("--save-failures is not supported with --runner beam yet",
+                         "re-run the worst records (listed with their file and index) in-process with --save-failures")
+    if o.plot:
+        raise UsageError("--plot is not available in this version", "read the quantiles in the report")
+
+
+def verify_data(o: VerifyOptions, report: VerifyReport, version_dir, proto, signature, specs, names, devices,
+                tolerance) -> int:
+    from exportkit.savedmodel import select_meta_graph
+    from exportkit.verify.run import _finish
+
+    check_data_options(o, devices)
+    source = DataSource(o.data, specs, batch_size=o.batch_size, sample=o.sample, seed=o.seed, limit=o.limit)
+    example_key = example_input_key(select_meta_graph(proto), signature)
+    names = [n for n in names if n != "golden"]
+    tolerances = {k: _tol(tolerance(k, v["dtype"])) for k, v in signature["outputs"].items()}
+    report.inputs = {"source": "data", "path": o.data, "files": len(source.files), "batch_size": o.batch_size,
+                     "sample": o.sample, "seed": o.seed if o.sample else None, "limit": o.limit, "runner": o.runner,
+                     "examples": example_key is not None}
+    skipped = []
+    if "keras" in names and example_key is not None:
+        names.remove("keras")  # the Keras model takes tensors, not serialized Examples
+        skipped.append(RuntimeResult(name="keras", kind="in-process", status="skipped",
+                                     error="the signature takes serialized tf.Example; the Keras model takes tensors"))
+    if o.runner == "beam":
+        stats, records, results = _run_beam(o, source, version_dir, specs, signature, names, example_key,
+                                            tolerances, devices[0])
+    else:
+        stats, records, results = _run_in_process(o, source, version_dir, specs, signature, names, devices,
+                                                  example_key, tolerances, report)
+    report.runtimes = results + skipped
+    report.inputs["records"] = records
+    _attach(report, stats, source)
+    return _finish(report, o.json_out, o.junit)
+
+
+def _tol(t) -> tuple[float, float]:
+    return (float(t.atol), float(t.rtol))
+
+
+def _run_in_process(o, source, version_dir, specs, signature, names, devices, example_key, tolerances, report):
+    from exportkit.verify.run import _build_runtimes, _close_all, _serving_checks
+
+    output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
+    feed = Feeder(source, specs, example_key)  # before any runtime starts: a bad --data fails fast
+    runtimes_ = _build_runtimes(o, names, devices, version_dir, specs, output_dtypes, None, None)
+    results = {item.label: RuntimeResult(name=item.label, kind=item.runtime.kind, device=item.runtime.device)
+               for item in runtimes_}
+    stats: dict[tuple[str, str], OutputStats] = {}
+    writer = FailureWriter(o.save_failures, source) if o.save_failures else None
+    records, completed = 0, False
+    try:
+        live = [item for item in runtimes_ if _timed(results[item.label], lambda: item.runtime.load() or True)]
+        progress = _Progress(source, o.limit)
+        for batch in source.batches():
+            inputs = feed(batch)
+            outputs = {}
+            for item in list(live):
+                out = _timed(results[item.label], lambda: item.runtime.run(inputs))
+                if out is None:
+                    live.remove(item)
+                else:
+                    outputs[item.label] = out
+            if not live or live[0].label not in outputs:
+                break  # no reference left
+            reference = live[0].label
+            failing = np.zeros(len(batch), dtype=bool)
+            for label, out in outputs.items():
+                if label != reference:
+                    failing |= compare_into(stats, label, outputs[reference], out, tolerances, batch.file_no,
+                                            batch.indices, batch.offsets)
+            if writer:
+                writer.write(batch, failing)
+            records += len(batch)
+            progress.update(records)
+        progress.done(records)
+        if not records:
+            raise UsageError(f"--data {o.data!r}: no records" + (" were sampled" if o.sample else ""),
+                             "pass TFRecord files of tf.Example or .npz shards that hold records")
+        if live:
+            results[live[0].label].is_reference = True
+            report.reference = live[0].label
+        for item in runtimes_:
+            result = results[item.label]
+            result.server, result.device = item.runtime.server, item.runtime.placed_on or item.runtime.device
+        ordered = [results[item.label] for item in runtimes_]
+        report.runtimes = ordered
+        _serving_checks(runtimes_, signature, version_dir, report)
+        completed = True
+    finally:
+        if writer:
+            writer.close(commit=completed)
+        _close_all(runtimes_)
+    if writer:
+        report.inputs["failures_saved"] = writer.count
+    return stats, records, ordered
+
+
+def _timed(result: RuntimeResult, fn):
+    """fn() with its time added to the result; a failure marks the runtime as errored (returns None)."""
+    began = time.perf_counter()
+    try:
+        return fn() if result.status == "ok" else None
+    except CheckFailed as err:
+        result.status, result.error = "error", str(err)
+    except (InfraError, UsageError):
+        raise
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        result.status, result.error = "error", f"{type(err).__name__}: {first}"
+    finally:
+        result.seconds += time.perf_counter() - began
+    return None
+
+
+class _Progress:
+    """Records, records per second and an ETA on stderr every few seconds (from --limit, else bytes read)."""
+
+    def __init__(self, source: DataSource, limit: int | None):
+        self.source, self.limit = source, limit
+        self.total_bytes = source.total_bytes
+        self.began = self.last = time.monotonic()
+        self.printed = False
+
+    def update(self, records: int) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_EVERY:
+            return
+        self.last = now
+        rate = records / max(now - self.began, 1e-9)
+        done = records / self.limit if self.limit else self.source.bytes_read / max(self.total_bytes, 1)
+        eta = (now - self.began) * (1 - done) / done if done > 0 else math.inf
+        eta_text = "?" if math.isinf(eta) else f"{int(eta // 60)}:{int(eta % 60):02d}"
+        print(f"verify --data: {records} records, {rate:.0f} records/s, {100 * min(done, 1):.0f}%, ETA {eta_text}",
+              file=sys.stderr, flush=True)
+        self.printed = True
+
+    def done(self, records: int) -> None:
+        if self.printed:
+            elapsed = time.monotonic() - self.began
+            print(f"verify --data: {records} records in {elapsed:.1f} s", file=sys.stderr, flush=True)
+
+
+def _run_beam(o, source, version_dir, specs, signature, names, example_key, tolerances, device):
+    from exportkit.data.beam import BeamPlan, RuntimeSpec, run_pipeline
+
+    output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
+    runtime_specs = []
+    for name in names:
+        if name == "keras":
+            runtime_specs.append(RuntimeSpec("keras", "keras", dict(source_options=o.against,
+                                                                    output_dtypes=output_dtypes, device=device)))
+        elif name == "saved_model":
+            runtime_specs.append(RuntimeSpec("saved_model", "saved_model", dict(
+                path=str(version_dir), signature_name=o.signature_name,
+                input_dtypes={s.key: s.dtype for s in specs}, device=device)))
+        elif name == "session":
+            runtime_specs.append(RuntimeSpec("session", "session", dict(
+                path=str(version_dir), signature_name=o.signature_name, device=device, allow_tf32=o.allow_tf32)))
+        elif name == "serving":
+            if ":" not in o.serving:
+                continue  # Beam workers talk to a deployment (--serving HOST:PORT), they do not start servers
+            runtime_specs.append(RuntimeSpec("serving", "serving", dict(
+                path=str(version_dir), mode=o.serving, signature_name=o.signature_name, model_name=o.model_name,
+                model_version=o.model_version, load_timeout=o.load_timeout)))
+    if len(runtime_specs) < 2:
+        raise UsageError(f"--runner beam needs two runtimes to compare, got {[r.label for r in runtime_specs]}",
+                         "pass --against SRC, or --serving HOST:PORT, or --runtimes saved_model,session")
+    plan = BeamPlan(source=source, example_key=example_key, runtimes=runtime_specs, tolerances=tolerances)
+    began = time.perf_counter()
+    stats, records = run_pipeline(plan, o.beam_options)
+    seconds = time.perf_counter() - began
+    results = [RuntimeResult(name=r.label, kind=f"beam:{r.name}", device=device, seconds=seconds,
+                             is_reference=(i == 0)) for i, r in enumerate(runtime_specs)]
+    return stats, records, results
+
+
+def _attach(report: VerifyReport, stats: dict, source: DataSource) -> None:
+    """The statistics as OutputComparisons of their runtimes (sorted by output key)."""
+    by_label = {r.name: r for r in report.runtimes}
+    reference = next((r.name for r in report.runtimes if r.is_reference), "")
+    report.reference = reference
+    for (label, _), st in sorted(stats.items()):
+        if label in by_label:
+            by_label[label].comparisons.append(to_comparison(st, source))
+
+
+def to_comparison(st: OutputStats, source: DataSource) -> OutputComparison:
+    c = OutputComparison(
+        key=st.key, passed=st.passed, expected_dtype=st.expected_dtype, actual_dtype=st.actual_dtype,
+        expected_shape=None if st.expected_shape is None else (-1, *st.expected_shape),
+        actual_shape=None if st.actual_shape is None else (-1, *st.actual_shape), atol=st.atol, rtol=st.rtol,
+        max_abs_err=st.max_abs, max_rel_err=st.max_rel, elements=st.elements, mismatched=st.mismatched,
+        nonfinite_mismatched=st.nonfinite, batches=st.batches, records=st.records,
+        failing_records=st.failing_records)
+    c.mismatch_fraction = st.mismatched / st.elements if st.elements else 0.0
+    if not st.exact and st.max_abs is not None:
+        c.abs_err_quantiles = st.abs_hist.quantiles(cap=st.max_abs)
+        c.rel_err_quantiles = st.rel_hist.quantiles(cap=st.max_rel)
+        if st.nonfinite:
+            c.required_atol = c.required_rtol = math.inf
+        else:
+            c.required_atol, c.required_rtol = max(0.0, st.need_atol), st.need_rtol
+    c.worst_records = [{"file": source.files[f], "index": i, "offset": off if off >= 0 else None,
+                        "element": element, "expected": exp, "actual": act, "abs_err": abs_err,
+                        "excess": excess}
+                       for excess, f, i, off, element, exp, act, abs_err in st.worst]
+    if st.worst:
+        c.worst_expected, c.worst_actual = st.worst[0][5], st.worst[0][6]
+    if not c.passed:
+        reasons = list(st.structural)
+        if st.expected_dtype != st.actual_dtype:
+            reasons.append(f"dtype {st.actual_dtype} != {st.expected_dtype}")
+        reasons += _value_reasons(st.elements, st.mismatched, st.nonfinite, st.exact)
+        if st.failing_records:
+            reasons.append(f"{st.failing_records} of {st.records} records fail")
+        c.reason = "; ".join(reasons)
+    return c
