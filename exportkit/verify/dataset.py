@@ -179,7 +179,12 @@ class _Progress:
 
 
 def _run_beam(o, source, version_dir, specs, signature, names, example_key, tolerances, device):
-    from exportkit.data.beam import BeamPlan, RuntimeSpec, run_pipeline
+    try:
+        from exportkit.data.beam import BeamPlan, RuntimeSpec, run_pipeline
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("apache_beam"):
+            raise
+        raise UsageError("--runner beam needs Apache Beam", "pip install 'exportkit[beam]'") from None
 
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
     runtime_specs = []

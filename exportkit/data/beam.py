@@ -1,0 +1,226 @@
+"""`verify --data ... --runner beam`: the in-process comparison as an Apache Beam pipeline, for datasets that
+outgrow one machine (DirectRunner by default; `--beam-option runner=FlinkRunner ...` for others).
+
+    files -> batches (records.DataSource, the very batches of the in-process run) -> Reshuffle
+          -> parse (once) -> one DoFn per runtime (model loaded once per worker, in setup)
+          -> join by batch id (CoGroupByKey) -> per (runtime, output): OutputStats via a CombineFn
+          -> written as text shards of pickled statistics, read back by the driver
+
+Statistics merge exactly (stats.OutputStats.merge), so the verdict and the max errors equal the in-process
+run's on the same data. With --limit the files are read in order by one worker (the limit is global).
+"""
+from __future__ import annotations
+
+import base64
+import pickle
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from exportkit.data.records import DataSource, Feeder
+from exportkit.data.stats import OutputStats
+from exportkit.errors import CheckFailed, ExportkitError, InfraError, UsageError
+
+_ERROR = re.compile(r"exportkit-error\[(\w+)\]: (.*?) \|\| (.*?)(?:\n|$)")
+
+
+@dataclass
+class RuntimeSpec:
+    """A runtime to build on a worker: `name` is one of runtimes.RUNTIME_NAMES, `args` its constructor's."""
+
+    label: str
+    name: str
+    args: dict
+
+
+@dataclass
+class BeamPlan:
+    source: DataSource
+    example_key: str | None
+    runtimes: list[RuntimeSpec]  # the first is the reference
+    tolerances: dict  # output key -> (atol, rtol)
+
+
+def build_runtime(spec: RuntimeSpec):
+    if spec.name == "saved_model":
+        from exportkit.runtimes.local import SavedModelRuntime as cls
+    elif spec.name == "keras":
+        from exportkit.runtimes.local import KerasRuntime as cls
+    elif spec.name == "session":
+        from exportkit.runtimes.session import SessionRuntime as cls
+    elif spec.name == "serving":
+        from exportkit.runtimes.serving import ServingRuntime as cls
+    else:
+        raise UsageError(f"runtime {spec.name!r} cannot run in a Beam worker", "use saved_model, keras, session, serving")
+    return cls(**spec.args)
+
+
+def _relay(err: ExportkitError) -> RuntimeError:
+    """Beam re-raises a worker's exception as its own; this text lets the driver give back the original."""
+    return RuntimeError(f"exportkit-error[{type(err).__name__}]: {err.message} || {err.remedy or ''}\n")
+
+
+def run_pipeline(plan: BeamPlan, beam_options: list[str]) -> tuple[dict, int]:
+    """Run the comparison; returns ({(runtime label, output key): OutputStats}, records compared)."""
+    args = {"runner": "DirectRunner"}
+    for item in beam_options:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--beam-option {item!r} is not KEY=VALUE", "write it as --beam-option direct_num_workers=2")
+        args[key.strip().lstrip("-")] = value
+    out_dir = args.get("temp_location") or tempfile.mkdtemp(prefix="exportkit-beam-")
+    results = FileSystems.join(out_dir, "exportkit-verify-stats")
+    try:
+        with beam.Pipeline(options=PipelineOptions([f"--{k}={v}" for k, v in args.items()])) as p:
+            _build(p, plan, results)
+    except ExportkitError:
+        raise
+    except Exception as err:
+        found = _ERROR.search(str(err))
+        if found:
+            kind = {"UsageError": UsageError, "InfraError": InfraError}.get(found.group(1), CheckFailed)
+            raise kind(found.group(2), found.group(3) or None) from None
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InfraError(f"the Beam pipeline failed: {first}", "re-run with --debug for the traceback") from err
+    stats, records = {}, 0
+    for match in FileSystems.match([results + "*"])[0].metadata_list:
+        with FileSystems.open(match.path) as fh:
+            for line in fh.read().splitlines():
+                kind, value = pickle.loads(base64.b64decode(line))
+                if kind == "records":
+                    records += value
+                else:
+                    stats[kind] = value
+    if not args.get("temp_location"):
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return stats, records
+
+
+def _build(p, plan: BeamPlan, results: str) -> None:
+    source = plan.source
+    if source.limit is not None:  # one reader in file order: the limit counts across files
+        batches = p | "Files" >> beam.Create([None]) | "Read" >> beam.FlatMap(_all_batches, source)
+    else:
+        batches = (p | "Files" >> beam.Create(list(range(len(source.files))))
+                   | "Read" >> beam.FlatMap(_file_batches, source))
+    batches = batches | "Spread" >> beam.Reshuffle()
+    inputs = batches | "Parse" >> beam.ParDo(_Parse(source, plan.example_key))
+    joined = {"positions": batches | "Positions" >> beam.Map(_positions)}
+    for spec in plan.runtimes:
+        joined[spec.label] = inputs | f"Run {spec.label}" >> beam.ParDo(_Run(spec))
+    labels = [spec.label for spec in plan.runtimes]
+    stats = (joined | "Join" >> beam.CoGroupByKey()
+             | "Pairs" >> beam.FlatMap(_pairs, labels)
+             | "Statistics" >> beam.CombinePerKey(_StatsCombine(plan.tolerances)))
+    records = (joined["positions"] | "Count" >> beam.Map(_count)
+               | "Records" >> beam.CombineGlobally(sum) | "Label" >> beam.Map(_labelled, "records"))
+    ((stats, records) | beam.Flatten()
+     | "Encode" >> beam.Map(_encode)
+     | "Write" >> beam.io.WriteToText(results))
+
+
+def _all_batches(_, source: DataSource):
+    return source.batches()
+
+
+def _file_batches(file_no: int, source: DataSource):
+    return source.file_batches(file_no)
+
+
+def _positions(batch):
+    return batch.key, (batch.file_no, batch.indices, batch.offsets)
+
+
+def _count(keyed) -> int:
+    return len(keyed[1][1])
+
+
+def _labelled(value, label: str):
+    return label, value
+
+
+def _encode(item) -> str:
+    return base64.b64encode(pickle.dumps(item)).decode("ascii")
+
+
+class _Parse(beam.DoFn):
+    """Records -> the signature's inputs, once per batch for all runtimes (a bad record fails the run)."""
+
+    def __init__(self, source: DataSource, example_key: str | None):
+        self.source, self.example_key = source, example_key
+
+    def setup(self):
+        self.feed = Feeder(self.source, self.source.specs, self.example_key)
+
+    def process(self, batch):
+        try:
+            yield batch.key, self.feed(batch)
+        except ExportkitError as err:
+            raise _relay(err) from None
+
+
+class _Run(beam.DoFn):
+    """One runtime on a worker: built and loaded once in setup, closed in teardown."""
+
+    def __init__(self, spec: RuntimeSpec):
+        self.spec = spec
+
+    def setup(self):
+        self.runtime = build_runtime(self.spec)
+        try:
+            self.runtime.load()
+        except ExportkitError as err:
+            raise _relay(err) from None
+
+    def process(self, element):
+        key, inputs = element
+        try:
+            yield key, self.runtime.run(inputs)
+        except ExportkitError as err:
+            raise _relay(err) from None
+
+    def teardown(self):
+        self.runtime.close()
+
+
+def _pairs(joined, labels: list[str]):
+    """One batch's outputs from every runtime -> ((label, output key), (key, reference, actual, positions))."""
+    _, groups = joined
+    (positions,) = groups["positions"]
+    reference = groups[labels[0]][0]
+    for label in labels[1:]:
+        outputs = groups[label][0]
+        for key in sorted(set(reference) | set(outputs)):
+            yield (label, key), (key, reference.get(key), outputs.get(key), positions)
+
+
+class _StatsCombine(beam.CombineFn):
+    """stats.OutputStats as the accumulator (None until the first batch, which names the output)."""
+
+    def __init__(self, tolerances: dict):
+        self.tolerances = tolerances
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, acc, element):
+        key, expected, actual, (file_no, indices, offsets) = element
+        if acc is None:
+            acc = OutputStats(key, *self.tolerances.get(key, (0.0, 0.0)))
+        acc.add(expected, actual, file_no, indices, offsets)
+        return acc
+
+    def merge_accumulators(self, accs):
+        merged = None
+        for acc in accs:
+            if acc is not None:
+                merged = acc if merged is None else merged.merge(acc)
+        return merged
+
+    def extract_output(self, acc):
+        return acc
