@@ -70,12 +70,14 @@ APP_MODELS = {
 }
 PROFILES = {
     "quick": dict(runs=1, app_runs=1, models=["mixed_functional.keras", "mobilenet_v2"], scaling_runs=1,
-                  scaling_samples=[1, 100], predict_calls=100, predict_models=["mixed_functional.keras"]),
+                  scaling_samples=[1, 100], predict_calls=100, predict_models=["mixed_functional.keras"],
+                  data_records=0),
     "default": dict(runs=3, app_runs=1, models=["mixed_functional.keras", "mobilenet_v2", "resnet50"], scaling_runs=1,
-                    scaling_samples=[1, 100, 1000], predict_calls=200, predict_models=["mixed_functional.keras"]),
+                    scaling_samples=[1, 100, 1000], predict_calls=200, predict_models=["mixed_functional.keras"],
+                    data_records=100_000),
     "full": dict(runs=3, app_runs=3, models=["mixed_functional.keras", "multi_io.keras", "mobilenet_v2", "resnet50"],
                  scaling_runs=3, scaling_samples=[1, 100, 1000], predict_calls=300,
-                 predict_models=["mixed_functional.keras", "mobilenet_v2"]),
+                 predict_models=["mixed_functional.keras", "mobilenet_v2"], data_records=100_000),
 }
 SMCLI_BATCH = 8          # = exportkit verify's default --samples
 INPUT_EXPRS_LIMIT = 20_000  # elements; above it the batch goes through --inputs KEY=file.npy (argv size limit)
@@ -509,11 +511,13 @@ def main(argv=None) -> int:
     parser.add_argument("--scaling-runs", type=int)
     parser.add_argument("--predict-models", help="comma-separated models for the predict row ('' skips)")
     parser.add_argument("--predict-calls", type=int, help="Predict calls per client")
+    parser.add_argument("--data-records", type=int, help="records for the verify --data rows (0 skips)")
+    parser.add_argument("--data-only", action="store_true", help="only the verify --data rows (see data_bench.py)")
     args = parser.parse_args(argv)
 
     profile = "quick" if args.quick else "full" if args.full else "default"
     cfg = dict(PROFILES[profile])
-    for key in ("runs", "app_runs", "scaling_runs", "predict_calls"):
+    for key in ("runs", "app_runs", "scaling_runs", "predict_calls", "data_records"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     if args.models is not None:
@@ -530,6 +534,8 @@ def main(argv=None) -> int:
     def log(message):
         print(f"[{time.perf_counter() - began:6.0f}s] {message}", file=sys.stderr, flush=True)
 
+    if args.data_only:
+        return _data_only(cfg["data_records"] or 100_000, out, log)
     wanted = list(dict.fromkeys(cfg["models"] + cfg["predict_models"] + ([scaling_model] if scaling_model else [])))
     models = resolve_models(wanted, Path(args.samples_dir).resolve(), out)
     info = machine()
@@ -562,10 +568,17 @@ def main(argv=None) -> int:
     if scaling_model and scaling_model in dirs:
         scaling = run_scaling(dirs[scaling_model], cfg["scaling_samples"], cfg["scaling_runs"], work, log)
 
+    data = {}
+    if cfg["data_records"]:
+        from data_bench import render_data, run_data
+
+        data = run_data(measure, work / "data", cfg["data_records"], log, str(BIN / "exportkit"))
     rows = summarize(raw)
     elapsed = time.perf_counter() - began
     info["loadavg_end"] = round(os.getloadavg()[0], 2)
     markdown = render(info, profile, rows, predict, scaling, scaling_model, elapsed)
+    if data:
+        markdown += "\n".join(render_data(data)) + "\n"
     print(markdown)
     (out / "results.md").write_text(markdown)
     for per_model in raw.values():  # keep results.json readable: stdout of verify/inspect only as a tail
@@ -579,8 +592,29 @@ def main(argv=None) -> int:
     (out / "results.json").write_text(json.dumps({
         "machine": info, "profile": profile, "config": cfg, "elapsed_seconds": elapsed, "targets": TARGETS,
         "summary": rows, "predict": predict, "scaling_model": scaling_model,
-        "scaling": {str(k): v for k, v in scaling.items()}, "runs": raw}, indent=1, default=str) + "\n")
+        "scaling": {str(k): v for k, v in scaling.items()}, "runs": raw, "data": _tails(data)}, indent=1,
+        default=str) + "\n")
     log(f"wrote {out / 'results.md'} and {out / 'results.json'}")
+    return 0
+
+
+def _tails(data: dict) -> dict:
+    for r in data.values():
+        r["stdout"] = r["stdout"][-1500:]
+    return data
+
+
+def _data_only(records: int, out: Path, log) -> int:
+    """`--data-only`: the verify --data rows alone, into OUT/data-results.md and .json."""
+    from data_bench import render_data, run_data
+
+    data = run_data(measure, out / "work" / "data", records, log, str(BIN / "exportkit"))
+    info = machine()
+    markdown = "\n".join([f"Machine: {info}"] + render_data(data)) + "\n"
+    print(markdown)
+    (out / "data-results.md").write_text(markdown)
+    (out / "data-results.json").write_text(json.dumps({"machine": info, "data": _tails(data)}, indent=1,
+                                                      default=str) + "\n")
     return 0
 
 

@@ -1,0 +1,100 @@
+"""`verify --data` benchmark (bench.py --data-only, or the data section of a profile): records per second of
+the in-process runner and of Apache Beam's DirectRunner (1 and 2 worker processes) next to a hand-written loop
+(benchmarks/data_loop.py) over the same TFRecords, and the peak RSS of the whole process tree at N/10 and
+2N records (the memory must not grow with the record count).
+
+The model is small (two inputs, ~1k parameters) so that the per-record overhead of reading, parsing,
+comparing and the statistics is what is measured, not the model. Runtimes: keras (--against) and saved_model,
+which is also what the loop calls.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+FILES = 8  # the records are spread over FILES files, half of them GZIP
+BATCH = 256
+
+
+def build(out: Path, records: int, log) -> dict:
+    """The model, its export and 2 x `records` Examples (built once, reused when present)."""
+    out = out / f"n{records}"
+    out.mkdir(parents=True, exist_ok=True)
+    marker = out / "built"
+    if not marker.exists():
+        log(f"  data: building the model and {2 * records} records in {out}")
+        code = f"""
+import numpy as np, keras, tensorflow as tf
+keras.utils.set_random_seed(0)
+x = keras.Input((16,), name="x"); k = keras.Input((), name="k", dtype="int32")
+h = keras.layers.Dense(32, activation="relu")(x)
+e = keras.layers.Flatten()(keras.layers.Embedding(100, 8)(keras.layers.Reshape((1,))(k)))
+y = keras.layers.Dense(4, name="score")(keras.layers.Concatenate()([h, e]))
+keras.Model({{"x": x, "k": k}}, {{"score": y}}).save({str(out / 'model.keras')!r})
+rng = np.random.default_rng(0)
+per_file = {2 * records} // {FILES}
+for f in range({FILES}):
+    with tf.io.TFRecordWriter({str(out)!r} + f"/part-{{f}}.tfrecord", "GZIP" if f % 2 else None) as w:
+        xs, ks = rng.standard_normal((per_file, 16)).astype("float32"), rng.integers(0, 100, per_file)
+        for i in range(per_file):
+            w.write(tf.train.Example(features=tf.train.Features(feature={{
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=xs[i])),
+                "k": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(ks[i])]))}})).SerializeToString())
+"""
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+        subprocess.run([str(Path(sys.executable).parent / "exportkit"), "export", str(out / "model.keras"), "-o",
+                        str(out / "export"), "--no-verify"], check=True, capture_output=True)
+        marker.touch()
+    files = sorted(str(p) for p in out.glob("part-*.tfrecord"))
+    return {"keras": out / "model.keras", "version": next((out / "export").iterdir()), "files": files,
+            "half": ",".join(files[: FILES // 2]), "all": ",".join(files)}
+
+
+def run_data(measure, out: Path, records: int, log, exportkit: str) -> dict:
+    """Rows {name: measure() result + records/s}; records is N (the throughput rows read N records)."""
+    d = build(out, records, log)
+    verify = [exportkit, "verify", str(d["version"]), "--against", str(d["keras"]), "--runtimes", "keras,saved_model",
+              "--serving", "none", "--batch-size", str(BATCH)]
+    rows = {
+        "loop": ([sys.executable, str(Path(__file__).with_name("data_loop.py")), str(d["keras"]), str(d["version"]),
+                  str(records), str(BATCH), *d["files"][: FILES // 2]], records),
+        "in-process": (verify + ["--data", d["half"]], records),
+        "beam (DirectRunner, in-memory)": (verify + ["--data", d["half"], "--runner", "beam"], records),
+        "beam (DirectRunner, 1 worker process)": (verify + ["--data", d["half"], "--runner", "beam", "--beam-option",
+                                                  "direct_running_mode=multi_processing", "--beam-option",
+                                                  "direct_num_workers=1"], records),
+        "beam (DirectRunner, 2 worker processes)": (verify + ["--data", d["half"], "--runner", "beam", "--beam-option",
+                                                   "direct_running_mode=multi_processing", "--beam-option",
+                                                   "direct_num_workers=2"], records),
+        f"memory: in-process, {records // 10} records": (verify + ["--data", d["all"], "--limit", str(records // 10)],
+                                                         records // 10),
+        f"memory: in-process, {2 * records} records": (verify + ["--data", d["all"]], 2 * records),
+    }
+    results = {}
+    for name, (argv, n) in rows.items():
+        log(f"  data: {name}")
+        r = measure(argv, timeout=3600)
+        r["records"] = n
+        r["records_per_s"] = n / r["seconds"] if r["rc"] in (0, 1) else None
+        results[name] = r
+        log(f"  data: {name}: rc {r['rc']}, {r['seconds']:.1f} s, {r['records_per_s'] or 0:.0f} records/s, "
+            f"tree RSS {r['tree_rss_mb'] or 0:.0f} MB")
+    return results
+
+
+def render_data(results: dict) -> list[str]:
+    if not results:
+        return []
+    loop = results.get("loop", {}).get("seconds")
+    lines = ["", "### verify --data (keras + saved_model over the same TFRecords)", "",
+             "| run | exit | records | wall s | records/s | x loop | peak RSS tree MB |", "|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        ratio = f"{r['seconds'] / loop:.2f}x" if loop and not name.startswith("memory") else "-"
+        lines.append(f"| {name} | {r['rc']} | {r['records']} | {r['seconds']:.1f} | {r['records_per_s'] or 0:.0f} | "
+                     f"{ratio} | {r['tree_rss_mb'] or 0:.0f} |")
+    mem = [r for n, r in results.items() if n.startswith("memory")]
+    if len(mem) == 2 and mem[0]["tree_rss_mb"]:
+        lines.append(f"\nPeak RSS at {mem[1]['records']} records / at {mem[0]['records']}: "
+                     f"{mem[1]['tree_rss_mb'] / mem[0]['tree_rss_mb']:.3f}x (goal <= 1.15x)")
+    return lines
