@@ -156,7 +156,6 @@ def verify(
     batch_size: int = typer.Option(256, "--batch-size", help="--data: records per batch."),
     sample: Optional[float] = typer.Option(None, "--sample", help="--data: keep each record with this probability (seeded by --seed)."),
     save_failures: Optional[str] = typer.Option(None, "--save-failures", help="--data: write the failing records to DIR."),
-    plot: Optional[str] = typer.Option(None, "--plot", hidden=True),
     runner: str = typer.Option("in-process", "--runner", help="--data: in-process | beam (Apache Beam, needs exportkit[beam])."),
     beam_option: Optional[List[str]] = typer.Option(None, "--beam-option", help="--runner beam: KEY=VALUE pipeline option (repeatable)."),
     debug: bool = DEBUG,
@@ -175,7 +174,7 @@ def verify(
             tol=tol or [], runtimes=runtimes, serving=serving, model_server_bin=model_server_bin,
             model_name=model_name, model_version=model_version, load_timeout=load_timeout, device=device,
             allow_tf32=allow_tf32, reference=reference, baseline=baseline, json_out=json_out, junit=junit, data=data,
-            limit=limit, batch_size=batch_size, sample=sample, save_failures=save_failures, plot=plot, runner=runner,
+            limit=limit, batch_size=batch_size, sample=sample, save_failures=save_failures, runner=runner,
             beam_options=beam_option or []))
 
     _run(go, debug)

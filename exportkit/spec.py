@@ -79,7 +79,6 @@ class VerifyOptions:
     batch_size: int = 256
     sample: float | None = None
     save_failures: str | None = None
-    plot: str | None = None
     runner: str = "in-process"
     beam_options: list[str] = field(default_factory=list)
 

@@ -162,12 +162,22 @@ def test_a_bad_record_is_an_input_error_naming_it(data, tmp_path, bad, problem):
     assert "fix:" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_npz_shards_sampling_is_seeded_and_limit_exact(capsys, data):
+def test_npz_shards_sampling_is_seeded_and_limit_exact(capsys, data, monkeypatch):
+    import exportkit.verify.dataset
+
+    monkeypatch.setattr(exportkit.verify.dataset, "PROGRESS_EVERY", 0.0)  # a progress line after every batch
     runs = {}
     for seed in (1, 1, 2):
-        code, report = _verify(capsys, data["version"], data=data["npz"], against=data["keras"], sample=0.5,
-                               seed=seed, runtimes="keras,saved_model", batch_size=32)
+        from exportkit.spec import VerifyOptions, source_options
+        from exportkit.verify.run import verify_command
+
+        code = verify_command(VerifyOptions(path=str(data["version"]), data=data["npz"], sample=0.5, seed=seed,
+                                            against=source_options(str(data["keras"])), serving="none",
+                                            runtimes="keras,saved_model", batch_size=32, json_out="-"))
+        captured = capsys.readouterr()
+        report = json.loads(captured.out)
         assert code == 0, report["verdict"]
+        assert "records/s" in captured.err and "ETA" in captured.err
         runs.setdefault(seed, []).append(_outputs(report, "saved_model")["score"])
     first, again = runs[1]
     assert first["records"] == again["records"] and first["worst_records"] == again["worst_records"]
@@ -196,10 +206,15 @@ def test_example_signature_takes_the_records_as_they_are(capsys, data, tmp_path)
     archive.add_endpoint("serving_default", serve, input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
     path = tmp_path / "examples" / "1"
     archive.write_out(str(path), verbose=False)
-    code, report = _verify(capsys, path, data=data["gz"], runtimes="saved_model,session", limit=100)
-    assert code == 0, report["verdict"]
+    code, report = _verify(capsys, path, data=data["gz"], runtimes="keras,saved_model,session", limit=100,
+                           against=data["drift"])
+    assert code == 1, report["verdict"]  # the drift is seen through the keras runtime, which parses the records
     assert report["inputs"]["examples"] is True and report["inputs"]["records"] == 100
-    assert _outputs(report, "session")["score"]["records"] == 100
+    assert report["reference"] == "keras"
+    assert not _outputs(report, "saved_model")["score"]["passed"]
+    session = _outputs(report, "session")["score"]
+    assert session["records"] == 100 and not session["passed"]
+    assert session["max_abs_err"] == pytest.approx(_outputs(report, "saved_model")["score"]["max_abs_err"], rel=1e-3)
 
 
 def test_histogram_quantiles_are_within_their_bound_and_merge_exactly():
@@ -231,3 +246,13 @@ def test_beam_runner_agrees_with_in_process(capsys, data):
                   "rel_err_quantiles", "worst_records", "required_atol", "reason"):
         assert ours[field] == theirs[field], field
     assert beam["inputs"]["runner"] == "beam"
+
+
+def test_beam_names_a_bad_record_like_the_in_process_run(data, tmp_path):
+    records = [_example(data["xs"][i], data["ks"][i]) for i in range(10)]
+    records[4] = _example(None, 1)
+    path = _write(tmp_path / "bad.tfrecord", records)
+    result = invoke("verify", data["version"], "--data", path, "--against", data["keras"], "--runtimes",
+                    "keras,saved_model", "--serving", "none", "--runner", "beam")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"record {path}:4: feature 'x' is missing" in result.stderr and "fix:" in result.stderr

@@ -22,7 +22,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from exportkit.data.records import DataSource, Feeder
+from exportkit.data.records import DataSource, ExampleParsing, Feeder
 from exportkit.data.stats import OutputStats
 from exportkit.errors import CheckFailed, ExportkitError, InfraError, UsageError
 
@@ -36,6 +36,7 @@ class RuntimeSpec:
     label: str
     name: str
     args: dict
+    parse_examples: str | None = None  # the Example input a tensor-taking model parses itself (keras)
 
 
 @dataclass
@@ -57,7 +58,8 @@ def build_runtime(spec: RuntimeSpec):
         from exportkit.runtimes.serving import ServingRuntime as cls
     else:
         raise UsageError(f"runtime {spec.name!r} cannot run in a Beam worker", "use saved_model, keras, session, serving")
-    return cls(**spec.args)
+    runtime = cls(**spec.args)
+    return ExampleParsing(runtime, spec.parse_examples) if spec.parse_examples else runtime
 
 
 def _relay(err: ExportkitError) -> RuntimeError:
@@ -179,6 +181,8 @@ class _Run(beam.DoFn):
 
     def process(self, element):
         key, inputs = element
+        if isinstance(self.runtime, ExampleParsing):
+            self.runtime.name_record = lambda row: f"#{row} of the batch from file {key[0]}, record {key[1]} on"
         try:
             yield key, self.runtime.run(inputs)
         except ExportkitError as err:

@@ -28,6 +28,7 @@ import numpy as np
 from exportkit.batches import InputSpec, cast_input, load_inputs
 from exportkit.dtypes import is_float, is_string
 from exportkit.errors import UsageError
+from exportkit.runtimes import Runtime
 
 GZIP_MAGIC = b"\x1f\x8b"
 DEFAULT_BATCH_SIZE = 256
@@ -236,17 +237,17 @@ class ExampleParser:
         self._parse = tf.function(lambda records: tf.io.parse_example(records, features),
                                   input_signature=[tf.TensorSpec([None], tf.string)])
 
-    def __call__(self, batch: RecordBatch, where) -> dict[str, np.ndarray]:
-        """`where(file_no, index)` names a record in error messages."""
+    def __call__(self, records: list[bytes], name_record) -> dict[str, np.ndarray]:
+        """`name_record(row)` names the row-th record in error messages (e.g. FILE:INDEX)."""
         try:
-            parsed = self._parse(np.asarray(batch.records, dtype=object))
+            parsed = self._parse(np.asarray(records, dtype=object))
             return {s.key: cast_input(s.key, parsed[s.key].numpy(), s) for s in self.specs}
         except Exception:
-            for index, record in zip(batch.indices, batch.records):  # which record, and what is wrong with it
+            for row, record in enumerate(records):  # which record, and what is wrong with it
                 problem = self.problem(record)
                 if problem:
-                    raise UsageError(f"record {where(batch.file_no, int(index))}: {problem}",
-                                     "every record needs a feature per signature input, of its type and size: "
+                    raise UsageError(f"record {name_record(row)}: {problem}",
+                                     "every record needs a feature per input, of its type and size: "
                                      + ", ".join(f"{s.key} ({_feature_kind(s)}, "
                                                  f"{math.prod(s.shape[1:])} value(s))" for s in self.specs)) from None
             raise
@@ -350,4 +351,33 @@ class Feeder:
             return batch.rows
         if self.example_key is not None:
             return {self.example_key: np.asarray(batch.records, dtype=object)}
-        return self._parser(batch, self.source.where)
+        return self._parser(batch.records, lambda row: self.source.where(batch.file_no, int(batch.indices[row])))
+
+
+class ExampleParsing(Runtime):
+    """A runtime whose model takes tensors, on a signature over serialized tf.Example: it parses the records into
+    its model's own inputs (the keras runtime from --against), so it sees the same records as the others.
+    `name_record(row)` names a record in errors; the caller sets it per batch when it knows the positions."""
+
+    def __init__(self, inner: Runtime, example_key: str):
+        self.inner, self.example_key = inner, example_key
+        self.name, self.kind, self.device = inner.name, inner.kind, inner.device
+        self.name_record = lambda row: f"#{row} of its batch"
+        self._parser = None
+
+    def start(self) -> None:
+        self.inner.start()
+
+    def load(self) -> None:
+        self.inner.load()
+        self._parser = ExampleParser(self.inner.input_specs())
+        self.loaded = True
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        outputs = self.inner.run(self._parser(list(inputs[self.example_key]), self.name_record))
+        self.placed_on, self.server = self.inner.placed_on, self.inner.server
+        return outputs
+
+    def close(self) -> None:
+        self.inner.close()
+        self.loaded = False

@@ -114,6 +114,12 @@ class KerasRuntime(Runtime):
         self._model = load_source(self.source_options).model
         self.loaded = True
 
+    def input_specs(self):
+        """The model's inputs (after load), for callers that must build them, e.g. from tf.Example records."""
+        from exportkit.sources.model_io import model_input_specs
+
+        return model_input_specs(self._model, [])
+
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import tensorflow as tf
 

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from exportkit.data.records import DataSource, Feeder, FailureWriter, example_input_key
+from exportkit.data.records import DataSource, ExampleParsing, Feeder, FailureWriter, example_input_key
 from exportkit.data.stats import OutputStats, compare_into
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.spec import VerifyOptions
@@ -37,8 +37,6 @@ def check_data_options(o: VerifyOptions, devices: list[str]) -> None:
     if o.runner == "beam" and o.save_failures:
         raise UsageError("--save-failures is not supported with --runner beam yet",
                          "re-run the worst records (listed with their file and index) in-process with --save-failures")
-    if o.plot:
-        raise UsageError("--plot is not available in this version", "read the quantiles in the report")
 
 
 def verify_data(o: VerifyOptions, report: VerifyReport, version_dir, proto, signature, specs, names, devices,
@@ -54,18 +52,13 @@ def verify_data(o: VerifyOptions, report: VerifyReport, version_dir, proto, sign
     report.inputs = {"source": "data", "path": o.data, "files": len(source.files), "batch_size": o.batch_size,
                      "sample": o.sample, "seed": o.seed if o.sample else None, "limit": o.limit, "runner": o.runner,
                      "examples": example_key is not None}
-    skipped = []
-    if "keras" in names and example_key is not None:
-        names.remove("keras")  # the Keras model takes tensors, not serialized Examples
-        skipped.append(RuntimeResult(name="keras", kind="in-process", status="skipped",
-                                     error="the signature takes serialized tf.Example; the Keras model takes tensors"))
     if o.runner == "beam":
         stats, records, results = _run_beam(o, source, version_dir, specs, signature, names, example_key,
                                             tolerances, devices[0])
     else:
         stats, records, results = _run_in_process(o, source, version_dir, specs, signature, names, devices,
                                                   example_key, tolerances, report)
-    report.runtimes = results + skipped
+    report.runtimes = results
     report.inputs["records"] = records
     _attach(report, stats, source)
     return _finish(report, o.json_out, o.junit)
@@ -81,6 +74,11 @@ def _run_in_process(o, source, version_dir, specs, signature, names, devices, ex
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
     feed = Feeder(source, specs, example_key)  # before any runtime starts: a bad --data fails fast
     runtimes_ = _build_runtimes(o, names, devices, version_dir, specs, output_dtypes, None, None)
+    parsing = []  # runtimes that parse the records themselves (keras on a signature over tf.Example)
+    for item in runtimes_:
+        if example_key is not None and item.runtime.name == "keras":
+            item.runtime = ExampleParsing(item.runtime, example_key)
+            parsing.append(item.runtime)
     results = {item.label: RuntimeResult(name=item.label, kind=item.runtime.kind, device=item.runtime.device)
                for item in runtimes_}
     stats: dict[tuple[str, str], OutputStats] = {}
@@ -91,6 +89,8 @@ def _run_in_process(o, source, version_dir, specs, signature, names, devices, ex
         progress = _Progress(source, o.limit)
         for batch in source.batches():
             inputs = feed(batch)
+            for runtime in parsing:
+                runtime.name_record = lambda row, b=batch: source.where(b.file_no, int(b.indices[row]))
             outputs = {}
             for item in list(live):
                 out = _timed(results[item.label], lambda: item.runtime.run(inputs))
@@ -191,7 +191,8 @@ def _run_beam(o, source, version_dir, specs, signature, names, example_key, tole
     for name in names:
         if name == "keras":
             runtime_specs.append(RuntimeSpec("keras", "keras", dict(source_options=o.against,
-                                                                    output_dtypes=output_dtypes, device=device)))
+                                                                    output_dtypes=output_dtypes, device=device),
+                                             parse_examples=example_key))
         elif name == "saved_model":
             runtime_specs.append(RuntimeSpec("saved_model", "saved_model", dict(
                 path=str(version_dir), signature_name=o.signature_name,
