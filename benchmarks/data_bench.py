@@ -1,6 +1,6 @@
 """`verify --data` benchmark (bench.py --data-only, or the data section of a profile): records per second of
 the in-process runner and of Apache Beam's DirectRunner (1 and 2 worker processes) next to a hand-written loop
-(benchmarks/data_loop.py) over the same TFRecords, and the peak RSS of the whole process tree at N/10 and
+(benchmarks/data_loop.py) over the same TFRecords, and the peak RSS of the whole process tree at N/5 and
 2N records (the memory must not grow with the record count).
 
 The model is small (two inputs, ~1k parameters) so that the per-record overhead of reading, parsing,
@@ -67,8 +67,8 @@ def run_data(measure, out: Path, records: int, log, exportkit: str) -> dict:
         "beam (DirectRunner, 2 worker processes)": (verify + ["--data", d["half"], "--runner", "beam", "--beam-option",
                                                    "direct_running_mode=multi_processing", "--beam-option",
                                                    "direct_num_workers=2"], records),
-        f"memory: in-process, {records // 10} records": (verify + ["--data", d["all"], "--limit", str(records // 10)],
-                                                         records // 10),
+        f"memory: in-process, {records // 5} records": (verify + ["--data", d["all"], "--limit", str(records // 5)],
+                                                        records // 5),
         f"memory: in-process, {2 * records} records": (verify + ["--data", d["all"]], 2 * records),
     }
     results = {}

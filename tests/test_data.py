@@ -162,7 +162,7 @@ def test_a_bad_record_is_an_input_error_naming_it(data, tmp_path, bad, problem):
     assert "fix:" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_npz_shards_sampling_is_seeded_and_limit_exact(capsys, data, monkeypatch):
+def test_npz_shards_sampling_is_seeded_and_limit_exact(capsys, data, monkeypatch, tmp_path):
     import exportkit.verify.dataset
 
     monkeypatch.setattr(exportkit.verify.dataset, "PROGRESS_EVERY", 0.0)  # a progress line after every batch
@@ -186,6 +186,15 @@ def test_npz_shards_sampling_is_seeded_and_limit_exact(capsys, data, monkeypatch
     code, report = _verify(capsys, data["version"], data=f"{data['npz']},{data['plain']}", against=data["keras"],
                            limit=RECORDS + 7, runtimes="keras,saved_model", batch_size=50)
     assert code == 0 and report["inputs"]["records"] == RECORDS + 7
+
+    failures = tmp_path / "npz-failures"
+    code, report = _verify(capsys, data["version"], data=data["npz"], against=data["drift"], limit=40,
+                           runtimes="keras,saved_model", batch_size=16, save_failures=str(failures))
+    saved = sorted(failures.glob("failures-*.npz"))
+    index = [json.loads(line) for line in (failures / "failures.index.jsonl").read_text().splitlines()]
+    with np.load(saved[0]) as first:
+        assert np.array_equal(first["x"][0], data["xs"][index[0]["index"]])
+    assert code == 1 and len(index) == _outputs(report, "saved_model")["score"]["failing_records"]
 
 
 def test_example_signature_takes_the_records_as_they_are(capsys, data, tmp_path):
@@ -256,3 +265,26 @@ def test_beam_names_a_bad_record_like_the_in_process_run(data, tmp_path):
                     "keras,saved_model", "--serving", "none", "--runner", "beam")
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"record {path}:4: feature 'x' is missing" in result.stderr and "fix:" in result.stderr
+
+
+@pytest.mark.slow
+def test_serving_deployment_in_process_and_from_beam_workers(capsys, data):
+    """--serving HOST:PORT: the in-process run and the Beam workers send the records' batches to one server."""
+    import re
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-m", "exportkit", "serve", str(data["version"].parent), "--port", "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        address = re.search(r"127\.0\.0\.1:\d+", server.stdout.readline()).group(0)
+        flags = dict(data=data["gz"], against=data["drift"], runtimes="keras,serving", serving=address, limit=200)
+        code, in_process = _verify(capsys, data["version"], **flags)
+        beam_code, beam = _verify(capsys, data["version"], runner="beam", **flags)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert code == beam_code == 1
+    ours, theirs = _outputs(in_process, "serving")["score"], _outputs(beam, "serving")["score"]
+    assert ours["records"] == theirs["records"] == 200
+    assert ours["max_abs_err"] == theirs["max_abs_err"] > 1e-4

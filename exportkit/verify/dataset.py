@@ -187,7 +187,7 @@ def _run_beam(o, source, version_dir, specs, signature, names, example_key, tole
         raise UsageError("--runner beam needs Apache Beam", "pip install 'exportkit[beam]'") from None
 
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
-    runtime_specs = []
+    runtime_specs, skipped = [], []
     for name in names:
         if name == "keras":
             runtime_specs.append(RuntimeSpec("keras", "keras", dict(source_options=o.against,
@@ -201,8 +201,10 @@ def _run_beam(o, source, version_dir, specs, signature, names, example_key, tole
             runtime_specs.append(RuntimeSpec("session", "session", dict(
                 path=str(version_dir), signature_name=o.signature_name, device=device, allow_tf32=o.allow_tf32)))
         elif name == "serving":
-            if ":" not in o.serving:
-                continue  # Beam workers talk to a deployment (--serving HOST:PORT), they do not start servers
+            if ":" not in o.serving:  # workers talk to a deployment, they do not start servers
+                skipped.append(RuntimeResult(name="serving", kind="grpc", status="skipped",
+                                             error="Beam workers only talk to a deployment: pass --serving HOST:PORT"))
+                continue
             runtime_specs.append(RuntimeSpec("serving", "serving", dict(
                 path=str(version_dir), mode=o.serving, signature_name=o.signature_name, model_name=o.model_name,
                 model_version=o.model_version, load_timeout=o.load_timeout)))
@@ -213,9 +215,10 @@ def _run_beam(o, source, version_dir, specs, signature, names, example_key, tole
     began = time.perf_counter()
     stats, records = run_pipeline(plan, o.beam_options)
     seconds = time.perf_counter() - began
-    results = [RuntimeResult(name=r.label, kind=f"beam:{r.name}", device=device, seconds=seconds,
-                             is_reference=(i == 0)) for i, r in enumerate(runtime_specs)]
-    return stats, records, results
+    kinds = {"keras": "in-process", "saved_model": "in-process", "session": "subprocess", "serving": "grpc"}
+    results = [RuntimeResult(name=r.label, kind=kinds[r.name], device=None if r.name == "serving" else device,
+                             seconds=seconds, is_reference=(i == 0)) for i, r in enumerate(runtime_specs)]
+    return stats, records, results + skipped
 
 
 def _attach(report: VerifyReport, stats: dict, source: DataSource) -> None:
