@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -127,17 +128,27 @@ class LogHistogram:
         self.counts[state["nz"]] = state["counts"]
 
 
-def _value(arr: np.ndarray, idx: tuple, category: str):
+def to_bytes(x: Any) -> bytes:
+    if isinstance(x, bytes):
+        return bytes(x)
+    if isinstance(x, str):
+        return x.encode("utf-8")
+    return str(x).encode("utf-8")
+
+
+def scalar_value(arr: np.ndarray, idx: tuple, category: str) -> Any:
     v = arr[idx]
     if category == "string":
-        return (v if isinstance(v, bytes) else str(v).encode()).decode("utf-8", errors="backslashreplace")
+        return to_bytes(v).decode("utf-8", errors="backslashreplace")
     if category == "bool":
         return bool(v)
     if category == "int":
         return int(v)
     if category == "other":
         return str(v)
-    return complex(v) if np.iscomplexobj(arr) else float(np.asarray(v).astype(np.float64))
+    if np.iscomplexobj(arr):
+        return complex(v)
+    return float(np.asarray(v).astype(np.float64))
 
 
 def _merge_shape(a: tuple | None, b: tuple | None) -> tuple | None:
@@ -197,7 +208,8 @@ class OutputStats:
         rows = n if per_record else 1
         ce, ca = category_of(name_of_array(e)), category_of(name_of_array(a))
         if ce == ca and ce in ("string", "bool", "other"):
-            bad = np.asarray([x != y for x, y in zip(e.flat, a.flat)], dtype=bool).reshape(e.shape) \
+            bad = np.asarray([to_bytes(x) != to_bytes(y) if ce == "string" else not (x == y)
+                              for x, y in zip(e.flat, a.flat)], dtype=bool).reshape(e.shape) \
                 if ce != "bool" else np.asarray(e != a)
             excess = np.where(bad, math.inf, 0.0)
             self.elements += e.size
@@ -256,7 +268,7 @@ class OutputStats:
             full = (int(r), *element) if per_record else element
             abs_err = float(err.diff[full]) if err is not None and err.finite[full] else None
             self.worst.append((float(record_excess[r]), int(file_no), int(indices[r]), int(offsets[r]), list(element),
-                               _value(e, full, ce), _value(a, full, ca), abs_err))
+                               scalar_value(e, full, ce), scalar_value(a, full, ca), abs_err))
         self._trim()
 
     def _trim(self) -> None:

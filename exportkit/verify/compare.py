@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from exportkit.data.stats import category_of, element_errors
+from exportkit.data.stats import category_of, element_errors, scalar_value, to_bytes
 from exportkit.dtypes import canonical, is_float, name_of_array
 from exportkit.errors import UsageError
 
@@ -175,7 +175,7 @@ class OutputComparison:
     @property
     def exact(self) -> bool:
         """Compared for equality (strings, bools) rather than with a tolerance."""
-        return _category_of_name(self.expected_dtype or self.actual_dtype or "") in ("string", "bool")
+        return category_of(self.expected_dtype or self.actual_dtype or "") in ("string", "bool")
 
 
 def to_jsonable(v: Any) -> Any:
@@ -208,34 +208,10 @@ def to_jsonable(v: Any) -> Any:
 # --------------------------------------------------------------------------------------------- dtypes
 
 
-_category_of_name = category_of
 
 
 def _category(arr: np.ndarray) -> str:
-    return _category_of_name(name_of_array(arr))
-
-
-def _to_bytes(x: Any) -> bytes:
-    if isinstance(x, bytes):
-        return bytes(x)
-    if isinstance(x, str):
-        return x.encode("utf-8")
-    return str(x).encode("utf-8")
-
-
-def _scalar(arr: np.ndarray, idx: tuple, category: str) -> Any:
-    v = arr[idx]
-    if category == "string":
-        return _to_bytes(v).decode("utf-8", errors="backslashreplace")
-    if category == "bool":
-        return bool(v)
-    if category == "int":
-        return int(v)
-    if category == "other":
-        return str(v)
-    if np.iscomplexobj(arr):
-        return complex(v)
-    return float(np.asarray(v).astype(np.float64))
+    return category_of(name_of_array(arr))
 
 
 def _g(x: float | None) -> str:
@@ -301,8 +277,8 @@ def compare_arrays(key: str, expected: Any, actual: Any, tol: Tolerance) -> Outp
 def _compare_exact(res: OutputComparison, e: np.ndarray, a: np.ndarray, cat: str, reasons: list[str]) -> OutputComparison:
     n = int(e.size)
     if cat == "string":
-        ef = [_to_bytes(x) for x in e.flat]
-        af = [_to_bytes(x) for x in a.flat]
+        ef = [to_bytes(x) for x in e.flat]
+        af = [to_bytes(x) for x in a.flat]
         diff = np.array([x != y for x, y in zip(ef, af)], dtype=bool).reshape(e.shape)
     elif cat == "bool":
         diff = np.asarray(e != a, dtype=bool)
@@ -314,8 +290,8 @@ def _compare_exact(res: OutputComparison, e: np.ndarray, a: np.ndarray, cat: str
     if m:
         idx = tuple(int(i) for i in np.argwhere(diff)[0])
         res.worst_index = idx
-        res.worst_expected = _scalar(e, idx, cat)
-        res.worst_actual = _scalar(a, idx, cat)
+        res.worst_expected = scalar_value(e, idx, cat)
+        res.worst_actual = scalar_value(a, idx, cat)
         res.worst_excess = math.inf
     else:
         res.worst_excess = 0.0 if n else None
@@ -371,8 +347,8 @@ def _compare_numeric(res: OutputComparison, e: np.ndarray, a: np.ndarray, ce: st
             idx = tuple(int(i) for i in np.unravel_index(flat, e.shape))
             res.worst_excess = float(excess[idx]) if finite.any() else -math.inf
         res.worst_index = idx
-        res.worst_expected = _scalar(e, idx, ce)
-        res.worst_actual = _scalar(a, idx, ca)
+        res.worst_expected = scalar_value(e, idx, ce)
+        res.worst_actual = scalar_value(a, idx, ca)
 
     reasons = reasons + _value_reasons(n, m, nf, exact=False)
     res.passed = not reasons
