@@ -226,6 +226,27 @@ def test_example_signature_takes_the_records_as_they_are(capsys, data, tmp_path)
     assert session["max_abs_err"] == pytest.approx(_outputs(report, "saved_model")["score"]["max_abs_err"], rel=1e-3)
 
 
+def test_string_inputs_from_bytes_features(capsys, sample, tmp_path):
+    """A text model (string input (None, 1) -> StringLookup): bytes_list features with vocabulary words, empty
+    strings and unknown words reach every runtime."""
+    import io
+
+    import tensorflow as tf
+
+    from exportkit.export.pipeline import Progress, export_model
+    from exportkit.spec import export_options
+
+    src = sample("text.keras")["path"]
+    version = export_model(export_options(str(src), str(tmp_path / "text"), no_verify=True), Progress(io.StringIO())).path
+    words = [b"the", b"", b"zebra-unknown", b"model", "caf\u00e9".encode()] * 9
+    path = _write(tmp_path / "text.tfrecord", [tf.train.Example(features=tf.train.Features(feature={
+        "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[w]))})).SerializeToString() for w in words])
+    code, report = _verify(capsys, version, data=path, against=src, runtimes="keras,saved_model", batch_size=16)
+    assert code == 0, report["verdict"]
+    logits = _outputs(report, "saved_model")
+    assert [o["records"] for o in logits.values()] == [len(words)]
+
+
 def test_histogram_quantiles_are_within_their_bound_and_merge_exactly():
     from exportkit.data.stats import BINS_PER_DECADE, LogHistogram
 
