@@ -26,7 +26,7 @@ SHOWN_WORST = 5
 def check_data_options(o: VerifyOptions, devices: list[str]) -> None:
     """Flags that make no sense with --data, refused before anything starts."""
     clashes = [flag for flag, value in (("--inputs", o.inputs), ("--save-inputs", o.save_inputs),
-                                        ("--save-outputs", o.save_outputs)) if value]
+                                        ("--save-outputs", o.save_outputs), ("--reference", o.reference)) if value]
     if clashes:
         raise UsageError(f"--data cannot be combined with {', '.join(clashes)}",
                          "the records are the inputs; use --save-failures DIR to keep the failing ones")
@@ -47,7 +47,7 @@ def verify_data(o: VerifyOptions, report: VerifyReport, version_dir, proto, sign
     check_data_options(o, devices)
     source = DataSource(o.data, specs, batch_size=o.batch_size, sample=o.sample, seed=o.seed, limit=o.limit)
     example_key = example_input_key(select_meta_graph(proto), signature)
-    names = [n for n in names if n != "golden"]
+    names = [n for n in names if n not in ("golden", "trained")]  # recorded outputs exist only for their inputs
     tolerances = {k: _tol(tolerance(k, v["dtype"])) for k, v in signature["outputs"].items()}
     report.inputs = {"source": "data", "path": o.data, "files": len(source.files), "batch_size": o.batch_size,
                      "sample": o.sample, "seed": o.seed if o.sample else None, "limit": o.limit, "runner": o.runner,
