@@ -156,8 +156,9 @@ def test_a_bad_record_is_an_input_error_naming_it(data, tmp_path, bad, problem):
         records[13] = _example(bad.get("x", data["xs"][13]), data["ks"][13])
     path = _write(tmp_path / "bad.tfrecord", records)
     result = invoke("verify", data["version"], "--data", path, "--runtimes", "saved_model", "--serving", "none",
-                    "--batch-size", "8")
+                    "--batch-size", "8", "--save-failures", tmp_path / "failures")
     assert result.returncode == 2
+    assert not (tmp_path / "failures").exists()  # nothing half-written
     assert f"record {path}:13: {problem}" in result.stderr
     assert "fix:" in result.stderr and "Traceback" not in result.stderr
 

@@ -294,6 +294,7 @@ class FailureWriter:
         self.count = 0
         self._writer = None
         self._npz = 0
+        self._created = not self.dir.exists()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._tmp: list[Path] = []
         self._index = self._open_tmp("failures.index.jsonl").open("w")
@@ -335,6 +336,8 @@ class FailureWriter:
                 os.replace(tmp, tmp.with_name(tmp.name[1:-len(".tmp")]))
             else:
                 tmp.unlink(missing_ok=True)
+        if not commit and self._created and not any(self.dir.iterdir()):
+            self.dir.rmdir()
 
 
 class Feeder:
