@@ -158,6 +158,7 @@ def verify(
     save_failures: Optional[str] = typer.Option(None, "--save-failures", help="--data: write the failing records to DIR."),
     runner: str = typer.Option("in-process", "--runner", help="--data: in-process | beam (Apache Beam, needs exportkit[beam])."),
     beam_option: Optional[List[str]] = typer.Option(None, "--beam-option", help="--runner beam: KEY=VALUE pipeline option (repeatable)."),
+    tf_versions: Optional[List[str]] = typer.Option(None, "--tf", help="Also run the session runtime on TensorFlow X.Y (2.12-2.21; a list, a range or all; repeatable), in a managed environment."),
     debug: bool = DEBUG,
 ):
     """Prove the SavedModel computes what the model computed, in every runtime. Exit 0 only if all agree."""
@@ -175,7 +176,7 @@ def verify(
             model_name=model_name, model_version=model_version, load_timeout=load_timeout, device=device,
             allow_tf32=allow_tf32, reference=reference, baseline=baseline, json_out=json_out, junit=junit, data=data,
             limit=limit, batch_size=batch_size, sample=sample, save_failures=save_failures, runner=runner,
-            beam_options=beam_option or []))
+            beam_options=beam_option or [], tf_versions=tf_versions or []))
 
     _run(go, debug)
 
@@ -223,6 +224,86 @@ def serve(
         from exportkit.serving.server import serve_command
 
         return serve_command(path=path, port=port, model_name=model_name, device=device)
+
+    _run(go, debug)
+
+
+@app.command()
+def compat(
+    path: str = typer.Argument(..., metavar="PATH", help="A version directory, a model base directory or any SavedModel."),
+    tf: Optional[List[str]] = typer.Option(None, "--tf", help="Versions: a list 2.12,2.17, a range 2.14-2.21, or all (default; repeatable)."),
+    device: str = typer.Option("cpu", "--device", help="cpu | gpu: the device the servers run on."),
+    run: bool = typer.Option(False, "--run", help="Also load and run it in TensorFlow X.Y's TF1 loader (managed environments, CPU)."),
+    signature_name: str = typer.Option("serving_default", "--signature-name", help="Signature to run with --run."),
+    samples: int = typer.Option(8, "--samples", help="Batch size of the generated batch for --run."),
+    seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
+    int_range: Optional[str] = typer.Option(None, "--int-range", help="LO:HI for generated integer inputs (default: the export's, else 0:10)."),
+    atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance for every output."),
+    rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance for every output."),
+    tol: Optional[List[str]] = typer.Option(None, "--tol", help="KEY=ATOL,RTOL for one output (repeatable)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON matrix here ('-' for stdout)."),
+    debug: bool = DEBUG,
+):
+    """Will it load, run and agree on TF Serving 2.12 ... 2.21? Predicted statically; observed with --run."""
+
+    def go():
+        from exportkit.verify.matrix import compat_command
+
+        return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
+                              samples=samples, seed=seed, int_range=int_range, atol=atol, rtol=rtol, tol=tol,
+                              json_out=json_out)
+
+    _run(go, debug)
+
+
+runtimes_app = typer.Typer(no_args_is_help=True, help="Managed TensorFlow X.Y environments used by compat --run and verify --tf.")
+app.add_typer(runtimes_app, name="runtimes")
+
+
+@runtimes_app.command("list")
+def runtimes_list(debug: bool = DEBUG):
+    """Every supported TensorFlow version and whether its environment is installed."""
+
+    def go():
+        from exportkit.compat.envs import list_envs, root
+
+        typer.echo(f"managed environments in {root()}")
+        for env in list_envs():
+            size = f"{env.bytes / 1e9:.1f} GB" if env.bytes else ""
+            where = "this Python's TensorFlow" if env.state == "built-in" else (env.path or "")
+            detail = f"tensorflow {env.tensorflow}, numpy {env.numpy}" if env.tensorflow else ""
+            typer.echo(f"  {env.version:<5} {env.state:<9} {detail:<36} {size:>7}  {where}".rstrip())
+        return 0
+
+    _run(go, debug)
+
+
+@runtimes_app.command("install")
+def runtimes_install(version: str = typer.Argument(..., metavar="X.Y"),
+                     force: bool = typer.Option(False, "--force", help="Rebuild an existing environment."),
+                     debug: bool = DEBUG):
+    """Create the environment of TensorFlow X.Y (tensorflow-cpu from PyPI, about a minute and 1.7 GB)."""
+
+    def go():
+        from exportkit.compat.envs import install
+
+        env = install(version, force=force)
+        typer.echo(f"TensorFlow {env.version}: {env.state} (tensorflow {env.tensorflow}, numpy {env.numpy}) "
+                   f"{env.python}")
+        return 0
+
+    _run(go, debug)
+
+
+@runtimes_app.command("remove")
+def runtimes_remove(version: str = typer.Argument(..., metavar="X.Y"), debug: bool = DEBUG):
+    """Delete the environment of TensorFlow X.Y."""
+
+    def go():
+        from exportkit.compat.envs import env_dir, remove
+
+        typer.echo(f"removed {env_dir(version)}" if remove(version) else f"no environment for TensorFlow {version}")
+        return 0
 
     _run(go, debug)
 

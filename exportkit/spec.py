@@ -81,6 +81,7 @@ class VerifyOptions:
     save_failures: str | None = None
     runner: str = "in-process"
     beam_options: list[str] = field(default_factory=list)
+    tf_versions: list[str] = field(default_factory=list)  # --tf: also session@X.Y in managed environments
 
 
 def parse_builder_args(items: list[str]) -> dict:

@@ -21,14 +21,24 @@ REPLY_TIMEOUT = 600.0
 
 
 class SessionRuntime(Runtime):
-    """`start()` spawns the worker, so its TensorFlow import overlaps with whatever the caller does next."""
+    """`start()` spawns the worker, so its TensorFlow import overlaps with whatever the caller does next.
+
+    By default the worker is `exportkit.runtimes.session_worker` on this Python. `python` and `worker` run
+    another interpreter and a standalone script speaking the same protocol instead (a managed TF X.Y
+    environment, see exportkit.compat.envs); `tf_version` then says which TensorFlow answered.
+    """
 
     name = "session"
     kind = "subprocess"
 
     def __init__(self, path: str, signature_name: str = DEFAULT_SIGNATURE, device: str | None = "cpu",
-                 allow_tf32: bool = False):
+                 allow_tf32: bool = False, *, python: str | None = None, worker: str | None = None,
+                 broken_remedy: str = "check that exportkit is installed in this Python environment"):
         self.path = str(Path(path).resolve())
+        self.tf_version: str | None = None
+        self._command = [python or sys.executable, "-I"] + (
+            [worker] if worker else ["-m", "exportkit.runtimes.session_worker"])
+        self._broken_remedy = broken_remedy
         self.allow_tf32 = allow_tf32
         self.signature_name = signature_name
         self.device = device
@@ -42,7 +52,7 @@ class SessionRuntime(Runtime):
         self._dir = tempfile.TemporaryDirectory(prefix="exportkit-session-")
         self._log = open(Path(self._dir.name) / "worker.log", "w+")
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-m", "exportkit.runtimes.session_worker"],
+            self._command,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=self._dir.name,
             env=child_env(self.device), text=True, start_new_session=True)
 
@@ -61,13 +71,14 @@ class SessionRuntime(Runtime):
             line = self._proc.stdout.readline()
             if not line:
                 raise InfraError(f"the session worker died (exit {self._proc.poll()}): {self._log_tail()}",
-                                 "check that exportkit is installed in this Python environment")
+                                 self._broken_remedy)
             if line.startswith("{"):
                 return json.loads(line)
 
     def _request(self, **payload) -> dict:
         if not self._ready:
-            self._receive()  # the "ready" line, sent once TensorFlow is imported
+            ready = self._receive()  # the "ready" line, sent once TensorFlow is imported
+            self.tf_version = ready.get("tf")
             self._ready = True
         try:
             self._proc.stdin.write(json.dumps(payload) + "\n")

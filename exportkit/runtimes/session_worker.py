@@ -31,7 +31,7 @@ def main() -> int:
     from exportkit.tf1_loader import Tf1SavedModel
     from exportkit.batches import load_batches, save_batches
 
-    _reply(channel, ok=True, ready=True)
+    _reply(channel, ok=True, ready=True, tf=tf.__version__)
     model = signature = None
     for line in sys.stdin:
         request = json.loads(line)

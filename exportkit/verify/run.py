@@ -140,6 +140,8 @@ def _run_all(runtime, batches) -> list:
 def verify_command(options: VerifyOptions) -> int:
     o = options
     devices = _devices(o.device)
+    # Managed TF X.Y environments come first: a missing one is installed (or exit 3) before any process starts.
+    versioned = versioned_pythons(o.tf_versions)
     names = _selected_runtimes(o.runtimes, o.serving, o.against)
     lo_hi = parse_int_range(o.int_range) if o.int_range else None
     per_output = dict(parse_tol(t) for t in o.tol)
@@ -197,6 +199,7 @@ def verify_command(options: VerifyOptions) -> int:
     # Subprocess runtimes first: they import TensorFlow while we work here.
     runtimes_ = _build_runtimes(o, names, devices, version_dir, specs, output_dtypes, golden_inputs, golden_outputs,
                                 trained)
+    runtimes_ += versioned_sessions(versioned, version_dir, o.signature_name)
     outputs: dict[str, list] = {}
     try:
         from exportkit.tfenv import import_tf, tf32
@@ -218,6 +221,31 @@ def verify_command(options: VerifyOptions) -> int:
         for label, per_batch in outputs.items():
             _save(o.save_outputs, label, [out for out in per_batch if out is not None])
     return _finish(report, o.json_out, o.junit)
+
+
+def versioned_pythons(tf_versions) -> dict[str, str]:
+    """{X.Y: interpreter with TensorFlow X.Y} for `--tf` (repeatable, each a list/range/all), installing the
+    managed environments that are missing (progress on stderr; exit 3 when they cannot be built)."""
+    if not tf_versions:
+        return {}
+    from exportkit.compat import parse_versions
+    from exportkit.compat.envs import python_for
+
+    return {v: python_for(v) for v in parse_versions(list(tf_versions))}
+
+
+def versioned_sessions(pythons: dict[str, str], version_dir, signature_name) -> list[_Labeled]:
+    """`session@X.Y`: the serving-equivalent session runtime on TensorFlow X.Y (CPU), one process each, started."""
+    from exportkit.compat.envs import WORKER, install_command
+    from exportkit.runtimes.session import SessionRuntime
+
+    built = [_Labeled(SessionRuntime(str(version_dir), signature_name, device="cpu", python=python, worker=str(WORKER),
+                                     broken_remedy=f"the TF {v} environment may be damaged: `exportkit runtimes "
+                                                   f"remove {v}` then `{install_command(v)}`"),
+                      f"session@{v}") for v, python in pythons.items()]
+    for item in built:
+        item.runtime.start()
+    return built
 
 
 def _close_all(runtimes_) -> None:
