@@ -31,6 +31,7 @@ class SavedModelInfo:
     variables_bytes: int
     manifest: dict | None  # assets.extra/exportkit/manifest.json, when present and valid
     findings: list[Finding] = field(default_factory=list)
+    oldest_tf_serving: str | None = None  # oldest TF (Serving) version the static compat analysis accepts, CPU
 
     def to_dict(self) -> dict:
         return {
@@ -43,6 +44,7 @@ class SavedModelInfo:
             "variables_bytes": self.variables_bytes,
             "manifest": self.manifest,
             "findings": [f.to_dict() for f in self.findings],
+            "oldest_tf_serving": self.oldest_tf_serving,
         }
 
 
@@ -80,6 +82,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     assets = sorted(a for d in ASSET_DIRS if (directory / d).is_dir() for a in _files_under(directory / d, directory))
     manifest, manifest_findings = read_manifest(directory)
     findings = lint_saved_model(proto, signature_name, check_registry=check_registry) + manifest_findings
+    from exportkit.compat.analysis import oldest_accepted
     return SavedModelInfo(
         path=os.path.abspath(directory),
         tags=list(meta_graph.meta_info_def.tags),
@@ -90,6 +93,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
         variables_bytes=_dir_bytes(directory / "variables"),
         manifest=manifest,
         findings=findings,
+        oldest_tf_serving=oldest_accepted(meta_graph),
     )
 
 
@@ -156,6 +160,10 @@ def render_text(info: SavedModelInfo) -> str:
     out.append(f"assets: {len(info.assets)}")
     out += [f"  {a}" for a in info.assets]
     out.append(f"variables: {_fmt_bytes(info.variables_bytes)}")
+    from exportkit.compat import RANGE
+
+    out.append("TF Serving (static, CPU): " + (f"{info.oldest_tf_serving} and newer" if info.oldest_tf_serving else
+                                               f"no version in {RANGE}") + "; `exportkit compat` for details")
     if info.manifest is None:
         out.append("manifest: none (not exported by exportkit)")
     else:

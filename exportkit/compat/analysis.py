@@ -1,15 +1,19 @@
-"""Predicted compatibility: what a TF X.Y server executes, checked against X.Y's op and kernel registry.
+"""Predicted compatibility: what a TF X.Y server loads and executes, checked against X.Y's registries.
 
-No TensorFlow import. What counts is what the serving loader touches:
+No TensorFlow import. Measured with the TF1 loader of TF 2.12 and 2.21 (the core TF Serving runs), by
+editing saved_model.pb files and loading them:
 
-* every node of the top-level graph is imported, so its op, attrs and dtypes must be valid (TF's importer
-  first drops attrs the consumer does not know when they equal the producer's default, from the MetaGraph's
-  `stripped_op_list`);
-* executed are the signatures' tensors (and `__saved_model_init_op`, the main/legacy init op) and the restore
-  op of the saver, walked back through their inputs, and transitively every function they call (call ops,
-  functional control flow, any func-valued attr). Only those nodes need kernels, and only called functions
-  are instantiated (validated). The save path (SaveV2, MergeV2Checkpoints, DisableCopyOnRead, ...) is never
-  run by a server and yields nothing.
+* loading instantiates the top-level graph and every function its nodes call, transitively (the session
+  places and inlines the whole graph, save path included): an unknown op there fails the *load*, and so
+  does an unknown type-valued attr that changes an input/output type ("expected type int64 != int32").
+  Functions nobody calls are never looked at.
+* attrs the target's OpDef lacks are silently ignored, whatever their value (`NodeDef mentions attr` is not
+  raised by this loader): a warning when the value is not the writer's default (MetaInfoDef's
+  stripped_op_list), since its effect is lost.
+* executed are the signatures' tensors (and `__saved_model_init_op` / the main op) and the saver's restore
+  op, walked back through their inputs and into every function they call (call ops, functional control flow,
+  func-valued attrs). Only those nodes need a kernel for their dtypes and allowed dtypes (checked when the
+  kernel is made, at run time); the save path (SaveV2, MergeV2Checkpoints, DisableCopyOnRead ...) never runs.
 """
 from __future__ import annotations
 
@@ -29,6 +33,10 @@ NO_KERNEL_NEEDED = frozenset({
 })
 TYPE_ATTRS = ("type", "list(type)")
 DT_STRING = 7
+# Attrs whose loss changes nothing a client sees (VarHandleOp.debug_name, new in 2.14, is on every variable
+# TF >= 2.14 writes): an ignored one is an info finding, not a warning.
+COSMETIC_ATTRS = frozenset({"debug_name"})
+_UNSET = object()
 
 
 @dataclass
@@ -68,7 +76,8 @@ def _funcs_in(attr_value) -> list[str]:
 
 
 def served_nodes(meta_graph) -> list[ServedNode]:
-    """The top-level graph (flagged where a serving path reaches it) and every function a path calls."""
+    """Every node the loader instantiates: the top-level graph and the functions it calls, transitively;
+    flagged `executed` where a signature, init or restore path reaches them, `serving` on a signature's."""
     graph = meta_graph.graph_def
     top = {node.name: node for node in graph.node}
     library = {f.signature.name: f for f in graph.library.function}
@@ -85,7 +94,7 @@ def served_nodes(meta_graph) -> list[ServedNode]:
             loading += list(meta_graph.collection_def[key].node_list.value)
 
     reached: dict[str, bool] = {}  # top-level node -> on a serving path
-    functions: dict[str, bool] = {}  # called function -> called from a serving path
+    executed: dict[str, bool] = {}  # function -> called from a serving path
     for starts, on_serving in ((serving, True), (loading, False)):
         pending = [_node_name(t) for t in starts if t]
         called = []
@@ -96,18 +105,26 @@ def served_nodes(meta_graph) -> list[ServedNode]:
             reached[name] = on_serving
             pending.extend(_node_name(i) for i in top[name].input)
             called += _calls(top[name], library)
-        while called:
-            fname = called.pop()
-            if fname in functions:
-                continue
-            functions[fname] = on_serving
-            for node in library[fname].node_def:
-                called += _calls(node, library)
+        _close(called, library, executed, on_serving)
+    instantiated: dict[str, bool] = {}
+    _close([f for node in graph.node for f in _calls(node, library)], library, instantiated, False)
 
     nodes = [_served(node, None, node.name in reached, reached.get(node.name, False)) for node in graph.node]
-    for fname, on_serving in functions.items():
-        nodes += [_served(node, fname, True, on_serving) for node in library[fname].node_def]
+    for fname in instantiated:
+        nodes += [_served(node, fname, fname in executed, executed.get(fname, False))
+                  for node in library[fname].node_def]
     return nodes
+
+
+def _close(called: list[str], library, seen: dict[str, bool], flag: bool) -> None:
+    """Add `called` and every function they call, transitively, to `seen` (first flag wins)."""
+    while called:
+        fname = called.pop()
+        if fname in seen:
+            continue
+        seen[fname] = flag
+        for node in library[fname].node_def:
+            called += _calls(node, library)
 
 
 def _calls(node, library) -> list[str]:
@@ -205,21 +222,27 @@ def check_version(nodes: list[ServedNode], library: set[str], producer_ops: dict
         for name, value in node.attrs.items():
             if name in op_def["a"]:
                 continue
-            producer = producer_ops.get(op, {}).get(name)
-            if producer is not None and node.function is None and attr_json(value) == producer:
-                continue  # the importer drops it: equal to the producer's default (stripped_op_list)
-            out.add("error", "attr-unknown", op, node,
-                    f"NodeDef mentions attr '{name}' not in Op<name={op}> of TF {reg.release} (set to a value "
-                    f"other than the writer's default): the model fails to "
-                    f"{'load' if node.function is None else 'run'}")
+            if attr_json(value) == producer_ops.get(op, {}).get(name, _UNSET):
+                continue  # the writer's default: the op behaves the same without it
+            if value.WhichOneof("value") == "type" or (value.WhichOneof("value") == "list" and value.list.type):
+                out.add("error", "attr-unknown", op, node,
+                        f"{op} of TF {reg.release} has no attr '{name}' (a dtype, not the writer's default): its "
+                        f"inputs/outputs keep their old types and the model fails to load with a type mismatch")
+            else:
+                out.add("info" if name in COSMETIC_ATTRS else "warning", "attr-unknown", op, node,
+                        f"{op} of TF {reg.release} has no attr '{name}': TF {reg.release} silently ignores it, "
+                        f"so what it sets (not the writer's default) has no effect there")
+        if not node.executed:
+            continue  # dtypes and kernels matter when the kernel is made, which never happens here
         types = _type_values(node, op_def)
         bad = {name: [t for t in ts if t not in op_def["a"][name].get("av", ts)] for name, ts in types.items()}
         bad = {k: v for k, v in bad.items() if v}
         if bad:
             out.add("error", "dtype-unsupported", op, node,
-                    f"{op} does not allow {_type_list(bad)} in TF {reg.release}")
+                    f"{op} does not allow {_type_list(bad)} in TF {reg.release}: the model fails at run time "
+                    f"(not in the list of allowed values)")
             continue
-        if not node.executed or op in NO_KERNEL_NEEDED:
+        if op in NO_KERNEL_NEEDED:
             continue
         on = {d: _kernel_matches(reg.kernels_for(op, d), types) for d in ("CPU", "GPU")}
         if on[dev]:
