@@ -147,6 +147,8 @@ def main() -> int:
             out = OUT_DIR / f"tf-{version}.json.gz"
             dump = OUT_DIR / f"tf-{version}.dump.json.gz"
             source = dump if dump.exists() else out
+            if not source.exists():
+                continue
             with gzip.open(source, "rt", encoding="utf-8") as fh:
                 raw = "kernels" in json.load(fh)
             if raw:
