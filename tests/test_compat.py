@@ -76,7 +76,9 @@ def test_what_the_loader_instantiates_and_what_it_runs(corpus):
 
     def unknown_op_in(part, op):
         def edit(meta_graph, function):
-            next(n for n in function(part).node_def if n.op == op).op = "NoSuchOpXyz"
+            for fdef in meta_graph.graph_def.library.function:  # __inference_serve_*: the called one and a twin
+                if part in fdef.signature.name:
+                    next(n for n in fdef.node_def if n.op == op).op = "NoSuchOpXyz"
         return edit
 
     def save_with_a_kernel_less_dtype(meta_graph, function):
@@ -208,7 +210,7 @@ def test_runtime_environment_that_cannot_be_built_exits_3_naming_the_install_com
 
 
 def test_inspect_shows_the_oldest_version_the_analysis_accepts(corpus):
-    from exportkit.inspect import read_info
+    from exportkit.inspection import read_info
 
     assert read_info(corpus["disallowed_dtype"]).oldest_tf_serving not in (None, "2.12")
     assert read_info(corpus["new_op_gpu_only"]).oldest_tf_serving is None  # GPU-only: no CPU server runs it
