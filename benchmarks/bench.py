@@ -26,7 +26,11 @@ Rows (ratio = exportkit / baseline):
                                                       128 KiB argv-string limit, e.g. images)          <= 2.5x
   predict   ServingClient.predict per call         vs a bare PredictionServiceStub.Predict loop on a pre-built
             request, against the same running `exportkit serve` (median per call)                     <= 1.1x
-plus `exportkit verify --samples 1, 100, 1000` on one model (wall time, peak RSS, per-runtime seconds).
+plus `exportkit verify --samples 1, 100, 1000` on one model (wall time, peak RSS, per-runtime seconds), and
+compat: the static analysis of all ten TF versions on a 1,000-node graph (benchmarks/compat_static.py, registries
+read cold; <= 1 s) and, with a warm environment (`--compat-tf`, default 2.12; installed first if missing, not
+timed), `session@X.Y` vs `session` in one `exportkit verify --runtimes session --tf X.Y` (in-report seconds;
+<= 1.3x), plus the wall time of `exportkit compat DIR --tf X.Y --run`.
 
 Profiles (`make bench` runs the default one; times measured on 2 cores):
   default   mixed_functional.keras (custom objects): 3 runs; mobilenet_v2 (keras.applications MobileNetV2,
@@ -63,7 +67,8 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the venv's bin/: exportkit, saved_model_cli
 HERE = Path(__file__).resolve().parent
 
-TARGETS = {"inspect": 0.25, "export": 1.5, "verify": 2.5, "predict": 1.1}
+TARGETS = {"inspect": 0.25, "export": 1.5, "verify": 2.5, "predict": 1.1,
+           "compat_static_s": 1.0, "compat_observed": 1.3}
 APP_MODELS = {
     "mobilenet_v2": ("MobileNetV2", (96, 96, 3)),
     "resnet50": ("ResNet50", (64, 64, 3)),
@@ -355,6 +360,29 @@ def run_pairs(models: dict, runs_of: dict, work: Path, log) -> tuple[dict, dict]
     return raw, dirs
 
 
+def run_compat(version_dir: Path, tf_version: str, runs: int, scratch: Path, log) -> dict:
+    """Static analysis time on 1,000 nodes x ten versions; session@X.Y vs session in the same verify run."""
+    static = measure([sys.executable, REPO / "benchmarks" / "compat_static.py", version_dir, "--nodes", 1000])
+    out = {"static": json.loads(static["stdout"]) if static["rc"] == 0 else {"error": static["stderr_tail"]},
+           "tf": tf_version, "observed": [], "compat_run": []}
+    log(f"  compat static: {out['static']}")
+    if not tf_version:
+        return out
+    subprocess.run([BIN / "exportkit", "runtimes", "install", tf_version], env=child_env(), capture_output=True)
+    for run in range(runs):
+        report = scratch / f"compat_verify_{run}.json"
+        result = measure([BIN / "exportkit", "verify", version_dir, "--runtimes", "session", "--serving", "none",
+                          "--tf", tf_version, "--json", report])
+        try:
+            seconds = {r["name"]: r["seconds"] for r in json.loads(report.read_text())["runtimes"]}
+        except (OSError, ValueError, KeyError):
+            seconds = {}
+        out["observed"].append({"wall": result["seconds"], "rc": result["rc"], "runtime_seconds": seconds})
+        out["compat_run"].append(measure([BIN / "exportkit", "compat", version_dir, "--tf", tf_version, "--run"]))
+        log(f"  compat observed run {run + 1}/{runs}: {seconds}; compat --run {out['compat_run'][-1]['seconds']:.2f} s")
+    return out
+
+
 def run_scaling(version_dir: Path, sizes: list[int], runs: int, scratch: Path, log) -> dict:
     out = {}
     for samples in sizes:
@@ -441,8 +469,32 @@ def summarize(raw: dict) -> list[dict]:
     return rows
 
 
+def render_compat(compat: dict, model: str) -> list[str]:
+    if not compat:
+        return []
+    static = compat.get("static", {})
+    lines = ["", f"`exportkit compat` on {model}:", "",
+             "| what | exportkit | side by side with | ratio | target |", "|---|---:|---:|---:|---:|"]
+    if "median_s" in static:
+        met = " ✅" if static["median_s"] <= TARGETS["compat_static_s"] else " ❌"
+        lines.append(f"| static analysis, {static['versions']} versions, {static['nodes']} nodes, registries cold | "
+                     f"{static['median_s']:.3f} s | | {met.strip()} | <= {TARGETS['compat_static_s']} s |")
+    observed = [o for o in compat.get("observed", []) if o["rc"] == 0]
+    if observed:
+        tf = compat["tf"]
+        ours = median(o["runtime_seconds"].get(f"session@{tf}") for o in observed)
+        base = median(o["runtime_seconds"].get("session") for o in observed)
+        ratio = ours / base if ours and base else None
+        met = "" if ratio is None else (" ✅" if ratio <= TARGETS["compat_observed"] else " ❌")
+        lines.append(f"| `session@{tf}` (warm environment) in verify, in-report | {fmt_s(ours)} | `session` on this TF: "
+                     f"{fmt_s(base)} | {'-' if ratio is None else f'{ratio:.2f}x'}{met} | <= {TARGETS['compat_observed']}x |")
+        wall = median(r["seconds"] for r in compat["compat_run"])
+        lines.append(f"| `exportkit compat DIR --tf {tf} --run` (wall) | {fmt_s(wall)} | | | |")
+    return lines
+
+
 def render(info: dict, profile: str, rows: list[dict], predict: dict, scaling: dict, scaling_model: str,
-           elapsed: float) -> str:
+           elapsed: float, compat: dict | None = None, compat_model: str = "") -> str:
     lines = [f"### exportkit benchmark ({info['date']})", "",
              f"`{info['arch']}`, {info['cpu']}, {info['cores']} cores; TensorFlow {info['tensorflow']}, "
              f"Keras {info['keras']}, Python {info['python']}, exportkit {info['exportkit']}. "
@@ -491,6 +543,7 @@ def render(info: dict, profile: str, rows: list[dict], predict: dict, scaling: d
             lines.append(f"| {samples}{fail} | {fmt_s(median(r['seconds'] for r in runs))} | "
                          f"{fmt_mb(median(r['tree_rss_mb'] for r in runs))} | {fmt_mb(median(r['maxrss_mb'] for r in runs))} | "
                          + " | ".join(per_rt) + f" | {len(runs)} |")
+    lines += render_compat(compat or {}, compat_model)
     return "\n".join(lines) + "\n"
 
 
@@ -513,6 +566,7 @@ def main(argv=None) -> int:
     parser.add_argument("--predict-calls", type=int, help="Predict calls per client")
     parser.add_argument("--data-records", type=int, help="records for the verify --data rows (0 skips)")
     parser.add_argument("--data-only", action="store_true", help="only the verify --data rows (see data_bench.py)")
+    parser.add_argument("--compat-tf", default="2.12", help="TF X.Y for the observed compat row ('' skips it)")
     args = parser.parse_args(argv)
 
     profile = "quick" if args.quick else "full" if args.full else "default"
@@ -573,10 +627,12 @@ def main(argv=None) -> int:
         from data_bench import render_data, run_data
 
         data = run_data(measure, work / "data", cfg["data_records"], log, str(BIN / "exportkit"))
+    compat_model = cfg["models"][0] if cfg["models"] else ""
+    compat = run_compat(dirs[compat_model], args.compat_tf, min(cfg["runs"], 3), work, log) if compat_model in dirs else {}
     rows = summarize(raw)
     elapsed = time.perf_counter() - began
     info["loadavg_end"] = round(os.getloadavg()[0], 2)
-    markdown = render(info, profile, rows, predict, scaling, scaling_model, elapsed)
+    markdown = render(info, profile, rows, predict, scaling, scaling_model, elapsed, compat, compat_model)
     if data:
         markdown += "\n".join(render_data(data)) + "\n"
     print(markdown)
@@ -592,7 +648,8 @@ def main(argv=None) -> int:
     (out / "results.json").write_text(json.dumps({
         "machine": info, "profile": profile, "config": cfg, "elapsed_seconds": elapsed, "targets": TARGETS,
         "summary": rows, "predict": predict, "scaling_model": scaling_model,
-        "scaling": {str(k): v for k, v in scaling.items()}, "runs": raw, "data": _tails(data)}, indent=1,
+        "scaling": {str(k): v for k, v in scaling.items()}, "compat": compat, "runs": raw, "data": _tails(data)},
+        indent=1,
         default=str) + "\n")
     log(f"wrote {out / 'results.md'} and {out / 'results.json'}")
     return 0

@@ -151,11 +151,11 @@ def test_static_analysis_of_ten_versions_on_a_1000_node_graph_is_under_a_second(
         node.CopyFrom(template)
         node.name = f"extra_{len(serve.node_def)}"
     registries.load.cache_clear()
-    began = time.perf_counter()
+    began = time.process_time()  # CPU time: the shared test machine's load would only blur wall time
     results = analyze(meta_graph, list(SUPPORTED))
-    elapsed = time.perf_counter() - began
+    elapsed = time.process_time() - began
     assert len(results) == 10 and results[-1].predicted == "ok"
-    assert elapsed < 1.0, f"{elapsed:.2f} s"
+    assert elapsed < 1.0, f"{elapsed:.2f} s of CPU"
 
 
 # ------------------------------------------------------------------------------------------------ CLI

@@ -49,6 +49,7 @@ class ServedNode:
     executed: bool  # needs a kernel: on a signature, init or restore path
     serving: bool  # on a signature's path (runs per request, not once at load time)
     attrs: dict  # attr name -> AttrValue message (internal `_` attrs left out)
+    types: dict = field(default_factory=dict)  # attr name -> [DataType] for the type-valued attrs it sets
 
     @property
     def where(self) -> str:
@@ -135,8 +136,9 @@ def _calls(node, library) -> list[str]:
 
 
 def _served(node, function, executed, serving) -> ServedNode:
-    return ServedNode(node.name, node.op, function, executed, serving,
-                      {k: v for k, v in node.attr.items() if not k.startswith("_")})
+    attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
+    types = {k: t for k, t in ((k, _types(v)) for k, v in attrs.items()) if t is not None}
+    return ServedNode(node.name, node.op, function, executed, serving, attrs, types)
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -155,8 +157,10 @@ def _type_values(node: ServedNode, op_def: dict) -> dict[str, list[int]]:
     for name, spec in op_def["a"].items():
         if spec["t"] not in TYPE_ATTRS:
             continue
-        if name in node.attrs:
-            types = _types(node.attrs[name])
+        if name in node.types:
+            types = node.types[name]
+        elif name in node.attrs:
+            types = None  # set, but not to a type: the op's definition changed kind; nothing to match
         else:
             default = spec.get("d")
             types = [default] if isinstance(default, int) else default if isinstance(default, list) else None
@@ -208,6 +212,7 @@ def check_version(nodes: list[ServedNode], library: set[str], producer_ops: dict
     """Findings of one TF version for nodes from `served_nodes`; `device` is "cpu" or "gpu"."""
     reg = registries.load(version)
     out = _Collector()
+    kernel_memo: dict[tuple, bool] = {}
     dev = device.upper()
     for node in nodes:
         op = node.op
@@ -244,17 +249,23 @@ def check_version(nodes: list[ServedNode], library: set[str], producer_ops: dict
             continue
         if op in NO_KERNEL_NEEDED:
             continue
-        on = {d: _kernel_matches(reg.kernels_for(op, d), types) for d in ("CPU", "GPU")}
-        if on[dev]:
+        key = (op, tuple(sorted((k, tuple(v)) for k, v in types.items())))
+
+        def has_kernel(device: str) -> bool:  # memoized: a graph repeats few (op, dtypes) pairs many times
+            if (device, key) not in kernel_memo:
+                kernel_memo[device, key] = _kernel_matches(reg.kernels_for(op, device), types)
+            return kernel_memo[device, key]
+
+        if has_kernel(dev):
             continue
-        if dev == "GPU" and on["CPU"]:
+        if dev == "GPU" and has_kernel("CPU"):
             if not node.serving or _host_only(op, types, reg):
                 continue  # placed on the CPU on every GPU server: load-time work, strings, I/O, tables
             out.add("warning", "gpu-fallback", op, node,
                     f"{op} has no GPU kernel for {_type_list(types)} in TF {reg.release}: it runs on the CPU "
                     f"(soft placement), with copies between devices")
         else:
-            only = " (only a GPU kernel)" if dev == "CPU" and on["GPU"] else ""
+            only = " (only a GPU kernel)" if dev == "CPU" and has_kernel("GPU") else ""
             out.add("error", "no-kernel", op, node,
                     f"No OpKernel was registered to support Op '{op}' on {dev} with {_type_list(types)} in "
                     f"TF {reg.release}{only}: the model fails at run time")
