@@ -33,8 +33,8 @@ NO_KERNEL_NEEDED = frozenset({
 })
 TYPE_ATTRS = ("type", "list(type)")
 DT_STRING = 7
-# Attrs whose loss changes nothing a client sees (VarHandleOp.debug_name, new in 2.14, is on every variable
-# TF >= 2.14 writes): an ignored one is an info finding, not a warning.
+# Attrs whose loss changes nothing a client sees (VarHandleOp.debug_name, new in 2.15, is on every variable
+# TF >= 2.15 writes): an ignored one is an info finding, not a warning.
 COSMETIC_ATTRS = frozenset({"debug_name"})
 _UNSET = object()
 

@@ -25,23 +25,27 @@ class VersionRow:
     observed: str | None = None  # ok | fails | None (not run)
     findings: list[Finding] = field(default_factory=list)
     error: str | None = None  # why the observed run failed (load/run error or disagreement)
-    release: str | None = None  # the exact TF release the registry/run used
+    agreement: str | None = None  # observed ok: how close to the reference, e.g. "golden, max abs err 3e-07"
 
     @property
     def failed(self) -> bool:
         return self.predicted == "fails" or self.observed == "fails"
 
     def reason(self) -> str:
-        """One line: the observed failure, else the first finding, else why it is fine."""
+        """One line: the observed failure, else the first error/warning finding, else why it is fine."""
+        problems = [f for f in self.findings if f.severity != "info"]
+        notes = [f for f in self.findings if f.severity == "info"]
         if self.observed == "fails" and self.error:
             text = self.error
-        elif self.findings:
-            first = self.findings[0]
-            text = f"{first.code}: {first.message}"
-            if len(self.findings) > 1:
-                text += f" (+{len(self.findings) - 1} more)"
+        elif problems:
+            text = f"{problems[0].code}: {problems[0].message}"
+            if len(problems) > 1:
+                text += f" (+{len(problems) - 1} more)"
         else:
-            text = "loads, runs and agrees" if self.observed == "ok" else "every op, attr, dtype and kernel found"
+            text = (f"loads, runs and agrees ({self.agreement})" if self.observed == "ok" and self.agreement else
+                    "loads, runs and agrees" if self.observed == "ok" else "every op, attr, dtype and kernel found")
+            if notes:
+                text += f" (info: {', '.join(sorted({f'{f.code} {f.op}' for f in notes}))})"
         if self.observed and (self.predicted == "fails") != (self.observed == "fails"):
             text = f"[predicted {self.predicted}, observed {self.observed}] {text}"
         return " ".join(text.split())
@@ -165,5 +169,7 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
             continue
         bad = [c for c in result.comparisons if not c.passed]
         row.observed = "fails" if bad else "ok"
+        errors = [c.max_abs_err for c in result.comparisons if c.max_abs_err is not None]
+        row.agreement = f"with {report.reference}, max abs err {max(errors):.2g}" if errors else f"with {report.reference}"
         if bad:
             row.error = "; ".join(f"output '{c.key}' disagrees with {report.reference}: {c.reason}" for c in bad)
