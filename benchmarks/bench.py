@@ -29,8 +29,8 @@ Rows (ratio = exportkit / baseline):
 plus `exportkit verify --samples 1, 100, 1000` on one model (wall time, peak RSS, per-runtime seconds), and
 compat: the static analysis of all ten TF versions on a 1,000-node graph (benchmarks/compat_static.py, registries
 read cold; <= 1 s) and, with a warm environment (`--compat-tf`, default 2.12; installed first if missing, not
-timed), `session@X.Y` vs `session` in one `exportkit verify --runtimes session --tf X.Y` (in-report seconds;
-<= 1.3x), plus the wall time of `exportkit compat DIR --tf X.Y --run`.
+timed), `exportkit verify DIR --runtimes golden --tf X.Y` vs `... --runtimes golden,session` (wall; <= 1.3x),
+plus the wall time of `exportkit compat DIR --tf X.Y --run`.
 
 Profiles (`make bench` runs the default one; times measured on 2 cores):
   default   mixed_functional.keras (custom objects): 3 runs; mobilenet_v2 (keras.applications MobileNetV2,
@@ -361,7 +361,7 @@ def run_pairs(models: dict, runs_of: dict, work: Path, log) -> tuple[dict, dict]
 
 
 def run_compat(version_dir: Path, tf_version: str, runs: int, scratch: Path, log) -> dict:
-    """Static analysis time on 1,000 nodes x ten versions; session@X.Y vs session in the same verify run."""
+    """Static analysis time on 1,000 nodes x ten versions; verify through session@X.Y vs through session."""
     static = measure([sys.executable, REPO / "benchmarks" / "compat_static.py", version_dir, "--nodes", 1000])
     out = {"static": json.loads(static["stdout"]) if static["rc"] == 0 else {"error": static["stderr_tail"]},
            "tf": tf_version, "observed": [], "compat_run": []}
@@ -369,17 +369,15 @@ def run_compat(version_dir: Path, tf_version: str, runs: int, scratch: Path, log
     if not tf_version:
         return out
     subprocess.run([BIN / "exportkit", "runtimes", "install", tf_version], env=child_env(), capture_output=True)
-    for run in range(runs):
-        report = scratch / f"compat_verify_{run}.json"
-        result = measure([BIN / "exportkit", "verify", version_dir, "--runtimes", "session", "--serving", "none",
-                          "--tf", tf_version, "--json", report])
-        try:
-            seconds = {r["name"]: r["seconds"] for r in json.loads(report.read_text())["runtimes"]}
-        except (OSError, ValueError, KeyError):
-            seconds = {}
-        out["observed"].append({"wall": result["seconds"], "rc": result["rc"], "runtime_seconds": seconds})
-        out["compat_run"].append(measure([BIN / "exportkit", "compat", version_dir, "--tf", tf_version, "--run"]))
-        log(f"  compat observed run {run + 1}/{runs}: {seconds}; compat --run {out['compat_run'][-1]['seconds']:.2f} s")
+    base = [BIN / "exportkit", "verify", version_dir, "--serving", "none", "--samples", 8]
+    for run in range(runs):  # back to back, so machine drift hits both alike
+        ours = measure(base + ["--runtimes", "golden", "--tf", tf_version])
+        theirs = measure(base + ["--runtimes", "golden,session"])
+        compat_run = measure([BIN / "exportkit", "compat", version_dir, "--tf", tf_version, "--run"])
+        out["observed"].append({"ours": ours["seconds"], "base": theirs["seconds"], "rc": ours["rc"] or theirs["rc"]})
+        out["compat_run"].append(compat_run)
+        log(f"  compat observed run {run + 1}/{runs}: session@{tf_version} {ours['seconds']:.2f} s, session "
+            f"{theirs['seconds']:.2f} s; compat --run {compat_run['seconds']:.2f} s")
     return out
 
 
@@ -482,12 +480,13 @@ def render_compat(compat: dict, model: str) -> list[str]:
     observed = [o for o in compat.get("observed", []) if o["rc"] == 0]
     if observed:
         tf = compat["tf"]
-        ours = median(o["runtime_seconds"].get(f"session@{tf}") for o in observed)
-        base = median(o["runtime_seconds"].get("session") for o in observed)
+        ours = median(o["ours"] for o in observed)
+        base = median(o["base"] for o in observed)
         ratio = ours / base if ours and base else None
         met = "" if ratio is None else (" ✅" if ratio <= TARGETS["compat_observed"] else " ❌")
-        lines.append(f"| `session@{tf}` (warm environment) in verify, in-report | {fmt_s(ours)} | `session` on this TF: "
-                     f"{fmt_s(base)} | {'-' if ratio is None else f'{ratio:.2f}x'}{met} | <= {TARGETS['compat_observed']}x |")
+        lines.append(f"| `verify DIR --runtimes golden --tf {tf}` (session@{tf}, warm environment) | {fmt_s(ours)} | "
+                     f"`verify DIR --runtimes golden,session`: {fmt_s(base)} | "
+                     f"{'-' if ratio is None else f'{ratio:.2f}x'}{met} | <= {TARGETS['compat_observed']}x |")
         wall = median(r["seconds"] for r in compat["compat_run"])
         lines.append(f"| `exportkit compat DIR --tf {tf} --run` (wall) | {fmt_s(wall)} | | | |")
     return lines
