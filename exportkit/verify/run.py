@@ -140,6 +140,9 @@ def _run_all(runtime, batches) -> list:
 def verify_command(options: VerifyOptions) -> int:
     o = options
     devices = _devices(o.device)
+    if o.data and o.tf_versions:
+        raise UsageError("--tf runs on the generated/golden batches, not on --data records (not supported yet)",
+                         "run `exportkit verify PATH --tf X.Y` and `exportkit verify PATH --data GLOB` separately")
     # Managed TF X.Y environments come first: a missing one is installed (or exit 3) before any process starts.
     versioned = versioned_pythons(o.tf_versions)
     names = _selected_runtimes(o.runtimes, o.serving, o.against)
