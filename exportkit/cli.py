@@ -14,7 +14,6 @@ from typing import List, Optional
 import typer
 
 from exportkit.errors import EXIT_INFRA, ExportkitError
-from exportkit.savedmodel import DEFAULT_SIGNATURE
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Export Keras/TensorFlow models for TF Serving and prove they compute what the model computed.")
@@ -89,6 +88,11 @@ def export(
     version: Optional[int] = typer.Option(None, "--version", help="Version number (default: highest + 1, else 1)."),
     asset: Optional[List[str]] = typer.Option(None, "--asset", help="File copied into assets/ and tracked (repeatable)."),
     signature_name: Optional[str] = typer.Option(None, "--signature-name", help="Signature key (default serving_default)."),
+    signature: Optional[List[str]] = typer.Option(None, "--signature", metavar="SPEC",
+                                                  help="NAME[:key=value,...] with outputs=a+b, input=tensors|examples, "
+                                                       "method=predict|classify|regress, scores=OUTPUT, classes=FILE "
+                                                       "(repeatable; default: one serving_default)."),
+    feature_spec: Optional[str] = typer.Option(None, "--feature-spec", help="JSON overriding the tf.Example features derived from the model's inputs."),
     input_spec: Optional[List[str]] = INPUT_SPEC,
     int_range: Optional[str] = typer.Option(None, "--int-range", help="LO:HI for integer golden inputs (default 0:10)."),
     keep_output_dtype: bool = typer.Option(False, "--keep-output-dtype", help="Keep float16/bfloat16 outputs (default: cast to float32)."),
@@ -110,6 +114,7 @@ def export(
             python_path=python_path or [], policy=policy, version=version, assets=asset or [],
             signature_name=signature_name, input_specs=input_spec or [], keep_output_dtype=keep_output_dtype,
             int_range=int_range, reference=reference, allow_incomplete_config=allow_incomplete_config,
+            signatures=signature or [], feature_spec=feature_spec,
             unsafe=unsafe, no_verify=no_verify, json_out=json_out)
 
     _run(go, debug)
@@ -128,7 +133,8 @@ def verify(
     python_path: Optional[List[str]] = PYTHON_PATH,
     policy: Optional[str] = POLICY,
     unsafe: bool = UNSAFE,
-    signature_name: str = typer.Option(DEFAULT_SIGNATURE, "--signature-name", help="Signature to verify."),
+    signature_name: Optional[str] = typer.Option(None, "--signature", "--signature-name",
+                                                 help="Verify only this signature (default: every one)."),
     inputs: Optional[str] = typer.Option(None, "--inputs", help=".npz keyed by input name, or JSON."),
     reference: Optional[str] = typer.Option(None, "--reference", help="Training-time reference (.npz from "
                                             "exportkit.record_reference); default: the one recorded at export."),

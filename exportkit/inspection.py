@@ -137,6 +137,9 @@ def render_text(info: SavedModelInfo) -> str:
            ""]
     if not info.signatures:
         out += ["signatures: none", ""]
+    else:
+        listed = ", ".join(f"{name} ({(sig['method'] or '?').rpartition('/')[2]})" for name, sig in info.signatures.items())
+        out += [f"signatures: {len(info.signatures)}: {listed}", ""]
     for name, sig in info.signatures.items():
         out.append(f"signature_def['{name}']:")
         for kind in ("inputs", "outputs"):

@@ -51,16 +51,48 @@ def read_manifest(version_dir: Path) -> tuple[dict | None, list[Finding]]:
     return data, []
 
 
-def write_golden(version_dir: Path, inputs: list[dict], outputs: list[dict]) -> None:
-    save_batches(version_dir / EXTRA_DIR, inputs, GOLDEN_INPUTS)
-    save_batches(version_dir / EXTRA_DIR, outputs, GOLDEN_OUTPUTS)
+def golden_prefixes(index: int) -> dict:
+    """Batch-file prefixes of the golden record of an export's `index`-th signature (the first keeps the names
+    exports with one signature always had)."""
+    suffix = f".{index}" if index else ""
+    return {"inputs": GOLDEN_INPUTS + suffix, "outputs": GOLDEN_OUTPUTS + suffix}
 
 
-def read_golden(version_dir: Path) -> tuple[list[dict], list[dict]] | tuple[None, None]:
-    """(inputs, outputs) recorded at export, or (None, None) when there is no golden record."""
+def write_golden(version_dir: Path, inputs: list[dict], outputs: list[dict], prefixes: dict | None = None) -> None:
+    """One signature's golden record; `prefixes` ({"inputs", "outputs"}, recorded in the manifest) tell the
+    signatures of one export apart."""
+    prefixes = prefixes or {"inputs": GOLDEN_INPUTS, "outputs": GOLDEN_OUTPUTS}
+    save_batches(version_dir / EXTRA_DIR, inputs, prefixes["inputs"])
+    save_batches(version_dir / EXTRA_DIR, outputs, prefixes["outputs"])
+
+
+def signature_entries(manifest: dict | None) -> dict:
+    """{signature name: its manifest entry}; exports from before several signatures list only one."""
+    if not manifest:
+        return {}
+    if isinstance(manifest.get("signatures"), dict):
+        return manifest["signatures"]
+    if manifest.get("signature_name"):
+        entry = dict(manifest.get("signature") or {})
+        entry["tolerances"] = manifest.get("tolerances", {})
+        entry["golden"] = {"inputs": GOLDEN_INPUTS, "outputs": GOLDEN_OUTPUTS}
+        return {manifest["signature_name"]: entry}
+    return {}
+
+
+def read_golden(version_dir: Path, signature: str | None = None,
+                manifest: dict | None = None) -> tuple[list[dict], list[dict]] | tuple[None, None]:
+    """(inputs, outputs) recorded at export for `signature` (default: the only one, in the legacy layout), or
+    (None, None) when there is no golden record for it."""
     folder = version_dir / EXTRA_DIR
+    prefixes = {"inputs": GOLDEN_INPUTS, "outputs": GOLDEN_OUTPUTS}
+    if signature is not None:
+        entry = signature_entries(manifest).get(signature)
+        if entry is None:
+            return None, None
+        prefixes = entry.get("golden") or prefixes
     try:
-        return load_batches(folder, GOLDEN_INPUTS), load_batches(folder, GOLDEN_OUTPUTS)
+        return load_batches(folder, prefixes["inputs"]), load_batches(folder, prefixes["outputs"])
     except UsageError:
         return None, None
 

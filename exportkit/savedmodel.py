@@ -36,6 +36,7 @@ _PROTO_MODULES = {
     "tensor_shape": "tensorflow.core.framework.tensor_shape_pb2",
     "graph": "tensorflow.core.framework.graph_pb2",
     "op_def": "tensorflow.core.framework.op_def_pb2",
+    "example": "tensorflow.core.example.example_pb2",
 }
 
 
@@ -254,6 +255,14 @@ def tensor_info_dict(info) -> dict:
         out["encoding"] = "composite_tensor"
     return out
 
+
+# SignatureDef method names (tensorflow/cc/saved_model/signature_constants.h): they pick TF Serving's API.
+PREDICT_METHOD = "tensorflow/serving/predict"
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+# Input and output keys TF Serving's Classify and Regress require (signature_constants.h: kClassifyInputs, ...).
+CLASSIFY_INPUTS, CLASSIFY_CLASSES, CLASSIFY_SCORES = "inputs", "classes", "scores"
+REGRESS_INPUTS, REGRESS_OUTPUTS = "inputs", "outputs"
 
 INIT_OP_SIGNATURE = "__saved_model_init_op"  # TF's table/asset initializer: not servable, hidden by default
 

@@ -3,6 +3,7 @@ checkpoint (or --spec FILE) with CLI flags, which win."""
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,96 @@ class SourceOptions:
     reference: str | None = None  # `reference` in exportkit.toml (SRC.reference.npz is found without it)
 
 
+METHODS = ("predict", "classify", "regress")
+INPUT_KINDS = ("tensors", "examples")
+_SIGNATURE_KEYS = ("outputs", "input", "method", "scores", "classes")
+_SIGNATURE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")
+
+
+@dataclass
+class SignatureSpec:
+    """One named signature of an export (`--signature NAME:key=value,...` or `[signatures.NAME]`).
+
+    Only what can be checked without the model is checked here; outputs are checked against the model later.
+    """
+
+    name: str
+    outputs: list[str] | None = None  # model output keys (a subset); None = all
+    input: str = "tensors"  # tensors | examples (one string tensor of serialized tf.Example)
+    method: str = "predict"  # predict | classify | regress
+    scores: str | None = None  # classify: the model output that holds the class scores
+    classes: str | None = None  # classify: label file, one class per line, shipped as an asset
+
+
+def _signature_error(where: str, problem: str, fix: str) -> UsageError:
+    return UsageError(f"{where}: {problem}", fix)
+
+
+def signature_spec(name: str, values: dict, where: str) -> SignatureSpec:
+    """A SignatureSpec from `key: value` pairs (CLI or TOML), checked for what needs no model."""
+    if not _SIGNATURE_NAME.fullmatch(name or ""):
+        raise _signature_error(where, f"bad signature name {name!r}",
+                               "use letters, digits and _ . / - (e.g. --signature embed:outputs=embedding)")
+    unknown = sorted(set(values) - set(_SIGNATURE_KEYS))
+    if unknown:
+        raise _signature_error(where, f"unknown key(s) {', '.join(unknown)}", f"use only: {', '.join(_SIGNATURE_KEYS)}")
+    outputs = values.get("outputs")
+    if isinstance(outputs, str):
+        outputs = [o.strip() for o in outputs.split("+") if o.strip()]
+    if outputs is not None and (not isinstance(outputs, list) or not outputs):
+        raise _signature_error(where, "outputs must name at least one model output", "write outputs=a+b")
+    spec = SignatureSpec(name=name, outputs=outputs, input=str(values.get("input", "tensors")),
+                         method=str(values.get("method", "predict")), scores=values.get("scores"),
+                         classes=values.get("classes"))
+    if spec.input not in INPUT_KINDS:
+        raise _signature_error(where, f"input={spec.input} is not tensors or examples", "write input=tensors or input=examples")
+    if spec.method not in METHODS:
+        raise _signature_error(where, f"method={spec.method} is not predict, classify or regress",
+                               "write method=predict, method=classify or method=regress")
+    if spec.method in ("classify", "regress") and spec.input != "examples":
+        raise _signature_error(where, f"a {spec.method} signature takes serialized tf.Example (TF Serving's "
+                                      f"{spec.method.capitalize()} API sends Examples), but input={spec.input}",
+                               f"add input=examples to signature '{name}'")
+    if spec.method != "classify" and (spec.scores or spec.classes):
+        raise _signature_error(where, "scores= and classes= belong to classify signatures",
+                               f"add method=classify to signature '{name}', or drop scores=/classes=")
+    if spec.method == "classify" and outputs is not None:
+        raise _signature_error(where, "a classify signature names its outputs scores and classes, not outputs=",
+                               "write scores=MODEL_OUTPUT (and classes=labels.txt)")
+    if spec.method == "regress" and outputs is not None and len(outputs) != 1:
+        raise _signature_error(where, f"a regress signature has one output, got outputs={'+'.join(outputs)}",
+                               "name one model output: outputs=OUTPUT")
+    if spec.classes is not None and not Path(spec.classes).is_file():
+        raise _signature_error(where, f"classes file {spec.classes} does not exist",
+                               "pass a text file with one class label per line: classes=labels.txt")
+    return spec
+
+
+def parse_signature_arg(text: str) -> SignatureSpec:
+    """`NAME[:key=value[,key=value...]]`, e.g. `embed:outputs=embedding` or `cls:input=examples,method=classify`."""
+    name, _, rest = text.partition(":")
+    values = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--signature {text!r}: {item!r} is not key=value",
+                             "write --signature NAME:outputs=a+b,input=examples,method=predict")
+        values[key.strip()] = value.strip()
+    return signature_spec(name.strip(), values, f"--signature {text!r}")
+
+
+def merge_signatures(flags: list[SignatureSpec], table: list[SignatureSpec]) -> list[SignatureSpec]:
+    """exportkit.toml's signatures, each replaced by a flag of the same name, then the other flags; names unique."""
+    seen = set()
+    for spec in flags:
+        if spec.name in seen:
+            raise UsageError(f"--signature {spec.name} is given twice", "give each signature a unique name")
+        seen.add(spec.name)
+    by_name = {spec.name: spec for spec in flags}
+    merged = [by_name.pop(spec.name, spec) for spec in table]
+    return merged + [spec for spec in flags if spec.name in by_name]
+
+
 @dataclass
 class ExportOptions:
     source: SourceOptions
@@ -42,6 +133,8 @@ class ExportOptions:
     verify: bool = True
     allow_incomplete_config: bool = False  # custom-config-* findings are warnings, not errors
     reference: str | None = None  # training-time reference (.npz from exportkit.record_reference)
+    signatures: list[SignatureSpec] = field(default_factory=list)  # empty: one predict signature `signature_name`
+    feature_spec: str | None = None  # JSON overriding the tf.Example features derived from the model's inputs
 
 
 @dataclass
@@ -51,7 +144,7 @@ class VerifyOptions:
 
     path: str
     against: SourceOptions | None = None  # the training source, for the keras runtime
-    signature_name: str = DEFAULT_SIGNATURE
+    signature_name: str | None = None  # None: every signature
     inputs: str | None = None
     samples: int = 8
     seed: int = 0
@@ -113,7 +206,7 @@ def find_spec_file(src: str, spec_path: str | None) -> Path | None:
 _TOML_KEYS = {
     "format", "builder", "builder_args", "model_config", "custom_objects", "python_path", "policy", "unsafe",
     "assets", "signature_name", "input_specs", "keep_output_dtype", "version", "int_range",
-    "allow_incomplete_config", "reference",
+    "allow_incomplete_config", "reference", "signatures", "feature_spec",
 }
 _PATH_LISTS = ("python_path", "assets")
 
@@ -131,12 +224,27 @@ def read_spec_file(path: Path) -> dict:
     for key in _PATH_LISTS:
         if key in data:
             data[key] = [str((base / p).resolve()) if not Path(p).is_absolute() else p for p in data[key]]
-    for key in ("model_config", "reference"):
+    for key in ("model_config", "reference", "feature_spec"):
         if key in data and not Path(data[key]).is_absolute():
             data[key] = str((base / data[key]).resolve())
+    if "signatures" in data:
+        data["signatures"] = _signature_tables(path, data["signatures"])
     if "builder_args" in data and not isinstance(data["builder_args"], dict):
         raise UsageError(f"{path}: builder_args must be a table", "write [builder_args] with key = value lines")
     return data
+
+
+def _signature_tables(path: Path, tables) -> list[SignatureSpec]:
+    """`[signatures.NAME]` tables; a relative classes= path is relative to the file."""
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        raise UsageError(f"{path}: signatures must be tables", "write [signatures.NAME] with key = value lines")
+    specs = []
+    for name, table in tables.items():
+        table = dict(table)
+        if "classes" in table and not Path(table["classes"]).is_absolute():
+            table["classes"] = str((path.parent / table["classes"]).resolve())
+        specs.append(signature_spec(name, table, f"{path} [signatures.{name}]"))
+    return specs
 
 
 def source_options(src: str, spec_path: str | None = None, *, format=None, builder=None, builder_args=(),
@@ -164,20 +272,34 @@ def source_options(src: str, spec_path: str | None = None, *, format=None, build
 
 def export_options(src: str, output: str, spec_path: str | None = None, *, version=None, assets=(),
                    signature_name=None, input_specs=(), keep_output_dtype=False, no_verify=False, int_range=None,
-                   allow_incomplete_config=False, reference=None, **source_flags) -> ExportOptions:
+                   allow_incomplete_config=False, reference=None, signatures=(), feature_spec=None,
+                   **source_flags) -> ExportOptions:
     spec_file = find_spec_file(src, spec_path)
     spec = read_spec_file(spec_file) if spec_file else {}
+    named = merge_signatures([parse_signature_arg(text) for text in signatures], spec.get("signatures", []))
+    name = signature_name or spec.get("signature_name") or DEFAULT_SIGNATURE
+    if named and name != DEFAULT_SIGNATURE:
+        raise UsageError(f"--signature-name {name} and --signature both name signatures",
+                         "with --signature, name every signature there (e.g. --signature serving_default)")
+    feature_spec = feature_spec or spec.get("feature_spec")
+    if feature_spec and not Path(feature_spec).is_file():
+        raise UsageError(f"--feature-spec {feature_spec} does not exist", "pass a JSON file (see README: --feature-spec)")
+    if feature_spec and not any(s.input == "examples" for s in named):
+        raise UsageError("--feature-spec is given, but no signature takes tf.Example",
+                         "add input=examples to a --signature, or drop --feature-spec")
     return ExportOptions(
         source=source_options(src, spec=spec, **source_flags),
         output=output,
         version=version if version is not None else spec.get("version"),
         assets=list(assets) + list(spec.get("assets", [])),
-        signature_name=signature_name or spec.get("signature_name") or DEFAULT_SIGNATURE,
+        signature_name=name,
         input_specs=list(input_specs) or list(spec.get("input_specs", [])),
         int_range=int_range or spec.get("int_range", "0:10"),
         keep_output_dtype=bool(keep_output_dtype or spec.get("keep_output_dtype", False)),
         verify=not no_verify,
         allow_incomplete_config=bool(allow_incomplete_config or spec.get("allow_incomplete_config", False)),
         reference=reference or spec.get("reference"),
+        signatures=named,
+        feature_spec=feature_spec,
     )
 

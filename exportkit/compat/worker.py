@@ -10,7 +10,8 @@ and reads/writes the batch .npz format of exportkit's batch files:
   exact byte lengths; bfloat16 is stored as 2-byte void (`|V2`).
 
     {"op": "load", "path": DIR, "signature": NAME, "device": "cpu"} -> {"ok": true, "tf": "2.12.1"}
-    {"op": "run", "dir": DIR, "inputs": PREFIX, "outputs": PREFIX}   -> {"ok": true}
+    {"op": "run", "dir": DIR, "inputs": PREFIX, "outputs": PREFIX, "signature": NAME}   -> {"ok": true}
+                                                                     (signature: the loaded one unless given)
 """
 import json
 import os
@@ -100,6 +101,12 @@ def main():
                 signature = signatures[request["signature"]]
                 reply(channel, ok=True, tf=tf.__version__)
             elif request["op"] == "run":
+                if request.get("signature") and request["signature"] in signatures:
+                    signature = signatures[request["signature"]]
+                elif request.get("signature"):
+                    reply(channel, ok=False, kind="model", message=f"no signature {request['signature']!r} "
+                          f"(available: {', '.join(sorted(signatures))})")
+                    continue
                 keys = sorted(signature.outputs)
                 fetches = [signature.outputs[k].name for k in keys]
                 outputs = []

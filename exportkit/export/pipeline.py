@@ -14,7 +14,7 @@ import numpy as np
 from exportkit import __version__, layout
 from exportkit import reference as refs
 from exportkit.errors import CheckFailed, UsageError
-from exportkit.dtypes import HALF_DTYPES, name_of
+from exportkit.dtypes import HALF_DTYPES, name_of, name_of_array
 from exportkit.export import signature as sig
 from exportkit.export import writer
 from exportkit.findings import Finding, has_errors
@@ -25,6 +25,7 @@ from exportkit.spec import ExportOptions, export_options
 from exportkit.tfenv import import_tf
 from exportkit.verify.compare import Tolerance, compare_batches, compare_with_default_tolerances, default_tolerance
 from exportkit.batches import InputSpec, generate_batches, parse_int_range
+from exportkit.tfexample import ExampleFeature, apply_feature_spec, derive_features, encode_examples, to_manifest
 
 GOLDEN_SAMPLES = 8
 GOLDEN_SEED = 0
@@ -59,6 +60,7 @@ class ExportResult:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)  # custom-object contracts (warnings, infos)
     reference: dict | None = None  # the manifest's "reference" entry when a training-time reference was used
+    signatures: list[dict] = field(default_factory=list)  # per signature: name, method, inputs, outputs
 
 
 def _tolerance_dtype(policy: str, raw_dtype: str) -> str:
@@ -71,8 +73,26 @@ def _tolerance_dtype(policy: str, raw_dtype: str) -> str:
 
 
 @dataclass
+class SignatureRecord:
+    """One signature's golden record: its inputs (tensors, or serialized Examples of the same values) and the
+    eager Keras outputs mapped to its keys."""
+
+    plan: sig.SignaturePlan
+    inputs: list[dict]
+    outputs: list[dict]
+    out_dtypes: dict[str, str]  # output key -> dtype in the signature
+    compute_dtypes: dict[str, str]  # output key -> dtype the model computed it in
+    features: list[ExampleFeature] | None = None
+
+    @property
+    def input_specs(self) -> dict:
+        return {k: {"dtype": name_of_array(v), "shape": [-1, *v.shape[1:]]} for k, v in self.inputs[0].items()}
+
+
+@dataclass
 class GoldenRecord:
-    """Reference inputs and the eager Keras outputs for them, keyed like the signature."""
+    """Reference inputs and the eager Keras outputs for them, keyed like the model (all outputs, as the first
+    signature without --signature has them); `signatures` holds each signature's own record."""
 
     specs: list[InputSpec]
     keys: list[str]
@@ -82,9 +102,10 @@ class GoldenRecord:
     out_dtypes: dict[str, str]  # output key -> dtype in the signature
     generated: int = 0  # the first `generated` batches are generated; the rest are the reference's inputs
     reference_batches: list[int] = field(default_factory=list)  # golden batch of each reference batch
+    signatures: list[SignatureRecord] = field(default_factory=list)
 
 
-def _golden_record(model, specs: list[InputSpec], keep_output_dtype: bool, int_range: tuple[int, int],
+def _golden_record(model, specs: list[InputSpec], options: ExportOptions, int_range: tuple[int, int],
                    extra_inputs: list[dict] = ()) -> GoldenRecord:
     import tensorflow as tf
 
@@ -104,12 +125,44 @@ def _golden_record(model, specs: list[InputSpec], keep_output_dtype: bool, int_r
         raise UsageError(f"the model fails on generated inputs ({type(err).__name__}: {detail})",
                          "pass --int-range LO:HI that fits the integer inputs (e.g. 0:VOCAB_SIZE), or --input-spec "
                          "name:shape:dtype for inputs whose shape or dtype cannot be read from the model") from err
-    first = keyed_outputs(model, raws[0])
-    keys = list(first)
-    raw_dtypes = {k: name_of(v.dtype) for k, v in first.items()}
-    outputs = [{k: v.numpy() for k, v in sig.serving_outputs(raw, keys, keep_output_dtype).items()} for raw in raws]
+    keyed = [keyed_outputs(model, raw) for raw in raws]
+    keys = list(keyed[0])
+    raw_dtypes = {k: name_of(v.dtype) for k, v in keyed[0].items()}
+    outputs = [{k: v.numpy() for k, v in sig.serving_outputs(raw, keys, options.keep_output_dtype).items()}
+               for raw in raws]
     out_dtypes = {k: name_of(v.dtype) for k, v in outputs[0].items()}
-    return GoldenRecord(specs, keys, inputs, outputs, raw_dtypes, out_dtypes, generated, reference_batches)
+    golden = GoldenRecord(specs, keys, inputs, outputs, raw_dtypes, out_dtypes, generated, reference_batches)
+    golden.signatures = _signature_records(specs, keyed, inputs, raw_dtypes, options)
+    return golden
+
+
+def _signature_records(specs, keyed: list[dict], inputs: list[dict], raw_dtypes: dict,
+                       options: ExportOptions) -> list[SignatureRecord]:
+    """Each signature's golden record: its inputs (the golden tensors, or Examples of them) and the eager outputs
+    mapped to its keys by the very function the traced signature uses."""
+    import tensorflow as tf
+
+    shapes = {k: tuple(v.shape) for k, v in keyed[0].items()}
+    plans = sig.resolve_all(options.signatures or sig.default_signatures(options.signature_name), list(keyed[0]),
+                            shapes)
+    features = None
+    if any(plan.input == "examples" for plan in plans):
+        features = derive_features(specs, next(p.name for p in plans if p.input == "examples"))
+        if options.feature_spec:
+            features = apply_feature_spec(features, options.feature_spec)
+    records = []
+    for plan in plans:
+        labels = tf.constant(plan.classes) if plan.classes else None
+        outputs = [{k: v.numpy() for k, v in sig.signature_outputs(plan, kv, options.keep_output_dtype, labels).items()}
+                   for kv in keyed]
+        if plan.input == "examples":
+            sig_inputs = [{plan.examples_key: encode_examples(batch, features)} for batch in inputs]
+        else:
+            sig_inputs = inputs
+        compute = {k: (raw_dtypes[src] if src else "string") for k, src in plan.outputs.items()}
+        records.append(SignatureRecord(plan, sig_inputs, outputs, {k: name_of_array(v) for k, v in outputs[0].items()},
+                                       compute, features if plan.input == "examples" else None))
+    return records
 
 
 def _check_contracts(loaded, golden: GoldenRecord, options: ExportOptions, progress) -> list[Finding]:
@@ -166,6 +219,15 @@ def _sha256(path: str) -> str:
     return sha256_of(path)
 
 
+def _check_asset_names(golden: GoldenRecord, assets: list[Path]) -> None:
+    """Label files and --asset files all land in assets/ by name: two different files may not share one."""
+    names = {p.name: p for p in assets}
+    for path in (r.plan.classes_file for r in golden.signatures if r.plan.classes_file is not None):
+        if names.setdefault(path.name, path) != path:
+            raise UsageError(f"classes file {path} and --asset {names[path.name]} have the same name",
+                             "rename one: assets/ holds files by name")
+
+
 def _archive(model, golden: GoldenRecord, options: ExportOptions, assets: list[Path]):
     import keras
     import tensorflow as tf
@@ -174,16 +236,71 @@ def _archive(model, golden: GoldenRecord, options: ExportOptions, assets: list[P
     archive.track(model)
     # ExportArchive.track() only collects lookup-table resources; an Asset must hang off the saved root
     # object to be copied into assets/ and listed in the MetaGraph's asset_file_def.
+    _check_asset_names(golden, assets)
     archive._tf_trackable.exportkit_assets = [tf.saved_model.Asset(str(path)) for path in assets]
-    serve = sig.make_serving_fn(model, golden.specs, golden.keys, options.keep_output_dtype)
-    archive.add_endpoint(options.signature_name, serve, input_signature=sig.tensor_specs(golden.specs))
+    tables = {}
+    for record in golden.signatures:
+        plan = record.plan
+        labels = None
+        if plan.classes_file is not None:
+            if plan.classes_file not in tables:
+                tables[plan.classes_file] = _label_table(plan.classes_file)
+                archive.track(tables[plan.classes_file])
+            labels = _labels(tables[plan.classes_file], len(plan.classes))
+        fn, input_signature = sig.make_signature_fn(model, plan, golden.specs, golden.keys, options.keep_output_dtype,
+                                                    record.features, labels)
+        archive.add_endpoint(plan.name, fn, input_signature=input_signature)
     return archive
 
 
-def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, tolerances: dict, reference: dict | None) -> dict:
+def _label_table(path: Path):
+    """Line number -> class label, initialised from the label file, which TF ships as an asset (the way
+    Estimator classification heads did): the served graph reads the labels the file in assets/ holds."""
+    import tensorflow as tf
+
+    initializer = tf.lookup.TextFileInitializer(str(path), tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER,
+                                                tf.string, tf.lookup.TextFileIndex.WHOLE_LINE)
+    return tf.lookup.StaticHashTable(initializer, default_value="")
+
+
+def _labels(table, count: int):
+    def labels():
+        import tensorflow as tf
+
+        return table.lookup(tf.range(count, dtype=tf.int64))
+
+    return labels
+
+
+def _tolerances(loaded, record: SignatureRecord) -> dict:
+    return {k: vars(default_tolerance(_tolerance_dtype(loaded.policy, record.compute_dtypes[k])))
+            for k in record.plan.outputs}
+
+
+def _signature_manifest(loaded, record: SignatureRecord, index: int) -> dict:
+    plan = record.plan
+    entry = {
+        "method": plan.method_name,
+        "input": plan.input,
+        "inputs": record.input_specs,
+        "outputs": {k: {"dtype": record.out_dtypes[k], "compute_dtype": record.compute_dtypes[k],
+                        "model_output": src or None} for k, src in plan.outputs.items()},
+        "tolerances": _tolerances(loaded, record),
+        "golden": layout.golden_prefixes(index),
+    }
+    if record.features is not None:
+        entry["features"] = to_manifest(record.features)
+    if plan.classes_file is not None:
+        entry["classes"] = plan.classes_file.name
+    return entry
+
+
+def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, reference: dict | None = None) -> dict:
     import keras
     import tensorflow as tf
 
+    first = golden.signatures[0]
+    signatures = {r.plan.name: _signature_manifest(loaded, r, i) for i, r in enumerate(golden.signatures)}
     return {
         "exportkit_version": __version__,
         "tensorflow_version": tf.__version__,
@@ -191,31 +308,44 @@ def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, tolerances: 
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "source": {"path": loaded.path, "format": loaded.format, "sha256": loaded.sha256},
         "dtype_policy": loaded.policy,
-        "signature_name": options.signature_name,
-        "signature": {
-            "inputs": {s.key: {"dtype": s.dtype, "shape": s.shape} for s in golden.specs},
-            "outputs": {k: {"dtype": golden.out_dtypes[k], "compute_dtype": golden.raw_dtypes[k]} for k in golden.keys},
-        },
-        "tolerances": tolerances,
-        "golden": {"dir": str(layout.EXTRA_DIR), "inputs": layout.GOLDEN_INPUTS, "outputs": layout.GOLDEN_OUTPUTS,
+        # The first signature, as older readers expect it; `signatures` holds every one.
+        "signature_name": first.plan.name,
+        "signature": {"inputs": first.input_specs,
+                      "outputs": signatures[first.plan.name]["outputs"]},
+        "tolerances": signatures[first.plan.name]["tolerances"],
+        "signatures": signatures,
+        "golden": {"dir": str(layout.EXTRA_DIR), "inputs": signatures[first.plan.name]["golden"]["inputs"],
+                   "outputs": signatures[first.plan.name]["golden"]["outputs"],
                    "batch_sizes": [len(next(iter(b.values()))) for b in golden.inputs], "seed": GOLDEN_SEED,
                    "int_range": options.int_range},
-        "assets": [Path(a).name for a in options.assets],
+        "assets": list(dict.fromkeys([Path(a).name for a in options.assets] + [
+            r.plan.classes_file.name for r in golden.signatures if r.plan.classes_file is not None])),
         "custom_objects": sorted(loaded.custom_objects),
         "reference": reference,  # a training-time reference was used (exportkit.record_reference), or null
     }
 
 
 def _write_version(staging: Path, archive, loaded, golden: GoldenRecord, options: ExportOptions,
-                   model_name: str, tolerances: dict, reference=None, reference_entry: dict | None = None) -> None:
-    from exportkit.serving.warmup import write_warmup_records
+                   model_name: str, manifest: dict, reference=None) -> None:
+    from exportkit.serving.warmup import warmup_records, write_warmup_file
 
     archive.write_out(str(staging), verbose=False)
-    write_warmup_records(str(staging), model_name, options.signature_name, golden.inputs[:golden.generated])
-    layout.write_golden(staging, golden.inputs, golden.outputs)
+    writer.set_method_names(staging, {r.plan.name: r.plan.method_name for r in golden.signatures})
+    records = []
+    for record in golden.signatures:
+        records += warmup_records(model_name, record.plan.name, record.inputs[:golden.generated],
+                                  method=record.plan.method)
+    write_warmup_file(str(staging), records)
+    for record, entry in zip(golden.signatures, manifest["signatures"].values()):
+        layout.write_golden(staging, record.inputs, record.outputs, entry["golden"])
     if reference is not None:
         layout.write_reference_outputs(staging, reference.outputs)
-    layout.write_manifest(staging, _manifest(loaded, golden, options, tolerances, reference_entry))
+    layout.write_manifest(staging, manifest)
+
+
+def _summary_signature(record: SignatureRecord) -> dict:
+    return {"name": record.plan.name, "method": record.plan.method_name, "input": record.plan.input,
+            "inputs": record.input_specs, "outputs": dict(record.out_dtypes)}
 
 
 def export_model(options: ExportOptions, progress: Progress | None = None) -> ExportResult:
@@ -239,7 +369,8 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
 
         specs = model_input_specs(loaded.model, overrides)
         reference, reference_inputs = _load_reference(options, specs)
-        golden = _golden_record(loaded.model, specs, options.keep_output_dtype, int_range, reference_inputs)
+        golden = _golden_record(loaded.model, specs, options, int_range, reference_inputs)
+        names = [r.plan.name for r in golden.signatures]
         progress.stage("build", f"{len(golden.specs)} input(s), {len(golden.keys)} output(s), golden record of "
                                 f"{len(golden.inputs)} batches")
 
@@ -251,49 +382,59 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
             f"; {refs.LINKS[0]} agrees on the training-time reference" if reference is not None else ""))
 
         archive = _archive(loaded.model, golden, options, assets)
-        progress.stage("trace", f"signature '{options.signature_name}'")
+        progress.stage("trace", f"signature{'s' if len(names) > 1 else ''} {', '.join(repr(n) for n in names)}")
 
+        manifest = _manifest(loaded, golden, options, reference_entry)
         with writer.staged_version_dir(base, version) as staging:
-            _write_version(staging, archive, loaded, golden, options, base.resolve().name, tolerances,
-                           reference, reference_entry)
+            _write_version(staging, archive, loaded, golden, options, base.resolve().name, manifest, reference)
             progress.stage("write", f"{base / str(version)}")
             if session is not None:
                 session.path = str(staging.resolve())
-                _self_check(session, golden.inputs, golden.outputs, tolerances, reference is not None)
-                progress.stage("check", "TF1 loader in a fresh process agrees with eager Keras on the golden record")
+                _self_check(session, golden, manifest, reference is not None)
+                progress.stage("check", "TF1 loader in a fresh process agrees with eager Keras on the golden record"
+                                        + (f" ({len(names)} signatures)" if len(names) > 1 else ""))
                 if reference_entry is not None:
                     reference_entry["links"][refs.LINKS[1]] = "passed"
-                    layout.write_manifest(staging, _manifest(loaded, golden, options, tolerances, reference_entry))
+                    layout.write_manifest(staging, _manifest(loaded, golden, options, reference_entry))
     finally:
         if session is not None:
             session.close()
 
-    return ExportResult(path=base / str(version), version=version, signature_name=options.signature_name,
-                        inputs=golden.specs, outputs=golden.out_dtypes, policy=loaded.policy,
+    first = golden.signatures[0]
+    return ExportResult(path=base / str(version), version=version, signature_name=first.plan.name,
+                        inputs=golden.specs, outputs=first.out_dtypes, policy=loaded.policy,
                         source_format=loaded.format, checked=options.verify, stage_seconds=progress.times,
-                        findings=findings, reference=reference_entry)
+                        findings=findings, reference=reference_entry,
+                        signatures=[_summary_signature(r) for r in golden.signatures])
 
 
-def _self_check(session, inputs, expected, tolerances, with_reference: bool = False) -> None:
-    """The TF-Serving-equivalent load must reproduce the eager outputs; otherwise the export fails."""
+def _self_check(session, golden: GoldenRecord, manifest: dict, with_reference: bool = False) -> None:
+    """The TF-Serving-equivalent load must reproduce the eager outputs, signature by signature; otherwise the
+    export fails."""
     session.load()
-    actual = [session.run(batch) for batch in inputs]
-    results = compare_batches(expected, actual, lambda key, dtype: Tolerance(**tolerances[key]))
-    failed = [r for r in results if not r.passed]
-    if failed:
-        detail = "; ".join(f"output '{r.key}': {r.reason} (max abs err {r.max_abs_err})" for r in failed)
+    problems = []
+    for record in golden.signatures:
+        tolerances = manifest["signatures"][record.plan.name]["tolerances"]
+        session.use_signature(record.plan.name, {})
+        actual = [session.run(batch) for batch in record.inputs]
+        results = compare_batches(record.outputs, actual, lambda key, dtype: Tolerance(**tolerances[key]))
+        problems += [f"signature '{record.plan.name}' output '{r.key}': {r.reason} (max abs err {r.max_abs_err})"
+                     for r in results if not r.passed]
+    if problems:
         link = f"link {refs.LINKS[1]} (TF1 loader, as TF Serving loads it) broke: " if with_reference else ""
-        raise CheckFailed(f"{link}the exported SavedModel does not reproduce eager Keras: {detail}",
+        raise CheckFailed(f"{link}the exported SavedModel does not reproduce eager Keras: {'; '.join(problems)}",
                           "the version was not written; re-run with --debug, or --no-verify to keep it for inspection")
 
 
 def render_summary(result: ExportResult) -> str:
-    lines = [f"exported {result.path} (version {result.version}, from {result.source_format}, policy {result.policy})",
-             f"signature '{result.signature_name}':"]
-    for spec in result.inputs:
-        lines.append(f"  input   {spec.key:<24} {spec.dtype:<9} {spec.shape}")
-    for key, dtype in result.outputs.items():
-        lines.append(f"  output  {key:<24} {dtype}")
+    lines = [f"exported {result.path} (version {result.version}, from {result.source_format}, policy {result.policy})"]
+    for entry in result.signatures:
+        method = entry["method"].rpartition("/")[2]
+        lines.append(f"signature '{entry['name']}' ({method}{', tf.Example' if entry['input'] == 'examples' else ''}):")
+        for key, spec in entry["inputs"].items():
+            lines.append(f"  input   {key:<24} {spec['dtype']:<9} {spec['shape']}")
+        for key, dtype in entry["outputs"].items():
+            lines.append(f"  output  {key:<24} {dtype}")
     lines.append("self-check: passed (TF1 loader, fresh process)" if result.checked else "self-check: skipped (--no-verify)")
     if result.reference:
         links = ", ".join(f"{link} {verdict}" for link, verdict in result.reference["links"].items())
@@ -308,7 +449,8 @@ def summary_json(result: ExportResult) -> dict:
             "outputs": {k: {"dtype": d} for k, d in result.outputs.items()}, "dtype_policy": result.policy,
             "source_format": result.source_format, "self_check": "passed" if result.checked else "skipped",
             "reference": result.reference, "findings": [f.to_dict() for f in result.findings],
-            "stage_seconds": {k: round(v, 3) for k, v in result.stage_seconds.items()}}
+            "stage_seconds": {k: round(v, 3) for k, v in result.stage_seconds.items()},
+            "signatures": result.signatures}
 
 
 def export_command(*, src, output, spec_path=None, json_out=None, **flags) -> int:

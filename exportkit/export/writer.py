@@ -65,3 +65,26 @@ def check_assets(files: list[str]) -> list[Path]:
             raise UsageError(f"--asset {path} is not a file", "pass files (vocabularies, label maps) to --asset")
     return [path.resolve() for path in paths]
 
+
+
+def set_method_names(version_dir: Path, methods: dict[str, str]) -> None:
+    """Give signatures their SignatureDef method (classify, regress) in the written saved_model.pb.
+
+    `tf.saved_model.save` (under ExportArchive, which tracks every variable the signatures use) writes every
+    signature as predict; TF Serving's Classify and Regress refuse a signature whose method_name is not theirs.
+    Only the method_name strings change: graph, functions and object graph stay as written.
+    """
+    from exportkit.savedmodel import PREDICT_METHOD, SAVED_MODEL_PB, protos
+
+    if all(method == PREDICT_METHOD for method in methods.values()):
+        return
+    path = Path(version_dir) / SAVED_MODEL_PB
+    proto = protos()["saved_model"].SavedModel()
+    proto.ParseFromString(path.read_bytes())
+    for meta_graph in proto.meta_graphs:
+        for name, method in methods.items():
+            if name in meta_graph.signature_def:
+                meta_graph.signature_def[name].method_name = method
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(proto.SerializeToString())
+    os.replace(tmp, path)

@@ -7,7 +7,8 @@
 several runtimes get ready in parallel; `load()` waits until the model is loaded and raises CheckFailed (the
 model's fault) or InfraError. Fields: `name` (one of RUNTIME_NAMES), `kind` (recorded | in-process | subprocess |
 grpc), `device` asked for ("cpu", "gpu", or None when not ours to choose), `placed_on` (where the last outputs
-were computed, e.g. "cpu:0", when the runtime can tell), `server` (who answered, for a server), `loaded`.
+were computed, e.g. "cpu:0", when the runtime can tell), `server` (who answered, for a server), `loaded`,
+`signature_name` (the signature `run` answers for; `use_signature` switches it without loading again).
 """
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ class Runtime:
     placed_on: str | None = None
     server: dict | None = None
     loaded: bool = False
+    signature_name: str | None = None
+
+    def use_signature(self, name: str, input_dtypes: dict[str, str]) -> None:
+        """Answer for signature `name` from now on (inputs keyed and typed as `input_dtypes`); a loaded model
+        stays loaded, so one runtime serves every signature of a SavedModel."""
+        self.signature_name = name
 
     def start(self) -> None:
         """Begin what takes long, without waiting for it. Safe to call more than once."""

@@ -44,6 +44,10 @@ class GoldenRuntime(Runtime):
 
     def __init__(self, inputs: list[dict], outputs: list[dict], name: str = "golden"):
         self.name = name
+        self.record(inputs, outputs)
+
+    def record(self, inputs: list[dict], outputs: list[dict]) -> None:
+        """The record to answer from (one signature's)."""
         self._answers = list(zip(inputs, outputs))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
@@ -76,11 +80,19 @@ class SavedModelRuntime(Runtime):
             except Exception as err:
                 raise CheckFailed(f"tf.saved_model.load failed: {type(err).__name__}: {str(err).splitlines()[0]}",
                                   "the SavedModel is damaged or needs ops this TensorFlow lacks") from err
+        self.loaded = True
+        self._select()
+
+    def _select(self) -> None:
         if self.signature_name not in self._loaded.signatures:
             raise CheckFailed(f"no signature '{self.signature_name}' (available: {', '.join(self._loaded.signatures)})",
-                              "pass --signature-name with one of them")
+                              "pass --signature with one of them")
         self._fn = self._loaded.signatures[self.signature_name]
-        self.loaded = True
+
+    def use_signature(self, name: str, input_dtypes: dict[str, str]) -> None:
+        self.signature_name, self.input_dtypes = name, input_dtypes
+        if self.loaded:
+            self._select()
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import tensorflow as tf
@@ -106,7 +118,12 @@ class KerasRuntime(Runtime):
         self.source_options = source_options
         self.output_dtypes = output_dtypes
         self.device = device
+        self.select: dict[str, str] | None = None  # signature output key -> model output key (None: all)
         self._model = None
+
+    def use_outputs(self, select: dict[str, str] | None, output_dtypes: dict[str, str]) -> None:
+        """Answer with a signature's outputs: `select` maps its keys to the model's (a subset, renamed)."""
+        self.select, self.output_dtypes = select, output_dtypes
 
     def load(self) -> None:
         from exportkit.sources.load import load_source
@@ -127,6 +144,8 @@ class KerasRuntime(Runtime):
 
         with tf.device(tf_device(self.device)):
             raw = keyed_outputs(self._model, feed_model(self._model, {k: tf.constant(v) for k, v in inputs.items()}))
+        if self.select is not None:
+            raw = {key: raw[source] for key, source in self.select.items() if source in raw}
         self.placed_on = placement(list(raw.values()))
         outputs = {}
         for key, tensor in raw.items():

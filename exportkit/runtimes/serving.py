@@ -77,7 +77,7 @@ class ServingRuntime(Runtime):
         if self._client is None:
             raise RuntimeError("ServingRuntime.run() before load()")
         try:
-            return self._client.predict(inputs)
+            return self._client.predict(inputs, signature_name=self.signature_name)
         except ServingError as err:
             self._raise(err, f"Predict(signature '{self.signature_name}')")
 
@@ -113,7 +113,7 @@ class ServingRuntime(Runtime):
         Model name/version are set to the served ones, as TF Serving ignores them during its own warm-up.
         """
         from exportkit.serving.client import ServingError
-        from exportkit.serving.warmup import read_warmup_records
+        from exportkit.serving.warmup import as_predict_request, read_warmup_records
 
         try:
             requests = read_warmup_records(path)
@@ -123,6 +123,7 @@ class ServingRuntime(Runtime):
             return [f"warm-up file unreadable: {type(err).__name__}: {err}"]
         problems = []
         for i, request in enumerate(requests):
+            request = as_predict_request(request)
             request.model_spec.name = self._handle.model_name
             if self._handle.model_version is not None:
                 request.model_spec.version.value = int(self._handle.model_version)

@@ -104,7 +104,8 @@ class SessionRuntime(Runtime):
         self._runs += 1
         inputs_prefix, outputs_prefix = f"in{self._runs}", f"out{self._runs}"
         save_batches(self._dir.name, [inputs], inputs_prefix)
-        self._request(op="run", dir=self._dir.name, inputs=inputs_prefix, outputs=outputs_prefix)
+        self._request(op="run", dir=self._dir.name, inputs=inputs_prefix, outputs=outputs_prefix,
+                      signature=self.signature_name)
         return load_batches(self._dir.name, outputs_prefix)[0]
 
     def close(self) -> None:

@@ -5,7 +5,9 @@ caller's cwd nor PYTHONPATH is on sys.path. It imports TensorFlow at once (so th
 caller's work) and then answers one JSON request per line on stdin:
 
     {"op": "load", "path": DIR, "signature": NAME}        -> {"ok": true}
-    {"op": "run", "dir": DIR, "inputs": PREFIX, "outputs": PREFIX} -> {"ok": true}   (batch files, see inputs.py)
+    {"op": "run", "dir": DIR, "inputs": PREFIX, "outputs": PREFIX, "signature": NAME} -> {"ok": true}
+                                                          (batch files: exportkit.batches; signature: the loaded one
+                                                          unless given)
     failures                                              -> {"ok": false, "kind": "model"|"infra", "message": ...}
 """
 from __future__ import annotations
@@ -47,8 +49,13 @@ def main() -> int:
                     continue
                 _reply(channel, ok=True)
             elif request["op"] == "run":
+                name = request.get("signature") or signature
+                if name not in model.signatures:
+                    _reply(channel, ok=False, kind="model",
+                           message=f"no signature {name!r} (available: {', '.join(sorted(model.signatures))})")
+                    continue
                 batches = load_batches(request["dir"], request["inputs"])
-                outputs = [model.run(signature, batch) for batch in batches]
+                outputs = [model.run(name, batch) for batch in batches]
                 save_batches(request["dir"], outputs, request["outputs"])
                 _reply(channel, ok=True)
         except Exception as err:  # the model's failure: report it, stay alive for the caller to close

@@ -94,7 +94,7 @@ class ServedModel:
 
     def _warm_up(self) -> int:
         from exportkit.layout import warmup_path
-        from exportkit.serving.warmup import read_warmup_records
+        from exportkit.serving.warmup import as_predict_request, read_warmup_records
 
         path = warmup_path(self.location.version_dir)
         if not os.path.exists(path):
@@ -105,7 +105,8 @@ class ServedModel:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"invalid warm-up file: {err}") from None
         for i, request in enumerate(requests):
             try:
-                self.predict(request, warmup=True)
+                # Classify/Regress records run as the Predict they amount to (this server has no Classify API).
+                self.predict(as_predict_request(request), warmup=True)
             except RpcError as err:
                 raise RpcError(err.code, f"warm-up record {i} of {path} failed: {err.code.name}: {err.message}") from None
         return len(requests)

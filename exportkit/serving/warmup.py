@@ -105,17 +105,27 @@ def write_warmup_records(path: str, model_name: str, signature_name: str,
     keys/dtypes of the first batch must be repeated by all others. Raises ValueError on any mismatch, or if the
     number of records is not in 1..1000 (TF Serving's limit). Returns the file path.
     """
-    tf = import_tf()
-    predict_pb2, prediction_log_pb2 = _apis()
     if os.path.isdir(path):
-        path = warmup_path(path)
-    if not 1 <= len(batches) <= MAX_WARMUP_RECORDS:
-        raise ValueError(f"warm-up needs 1..{MAX_WARMUP_RECORDS} records (TF Serving's limit), got {len(batches)}")
+        path = str(warmup_path(path))
     if signature_def is None:
         parent = os.path.dirname(os.path.abspath(path))
         version_dir = os.path.dirname(parent) if os.path.basename(parent) == WARMUP.parent.name else None
         signature_def = _signature_of(version_dir, signature_name)
+    return write_warmup_file(path, warmup_records(model_name, signature_name, batches, signature_def))
 
+
+def warmup_records(model_name: str, signature_name: str, batches: list[dict[str, np.ndarray]], signature_def=None,
+                   method: str = "predict") -> list[bytes]:
+    """Serialized PredictionLog records for one signature, checked as `write_warmup_records` describes.
+
+    `method` predict: PredictLog records. classify/regress: ClassifyLog/RegressLog records whose Input holds the
+    batch's serialized tf.Example (the signature's one string input) as an example_list, as TF Serving's Classify
+    and Regress APIs take them.
+    """
+    tf = import_tf()
+    predict_pb2, prediction_log_pb2 = _apis()
+    if not 1 <= len(batches) <= MAX_WARMUP_RECORDS:
+        raise ValueError(f"warm-up needs 1..{MAX_WARMUP_RECORDS} records (TF Serving's limit), got {len(batches)}")
     if signature_def is not None:
         expected = {k: tf.as_dtype(v.dtype) for k, v in signature_def.inputs.items()}
     else:
@@ -126,6 +136,9 @@ def write_warmup_records(path: str, model_name: str, signature_name: str,
     for i, batch in enumerate(batches):
         if set(batch) != set(expected):
             raise ValueError(f"warm-up record {i}: keys {sorted(batch)} != signature inputs {sorted(expected)}")
+        if method != "predict":
+            records.append(_example_log(model_name, signature_name, method, next(iter(batch.values()))))
+            continue
         request = predict_pb2.PredictRequest()
         request.model_spec.name = model_name
         request.model_spec.signature_name = signature_name
@@ -138,7 +151,33 @@ def write_warmup_records(path: str, model_name: str, signature_name: str,
             request.inputs[key].CopyFrom(ndarray_to_tensor_proto(arr, dtype=want))
         log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
         records.append(log.SerializeToString())
+    return records
 
+
+def _example_log(model_name: str, signature_name: str, method: str, serialized: np.ndarray) -> bytes:
+    from tensorflow.core.example import example_pb2
+    from tensorflow_serving.apis import classification_pb2, prediction_log_pb2, regression_pb2
+
+    module = classification_pb2 if method == "classify" else regression_pb2
+    request = (module.ClassificationRequest if method == "classify" else module.RegressionRequest)()
+    request.model_spec.name = model_name
+    request.model_spec.signature_name = signature_name
+    for raw in np.asarray(serialized, dtype=object).reshape(-1):
+        request.input.example_list.examples.add().CopyFrom(example_pb2.Example.FromString(bytes(raw)))
+    if method == "classify":
+        log = prediction_log_pb2.PredictionLog(classify_log=prediction_log_pb2.ClassifyLog(request=request))
+    else:
+        log = prediction_log_pb2.PredictionLog(regress_log=prediction_log_pb2.RegressLog(request=request))
+    return log.SerializeToString()
+
+
+def write_warmup_file(path: str, records: list[bytes]) -> str:
+    """Write serialized PredictionLog records (of every signature) as the warm-up TFRecord file, atomically."""
+    tf = import_tf()
+    if os.path.isdir(path):
+        path = str(warmup_path(path))
+    if not 1 <= len(records) <= MAX_WARMUP_RECORDS:
+        raise ValueError(f"warm-up needs 1..{MAX_WARMUP_RECORDS} records (TF Serving's limit), got {len(records)}")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with tf.io.TFRecordWriter(tmp) as writer:
@@ -148,11 +187,25 @@ def write_warmup_records(path: str, model_name: str, signature_name: str,
     return path
 
 
-def read_warmup_records(path: str) -> list:
-    """The PredictRequests of a warm-up file (or of a version dir's assets.extra file), in file order.
+def as_predict_request(request, input_key: str = "inputs"):
+    """A Classify/Regress request as the equivalent PredictRequest: its Examples serialized into the signature's
+    one string input (what TF Serving's Classify and Regress feed the graph). Predict requests pass through."""
+    predict_pb2, _ = _apis()
+    if isinstance(request, predict_pb2.PredictRequest):
+        return request
+    examples = np.array([e.SerializeToString() for e in request.input.example_list.examples], dtype=object)
+    predict = predict_pb2.PredictRequest()
+    predict.model_spec.CopyFrom(request.model_spec)
+    predict.inputs[input_key].CopyFrom(ndarray_to_tensor_proto(examples))
+    return predict
 
-    Raises ValueError for a record that is not a PredictionLog with a predict_log (TF Serving also accepts
-    classify/regress/multi_inference logs; exportkit only writes and replays Predict) or for more than 1000.
+
+def read_warmup_records(path: str) -> list:
+    """The requests of a warm-up file (or of a version dir's assets.extra file), in file order: PredictRequests,
+    and ClassificationRequests / RegressionRequests for classify_log / regress_log records.
+
+    Raises ValueError for any other record type (multi_inference is not written by exportkit) or for more
+    than 1000.
     """
     tf = import_tf()
     _, prediction_log_pb2 = _apis()
@@ -164,7 +217,8 @@ def read_warmup_records(path: str) -> list:
             raise ValueError(f"{path}: more than {MAX_WARMUP_RECORDS} warm-up records (TF Serving refuses to load)")
         log = prediction_log_pb2.PredictionLog()
         log.ParseFromString(raw)
-        if log.WhichOneof("log_type") != "predict_log":
-            raise ValueError(f"{path}: record {i} is a {log.WhichOneof('log_type')}, expected predict_log")
-        requests.append(log.predict_log.request)
+        kind = log.WhichOneof("log_type")
+        if kind not in ("predict_log", "classify_log", "regress_log"):
+            raise ValueError(f"{path}: record {i} is a {kind}, expected predict_log, classify_log or regress_log")
+        requests.append(getattr(log, kind).request)
     return requests

@@ -23,7 +23,13 @@ warning baseline-output-shape-relaxed an output became more general (a fixed dim
 info    baseline-output-shape-narrowed an unknown output dim became fixed (compatible)
 info    baseline-added-output        a new output (compatible)
 
-An unchanged signature gives no findings.
+An unchanged signature gives no findings. Across signatures (compare_signature_sets):
+
+error   baseline-removed-signature   a released signature is gone (clients call it by name)
+error   baseline-method-changed      its method changed (predict/classify/regress pick the API clients call)
+info    baseline-added-signature     a new signature (compatible)
+
+With several signatures, each finding's message names its signature.
 """
 from __future__ import annotations
 
@@ -154,3 +160,26 @@ def compare_signatures(old: dict, new: dict) -> list[Finding]:
     """Findings for the changes from the released signature `old` to `new` (inputs first, then outputs)."""
     return (_compare_side("inputs", old.get("inputs") or {}, new.get("inputs") or {})
             + _compare_side("outputs", old.get("outputs") or {}, new.get("outputs") or {}))
+
+
+def compare_signature_sets(old: dict[str, dict], new: dict[str, dict]) -> list[Finding]:
+    """Findings for every released signature against the new SavedModel's signatures of the same name."""
+    findings: list[Finding] = []
+    several = len(old) > 1 or len(new) > 1
+    for name in old:
+        if name not in new:
+            findings.append(Finding("error", "baseline-removed-signature",
+                                    f"signature '{name}' was removed; clients call it by name"))
+            continue
+        if (old[name].get("method") or new[name].get("method")) and old[name].get("method") != new[name].get("method"):
+            findings.append(Finding("error", "baseline-method-changed",
+                                    f"signature '{name}' method changed: {old[name].get('method')} -> "
+                                    f"{new[name].get('method')}; clients call the API of the old one"))
+        for finding in compare_signatures(old[name], new[name]):
+            if several:
+                finding = Finding(finding.severity, finding.code, f"signature '{name}': {finding.message}")
+            findings.append(finding)
+    for name in new:
+        if name not in old:
+            findings.append(Finding("info", "baseline-added-signature", f"new signature '{name}' (compatible)"))
+    return findings

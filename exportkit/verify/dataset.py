@@ -69,11 +69,12 @@ def _tol(t) -> tuple[float, float]:
 
 
 def _run_in_process(o, source, version_dir, specs, signature, names, devices, example_key, tolerances, report):
-    from exportkit.verify.run import _build_runtimes, _close_all, _serving_checks
+    from exportkit.verify.run import SignatureCheck, _build_runtimes, _close_all, _serving_checks
 
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
     feed = Feeder(source, specs, example_key)  # before any runtime starts: a bad --data fails fast
-    runtimes_ = _build_runtimes(o, names, devices, version_dir, specs, output_dtypes, None, None)
+    check = SignatureCheck(o.signature_name, signature.get("method") or "", specs, output_dtypes, {})
+    runtimes_ = _build_runtimes(o, names, devices, version_dir, check)
     parsing = []  # runtimes that parse the records themselves (keras on a signature over tf.Example)
     for item in runtimes_:
         if example_key is not None and item.runtime.name == "keras":
@@ -122,7 +123,8 @@ def _run_in_process(o, source, version_dir, specs, signature, names, devices, ex
             result.server, result.device = item.runtime.server, item.runtime.placed_on or item.runtime.device
         ordered = [results[item.label] for item in runtimes_]
         report.runtimes = ordered
-        _serving_checks(runtimes_, signature, version_dir, report)
+        _serving_checks(runtimes_, {o.signature_name: signature}, [o.signature_name], version_dir,
+                        {o.signature_name: ordered}, report)
         completed = True
     finally:
         if writer:

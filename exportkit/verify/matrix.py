@@ -100,7 +100,8 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
     if run and device == "gpu":
         raise UsageError("--run observes on the CPU only (the managed environments hold tensorflow-cpu)",
                          "drop --run for the GPU forecast, or use --device cpu --run")
-    version_dir, proto, signature = _read_model(path, signature_name)
+    version_dir, proto, signatures = _read_model(path)
+    signature = signatures.get(signature_name)
     meta_graph = select_meta_graph(proto)
     predicted = analysis.analyze(meta_graph, versions, device)
     rows = [VersionRow(r.tf, r.predicted, findings=r.findings) for r in predicted]
@@ -122,25 +123,24 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
 
 def _observe(rows, version_dir, signature_name, signature, samples, seed, int_range, atol, rtol, tol) -> None:
     """Fill `observed`/`error` of each row from session@X.Y, compared with the reference like verify does."""
-    from exportkit.batches import InputSpec, parse_int_range
-    from exportkit.layout import read_golden, read_manifest
+    from exportkit.batches import parse_int_range
+    from exportkit.layout import read_manifest
     from exportkit.spec import VerifyOptions
     from exportkit.verify.compare import parse_tol
     from exportkit.verify.report import VerifyReport
-    from exportkit.verify.run import (_build_runtimes, _close_all, _compare_all, _execute, _input_batches,
-                                      _per_output_tolerances, versioned_pythons, versioned_sessions)
+    from exportkit.verify.run import (_build_runtimes, _close_all, _compare_all, _execute, _per_output_tolerances,
+                                      _plan_checks, versioned_pythons, versioned_sessions)
 
     pythons = versioned_pythons([",".join(r.tf for r in rows)])  # installs what is missing, before anything runs
     manifest, _ = read_manifest(version_dir)
-    golden_inputs, golden_outputs = read_golden(version_dir) if manifest else (None, None)
     lo_hi = parse_int_range(int_range or (manifest or {}).get("golden", {}).get("int_range") or "0:10")
-    specs = [InputSpec(key=k, dtype=v["dtype"], shape=v["shape"] if v["shape"] is not None else [-1])
-             for k, v in signature["inputs"].items()]
-    batches = _input_batches(specs, golden_inputs, None, samples, seed, lo_hi)
+    options = VerifyOptions(path=str(version_dir), signature_name=signature_name, serving="none", samples=samples,
+                            seed=seed)
+    check = _plan_checks(options, {signature_name: signature}, [signature_name], version_dir, manifest, lo_hi)[0]
+    batches = check.batches
     # The reference: the golden record where there is one, else the session runtime on this Python's TF.
-    names = ["golden", "session"] if golden_inputs is not None else ["session"]
-    options = VerifyOptions(path=str(version_dir), signature_name=signature_name, serving="none")
-    references = _build_runtimes(options, names, ["cpu"], version_dir, specs, {}, golden_inputs, golden_outputs)
+    names = ["golden", "session"] if check.golden[0] is not None else ["session"]
+    references = _build_runtimes(options, names, ["cpu"], version_dir, check)
     report = VerifyReport(path=str(version_dir), signature=signature_name, reference="")
     outputs: dict[str, list] = {}
     versions = list(pythons)
@@ -148,7 +148,7 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
     wave = versioned_sessions({v: pythons[v] for v in waves[0]}, version_dir, signature_name)  # overlaps
     try:
         for item in references:
-            report.runtimes.append(_execute(item, batches, outputs))
+            report.runtimes.append(_execute(item, check, outputs))
     finally:
         _close_all(references)
     for index in range(len(waves)):
@@ -156,11 +156,11 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
             wave = versioned_sessions({v: pythons[v] for v in waves[index]}, version_dir, signature_name)
         try:
             for item in wave:
-                report.runtimes.append(_execute(item, batches, outputs))
+                report.runtimes.append(_execute(item, check, outputs))
         finally:
             _close_all(wave)
     per_output = dict(parse_tol(t) for t in tol or [])
-    _compare_all(report, outputs, batches, _per_output_tolerances(atol, rtol, per_output, manifest), ["cpu"])
+    _compare_all(report, outputs, batches, _per_output_tolerances(atol, rtol, per_output, check.entry), ["cpu"])
     by_label = {r.name: r for r in report.runtimes}
     for row in rows:
         result = by_label[f"session@{row.tf}"]

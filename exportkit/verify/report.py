@@ -25,6 +25,7 @@ class RuntimeResult:
     seconds: float = 0.0
     is_reference: bool = False
     comparisons: list[OutputComparison] = field(default_factory=list)
+    signature: str | None = None  # the signature these outputs answer for
 
     @property
     def passed(self) -> bool:
@@ -45,6 +46,8 @@ class VerifyReport:
     # training-time reference: per link of trained -> reloaded -> SavedModel -> serving and output, a dict
     # {link, from, to, output, passed, max_abs_err?, reason}
     chain: list[dict] = field(default_factory=list)
+    signatures: list[str] = field(default_factory=list)  # every signature verified, in order
+    references: dict[str, str] = field(default_factory=dict)  # signature -> its reference runtime
 
     @property
     def passed(self) -> bool:
@@ -133,6 +136,15 @@ def _compared_keys(report: VerifyReport) -> list[str]:
     return sorted({c.key for r in report.runtimes for c in r.comparisons})
 
 
+def _several(report: VerifyReport) -> bool:
+    return len(report.signatures) > 1
+
+
+def _who(report: VerifyReport, r: RuntimeResult) -> str:
+    """A runtime's name, with its signature when several are verified."""
+    return f"{r.signature}/{r.name}" if _several(report) and r.signature and r.kind != "agreement" else r.name
+
+
 def failures(report: VerifyReport) -> list[str]:
     """One short sentence per reason the report fails, in report order."""
     out = []
@@ -147,11 +159,11 @@ def failures(report: VerifyReport) -> list[str]:
         out.append(f"output '{key}': link {c['link']} broke ({c['from']} vs {c['to']}: {c['reason']})")
     for r in report.runtimes:
         if r.status == "error":
-            out.append(f"{r.name}: error: {_first_line(r.error) or 'unknown error'}")
+            out.append(f"{_who(report, r)}: error: {_first_line(r.error) or 'unknown error'}")
             continue
         for c in r.comparisons:
             if not c.passed:
-                s = f"{r.name}: output '{c.key}' {c.reason}"
+                s = f"{_who(report, r)}: output '{c.key}' {c.reason}"
                 n = needs(c)
                 out.append(f"{s} ({n})" if n else s)
     return out
@@ -160,14 +172,24 @@ def failures(report: VerifyReport) -> list[str]:
 def verdict_line(report: VerifyReport) -> str:
     if not report.passed:
         return "FAILED: " + "; ".join(failures(report))
-    ok = [r for r in report.runtimes if r.status == "ok"]
-    skipped = [r.name for r in report.runtimes if r.status == "skipped"]
+    ok = [r for r in report.runtimes if r.status == "ok" and r.kind != "agreement"]
+    skipped = list(dict.fromkeys(_who(report, r) for r in report.runtimes if r.status == "skipped"))
     keys = _compared_keys(report)
     compared = [r for r in ok if not r.is_reference and r.comparisons]
+    runtimes = len({r.name for r in ok})
     if not compared:
         line = f"PASSED: nothing compared (reference: {report.reference})"
+    elif _several(report):
+        agreements = [r for r in report.runtimes if r.kind == "agreement"]
+        line = (f"PASSED: {len(report.signatures)} signatures, each through {runtimes} runtime"
+                f"{'s' if runtimes != 1 else ''} that agree")
+        if agreements:
+            pairs = sorted({r.name.partition(": ")[2] for r in agreements})
+            line += f"; tf.Example signatures answer what their tensor twins answer ({', '.join(pairs)})"
+        refs = sorted(set(report.references.values()))
+        line += f" (reference: {', '.join(refs) or report.reference})"
     else:
-        line = (f"PASSED: {len(ok)} runtime{'s' if len(ok) != 1 else ''} agree on {len(keys)} "
+        line = (f"PASSED: {runtimes} runtime{'s' if runtimes != 1 else ''} agree on {len(keys)} "
                 f"output{'s' if len(keys) != 1 else ''} (reference: {report.reference})")
     if skipped:
         line += "; skipped: " + ", ".join(skipped)
@@ -183,28 +205,31 @@ _HEADERS = ("RUNTIME", "DEVICE", "OUTPUT", "RESULT", "MAX ABS ERR", "MAX REL ERR
 def _rows(report: VerifyReport) -> list[tuple[str, ...]]:
     rows = []
     for r in report.runtimes:
-        dev = r.device or "-"
-        t = f"{r.seconds:.2f}s"
-        if r.status == "error":
-            rows.append((r.name, dev, "-", "ERROR", "-", "-", "-", "-", t, _first_line(r.error)))
-            continue
-        if r.status == "skipped":
-            rows.append((r.name, dev, "-", "SKIP", "-", "-", "-", "-", t, _first_line(r.error)))
-            continue
-        if r.is_reference and not r.comparisons:
-            rows.append((r.name, dev, "*", "REF", "-", "-", "-", "-", t, "reference"))
-            continue
-        if not r.comparisons:
-            rows.append((r.name, dev, "-", "PASS", "-", "-", "-", "-", t, "no outputs compared"))
-            continue
-        for i, c in enumerate(r.comparisons):
-            note = "" if c.passed else c.reason or ""
-            n = needs(c)
-            if n:
-                note = f"{note}; {n}" if note else n
-            rows.append((r.name if i == 0 else "", dev if i == 0 else "", c.key, "PASS" if c.passed else "FAIL",
-                         _g(c.max_abs_err), _g(c.max_rel_err), _pct(c.mismatch_fraction), _tol(c),
-                         t if i == 0 else "", note))
+        rows += [((r.signature or "-") if i == 0 else "", *row) if _several(report) else row
+                 for i, row in enumerate(_runtime_rows(r))]
+    return rows
+
+
+def _runtime_rows(r: RuntimeResult) -> list[tuple[str, ...]]:
+    dev = r.device or "-"
+    t = f"{r.seconds:.2f}s"
+    if r.status == "error":
+        return [(r.name, dev, "-", "ERROR", "-", "-", "-", "-", t, _first_line(r.error))]
+    if r.status == "skipped":
+        return [(r.name, dev, "-", "SKIP", "-", "-", "-", "-", t, _first_line(r.error))]
+    if r.is_reference and not r.comparisons:
+        return [(r.name, dev, "*", "REF", "-", "-", "-", "-", t, "reference")]
+    if not r.comparisons:
+        return [(r.name, dev, "-", "PASS", "-", "-", "-", "-", t, "no outputs compared")]
+    rows = []
+    for i, c in enumerate(r.comparisons):
+        note = "" if c.passed else c.reason or ""
+        n = needs(c)
+        if n:
+            note = f"{note}; {n}" if note else n
+        rows.append((r.name if i == 0 else "", dev if i == 0 else "", c.key, "PASS" if c.passed else "FAIL",
+                     _g(c.max_abs_err), _g(c.max_rel_err), _pct(c.mismatch_fraction), _tol(c),
+                     t if i == 0 else "", note))
     return rows
 
 
@@ -255,7 +280,8 @@ def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 def render_text(report: VerifyReport) -> str:
     """Plain text (no ANSI codes): header, table runtime x output, servers, findings, one verdict line."""
     inp = report.inputs or {}
-    head = [f"exportkit verify {report.path}  (signature {report.signature}, exportkit {report.exportkit_version})"]
+    noun = "signatures" if _several(report) else "signature"
+    head = [f"exportkit verify {report.path}  ({noun} {report.signature}, exportkit {report.exportkit_version})"]
     desc = [f"inputs: {inp.get('source', '?')}"]
     if inp.get("path"):
         desc.append(str(inp["path"]))
@@ -269,7 +295,8 @@ def render_text(report: VerifyReport) -> str:
                     + (f", {inp['runner']} runner" if inp.get("runner") else ""))
     tf32 = {None: "n/a", True: "on", False: "off"}[report.tf32]
     head.append(", ".join(desc) + f"; reference: {report.reference}; tf32: {tf32}")
-    lines = head + [""] + _table(_HEADERS, _rows(report))
+    headers = ("SIGNATURE", *_HEADERS) if _several(report) else _HEADERS
+    lines = head + [""] + _table(headers, _rows(report))
     if report.chain:
         lines += ["", "training-time reference (links of trained -> reloaded -> SavedModel -> serving):"]
         rows = [(c["link"], f"{c['from'] or '-'} vs {c['to'] or '-'}", c["output"] or "-",
@@ -277,7 +304,7 @@ def render_text(report: VerifyReport) -> str:
                  c["reason"] or "") for c in report.chain]
         lines += ["  " + line for line in _table(("LINK", "RUNTIMES", "OUTPUT", "RESULT", "MAX ABS ERR", "NOTE"), rows)]
     lines += _data_sections(report)
-    servers = [(r.name, _server_text(r.server)) for r in report.runtimes if r.server]
+    servers = list(dict.fromkeys((r.name, _server_text(r.server)) for r in report.runtimes if r.server))
     if servers:
         lines.append("")
         lines += [f"server: {name}: {text}" for name, text in servers]
@@ -298,7 +325,7 @@ def runtime_to_dict(r: RuntimeResult) -> dict:
     return {
         "name": r.name, "kind": r.kind, "device": r.device, "server": to_jsonable(r.server), "status": r.status,
         "error": None if r.error is None else clean(r.error), "seconds": round(float(r.seconds), 6), "is_reference": bool(r.is_reference),
-        "passed": r.passed, "outputs": [c.to_dict() for c in r.comparisons],
+        "passed": r.passed, "outputs": [c.to_dict() for c in r.comparisons], "signature": r.signature,
     }
 
 
@@ -310,7 +337,9 @@ def to_json(report: VerifyReport) -> dict:
         "verdict": verdict_line(report),
         "path": str(report.path),
         "signature": report.signature,
+        "signatures": list(report.signatures),
         "reference": report.reference,
+        "references": dict(report.references),
         "inputs": to_jsonable(report.inputs or {}),
         "tf32": report.tf32,
         "exportkit_version": report.exportkit_version,
@@ -352,7 +381,7 @@ def to_junit_xml(report: VerifyReport) -> str:
     tests = failures_n = errors = skipped = 0
     total_time = 0.0
     for r in report.runtimes:
-        cls = f"exportkit.verify.{r.name}"
+        cls = f"exportkit.verify.{r.signature}.{r.name}" if _several(report) else f"exportkit.verify.{r.name}"
         total_time += float(r.seconds)
         if r.status in ("error", "skipped"):
             tc = ET.SubElement(suite, "testcase", classname=cls, name="runtime", time=f"{r.seconds:.3f}")

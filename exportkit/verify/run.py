@@ -2,6 +2,10 @@
 
 Order of work, chosen so fixed costs overlap: subprocess runtimes (session worker, embedded server) are started
 first and import TensorFlow while this process reads the SavedModel, lints it and runs the in-process runtimes.
+
+Every signature is checked (or the one --signature names) through every runtime; each runtime is started and
+loaded once and is pointed at one signature after the other. A tf.Example signature exportkit exported is fed
+Examples encoded from the very tensor batches its tensor twin gets, and the two must answer the same.
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import contextlib
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +24,11 @@ from exportkit.batches import InputSpec, generate_batches, load_inputs, parse_in
 from exportkit.dtypes import HALF_DTYPES, numpy_dtype
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.findings import Finding
-from exportkit.layout import read_golden, read_manifest
+from exportkit.layout import read_golden, read_manifest, signature_entries
 from exportkit.runtimes import RUNTIME_NAMES
 from exportkit.spec import VerifyOptions
 from exportkit.verify.baseline import served_signature_findings
+from exportkit.tfexample import encode_examples, from_manifest, lossless
 from exportkit.verify.compare import Tolerance, compare_batches, parse_tol, resolve_tolerance
 from exportkit.verify.report import RuntimeResult, VerifyReport
 
@@ -55,15 +61,6 @@ class _Labeled:
         self.label = label
 
 
-def _read_model(path: str, signature_name: str):
-    """(version dir, SavedModel proto, the signature in savedmodel.signatures_of's form or None)."""
-    from exportkit.savedmodel import read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph, signatures_of
-
-    version_dir = resolve_savedmodel_dir(path)
-    proto = read_saved_model_proto(version_dir)
-    return version_dir, proto, signatures_of(select_meta_graph(proto)).get(signature_name)
-
-
 MAX_BATCH_ROWS = 256
 
 
@@ -85,22 +82,109 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(np.shape(a[k]) == np.shape(b[k]) and np.array_equal(a[k], b[k]) for k in a)
 
 
-def _input_batches(specs, golden_inputs, inputs_file, samples, seed, int_range, reference_inputs=()):
-    """[(origin, batch)]: golden batches, the reference's (unless among the golden ones), --inputs batches, then
-    generated ones (batch sizes 1 and N)."""
-    batches = [("golden", b) for b in (golden_inputs or [])]
-    batches += [("reference", b) for b in reference_inputs if not any(_same(b, g) for g in golden_inputs or [])]
-    if inputs_file:
-        batches += [("file", b) for b in load_inputs(inputs_file, specs)]
-    if samples < 1:
-        raise UsageError(f"--samples {samples} must be at least 1", "pass --samples 8 (for example)")
-    batches += [("generated", b) for b in generate_batches(specs, samples=samples, seed=seed, int_range=int_range)]
-    return [(origin, chunk) for origin, batch in batches for chunk in _chunks(batch)]
+def _read_model(path: str):
+    """(version dir, SavedModel proto, {signature name: signature in savedmodel.signatures_of's form})."""
+    from exportkit.savedmodel import read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph, signatures_of
+
+    version_dir = resolve_savedmodel_dir(path)
+    proto = read_saved_model_proto(version_dir)
+    return version_dir, proto, signatures_of(select_meta_graph(proto))
 
 
-def _per_output_tolerances(atol, rtol, per_output, manifest):
-    recorded = (manifest or {}).get("tolerances", {})
-    compute = {k: v.get("compute_dtype") for k, v in (manifest or {}).get("signature", {}).get("outputs", {}).items()}
+@dataclass
+class SignatureCheck:
+    """One signature to verify: its inputs, its batches, and what the export recorded about it."""
+
+    name: str
+    method: str
+    specs: list[InputSpec]
+    output_dtypes: dict[str, str]
+    entry: dict  # the manifest's entry ({} for SavedModels exportkit did not write)
+    batches: list = field(default_factory=list)  # [(origin, batch)]
+    golden: tuple = (None, None)
+    twin: str | None = None  # a tensor signature answering the same model outputs (for Example signatures)
+
+    @property
+    def examples_input(self) -> bool:
+        return bool(self.entry.get("features"))
+
+
+def _selected_signatures(requested: str | None, signatures: dict) -> list[str]:
+    """Every servable signature, or the one asked for (a missing one is reported as a lint finding)."""
+    if requested is not None:
+        return [requested] if requested in signatures else []
+    return list(signatures)
+
+
+def _twin(name: str, entry: dict, entries: dict, selected: list[str]) -> str | None:
+    """A tensor-input signature that returns every model output `name` returns (both must answer the same)."""
+    wanted = {o.get("model_output") for o in entry.get("outputs", {}).values()} - {None}
+    for other in selected:
+        e = entries.get(other, {})
+        if other != name and e and not e.get("features"):
+            have = {o.get("model_output") for o in e.get("outputs", {}).values()}
+            if wanted and wanted <= have:
+                return other
+    return None
+
+
+def _tensor_batches(o: VerifyOptions, specs, lo_hi, explicit: bool) -> list:
+    """--inputs batches (with several signatures: only for those whose inputs the file holds), then generated
+    batches of sizes 1 and --samples."""
+    found = []
+    if o.inputs:
+        try:
+            found = [("file", b) for b in load_inputs(o.inputs, specs)]
+        except UsageError:
+            if explicit:
+                raise
+    return found + [("generated", b) for b in generate_batches(specs, samples=o.samples, seed=o.seed, int_range=lo_hi)]
+
+
+def _plan_checks(o: VerifyOptions, signatures: dict, names: list[str], version_dir, manifest, lo_hi):
+    """A SignatureCheck per signature, with its batches: golden, --inputs, then generated.
+
+    A tf.Example signature exportkit exported (its manifest lists the features) gets serialized Examples encoded
+    from tensor batches: its twin tensor signature's, so that both answer the same values; else generated ones.
+    """
+    if o.samples < 1:
+        raise UsageError(f"--samples {o.samples} must be at least 1", "pass --samples 8 (for example)")
+    entries = signature_entries(manifest)
+    checks = []
+    for name in names:
+        signature = signatures[name]
+        specs = [InputSpec(key=k, dtype=v["dtype"], shape=v["shape"] if v["shape"] is not None else [-1])
+                 for k, v in signature["inputs"].items()]
+        check = SignatureCheck(name, signature.get("method") or "", specs,
+                               {k: v["dtype"] for k, v in signature["outputs"].items()}, entries.get(name, {}))
+        check.golden = read_golden(version_dir, name, manifest) if manifest else (None, None)
+        checks.append(check)
+    by_name = {c.name: c for c in checks}
+    explicit = len(names) == 1
+    for check in sorted(checks, key=lambda c: c.examples_input):  # tensor twins first
+        golden = [("golden", b) for b in (check.golden[0] or [])]
+        if not check.examples_input:
+            check.batches = golden + _tensor_batches(o, check.specs, lo_hi, explicit)
+            continue
+        features = from_manifest(check.entry["features"])
+        key = check.specs[0].key
+        check.twin = _twin(check.name, check.entry, entries, names)
+        if check.twin:
+            tensors = [(origin, b) for origin, b in by_name[check.twin].batches if origin != "golden"]
+        else:
+            specs = sorted((InputSpec(f.input, f.dtype, [-1, *f.shape]) for f in features), key=lambda s: s.key)
+            tensors = _tensor_batches(o, specs, lo_hi, explicit)
+        check.batches = golden + [(origin, {key: encode_examples(b, features)}) for origin, b in tensors]
+    if o.inputs and not any(origin == "file" for c in checks for origin, _ in c.batches):
+        load_inputs(o.inputs, checks[0].specs)  # raises the UsageError that names the mismatch
+    for check in checks:
+        check.batches = [(origin, chunk) for origin, batch in check.batches for chunk in _chunks(batch)]
+    return checks
+
+
+def _per_output_tolerances(atol, rtol, per_output, entry):
+    recorded = (entry or {}).get("tolerances", {})
+    compute = {k: v.get("compute_dtype") for k, v in (entry or {}).get("outputs", {}).items()}
 
     def tolerance(key: str, dtype: str) -> Tolerance:
         if key not in per_output and atol is None and rtol is None and key in recorded:
@@ -132,8 +216,55 @@ def _trained_reference(reference, manifest, version_dir, golden_inputs, against,
     return inputs, loaded.outputs, inputs, loaded.path
 
 
+def _trained_check(o: VerifyOptions, manifest, version_dir, checks: list[SignatureCheck]):
+    """(the signature the training-time reference answers, _trained_reference's tuple), or (None, None).
+
+    The reference holds the model's inputs and outputs: it answers the export's first signature (the model's
+    tensors, every output), or for other SavedModels the first signature that takes tensors. Its batches are
+    added to that signature's (and so to its tf.Example twins')."""
+    first = (manifest or {}).get("signature_name")
+    check = next((c for c in checks if c.name == first), None) if first else next(
+        (c for c in checks if not c.examples_input), None)
+    if check is None or check.examples_input:
+        return None, None
+    trained = _trained_reference(o.reference, manifest, version_dir, check.golden[0], o.against, check.specs)
+    if trained is not None and trained[2]:
+        golden = [b for origin, b in check.batches if origin == "golden"]
+        extra = [("reference", chunk) for b in trained[2] if not any(_same(b, g) for g in golden) for chunk in _chunks(b)]
+        at = len(golden)
+        check.batches[at:at] = extra
+        for other in checks:  # an Example twin gets the same values, as Examples, at the same place
+            if other.twin == check.name:
+                key, features = other.specs[0].key, from_manifest(other.entry["features"])
+                other.batches[at:at] = [(origin, {key: encode_examples(b, features)}) for origin, b in extra]
+    return check, trained
+
+
+def _verify_data(o: VerifyOptions, report, version_dir, proto, signatures, selected, manifest, names, devices,
+                 per_output) -> int:
+    """--data streams records of one signature's inputs: --signature NAME, else serving_default (or the only one)."""
+    import dataclasses
+
+    from exportkit.savedmodel import DEFAULT_SIGNATURE
+    from exportkit.verify.dataset import verify_data
+
+    name = o.signature_name or (DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in signatures or len(selected) != 1
+                                else selected[0])
+    if name not in signatures:
+        raise UsageError(f"--data needs one signature, and there is no '{name}' (available: {', '.join(signatures)})",
+                         "pass --signature NAME for the signature the records are inputs of")
+    o = dataclasses.replace(o, signature_name=name)
+    report.signature, report.signatures = name, [name]
+    signature = signatures[name]
+    specs = [InputSpec(key=k, dtype=v["dtype"], shape=v["shape"] if v["shape"] is not None else [-1])
+             for k, v in signature["inputs"].items()]
+    tolerance = _per_output_tolerances(o.atol, o.rtol, per_output, signature_entries(manifest).get(name))
+    return verify_data(o, report, version_dir, proto, signature, specs, names, devices, tolerance)
+
+
 def _run_all(runtime, batches) -> list:
-    runtime.load()
+    if not runtime.loaded:
+        runtime.load()
     return [runtime.run(batch) for _, batch in batches]
 
 
@@ -154,56 +285,46 @@ def verify_command(options: VerifyOptions) -> int:
         require_gpu()  # before any process is started: no GPU is an infrastructure failure (exit 3)
     from exportkit.lint import lint_saved_model
 
-    version_dir, proto, signature = _read_model(o.path, o.signature_name)
+    version_dir, proto, signatures = _read_model(o.path)
+    selected = _selected_signatures(o.signature_name, signatures)
     findings = lint_saved_model(proto, o.signature_name)
     manifest, manifest_findings = read_manifest(version_dir)
     findings += manifest_findings
-    # Without a golden record (a third-party SavedModel), the other runtimes still agree or not.
-    golden_inputs, golden_outputs = read_golden(version_dir) if manifest else (None, None)
     if lo_hi is None:  # the range the model was exported with fits its integer inputs (e.g. a vocabulary)
         lo_hi = parse_int_range((manifest or {}).get("golden", {}).get("int_range") or "0:10")
-    if "golden" in names and golden_inputs is None:
-        names.remove("golden")
-
     if o.baseline:
-        from exportkit.verify.baseline import compare_signatures
+        findings += _baseline_findings(o, signatures, selected)
 
-        _, _, old_signature = _read_model(o.baseline, o.signature_name)
-        if old_signature is None:
-            raise UsageError(f"baseline {o.baseline} has no signature '{o.signature_name}'",
-                             "pass the previous release's SavedModel")
-        if signature is not None:
-            findings = findings + compare_signatures(old_signature, signature)
-
-    report = VerifyReport(path=str(version_dir), signature=o.signature_name, reference="", runtimes=[],
-                          findings=list(findings), inputs={}, tf32=None, exportkit_version=__version__)
-    if signature is None:
+    report = VerifyReport(path=str(version_dir), signature=", ".join(selected) or (o.signature_name or ""),
+                          reference="", runtimes=[], findings=list(findings), inputs={}, tf32=None,
+                          exportkit_version=__version__, signatures=list(selected))
+    if not selected:
         return _finish(report, o.json_out, o.junit)
 
-    specs = [InputSpec(key=k, dtype=v["dtype"], shape=v["shape"] if v["shape"] is not None else [-1])
-             for k, v in signature["inputs"].items()]
     if o.data:
-        from exportkit.verify.dataset import verify_data
-
-        return verify_data(o, report, version_dir, proto, signature, specs, names, devices,
-                           _per_output_tolerances(o.atol, o.rtol, per_output, manifest))
-    output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
-    trained = _trained_reference(o.reference, manifest, version_dir, golden_inputs, o.against, specs)
+        return _verify_data(o, report, version_dir, proto, signatures, selected, manifest, names, devices, per_output)
+    # Without a golden record (a third-party SavedModel), the other runtimes still agree or not.
+    checks = _plan_checks(o, signatures, selected, version_dir, manifest, lo_hi)
+    if "golden" in names and all(c.golden[0] is None for c in checks):
+        names.remove("golden")
+    trained_check, trained = _trained_check(o, manifest, version_dir, checks)
     if trained is None and "trained" in names:
         names.remove("trained")
-    batches = _input_batches(specs, golden_inputs, o.inputs, o.samples, o.seed, lo_hi, trained[2] if trained else ())
-    origins = sorted({origin for origin, _ in batches}, key=["golden", "reference", "file", "generated"].index)
-    report.inputs = {"source": "+".join(origins), "batch_sizes": [_rows(b) for _, b in batches], "seed": o.seed}
+    origins = sorted({origin for c in checks for origin, _ in c.batches},
+                     key=["golden", "reference", "file", "generated"].index)
+    report.inputs = {"source": "+".join(origins), "batch_sizes": [_rows(b) for _, b in checks[0].batches],
+                     "seed": o.seed}
     if trained is not None:
         report.inputs["reference"] = trained[3]
     if o.save_inputs:
-        _save(o.save_inputs, "inputs", [b for _, b in batches])
+        for c in checks:
+            _save(o.save_inputs, "inputs" if len(checks) == 1 else f"inputs.{c.name}", [b for _, b in c.batches])
 
     # Subprocess runtimes first: they import TensorFlow while we work here.
-    runtimes_ = _build_runtimes(o, names, devices, version_dir, specs, output_dtypes, golden_inputs, golden_outputs,
-                                trained)
-    runtimes_ += versioned_sessions(versioned, version_dir, o.signature_name)
-    outputs: dict[str, list] = {}
+    runtimes_ = _build_runtimes(o, names, devices, version_dir, checks[0], trained_check, trained)
+    runtimes_ += versioned_sessions(versioned, version_dir, checks[0].name)
+    outputs: dict[str, dict[str, list]] = {c.name: {} for c in checks}
+    results: dict[str, list[RuntimeResult]] = {c.name: [] for c in checks}
     try:
         from exportkit.tfenv import import_tf, tf32
 
@@ -212,18 +333,62 @@ def verify_command(options: VerifyOptions) -> int:
         report.tf32 = o.allow_tf32 if "gpu" in devices else None
         with tf32(o.allow_tf32) if "gpu" in devices else contextlib.nullcontext():
             for item in runtimes_:
-                report.runtimes.append(_execute(item, batches, outputs))
-        _serving_checks(runtimes_, signature, version_dir, report)
+                for check in checks:
+                    result = _execute(item, check, outputs[check.name])
+                    if result is not None:
+                        results[check.name].append(result)
+        _serving_checks(runtimes_, signatures, selected, version_dir, results, report)
     finally:
         _close_all(runtimes_)
 
-    tolerance = _per_output_tolerances(o.atol, o.rtol, per_output, manifest)
-    _compare_all(report, outputs, batches, tolerance, devices)
-    report.chain = _reference_chain(report, outputs, tolerance)
+    by_name = {c.name: c for c in checks}
+    for check in checks:
+        sub = VerifyReport(path=report.path, signature=check.name, reference="", runtimes=results[check.name])
+        tolerance = _per_output_tolerances(o.atol, o.rtol, per_output, check.entry)
+        _compare_all(sub, outputs[check.name], check.batches, tolerance, devices)
+        for result in sub.runtimes:
+            result.signature = check.name
+        report.runtimes += sub.runtimes
+        report.references[check.name] = sub.reference
+        if check is checks[0]:
+            report.reference = sub.reference
+            report.inputs.update({k: v for k, v in sub.inputs.items() if k == "reference_without_golden"})
+        if check is trained_check:
+            report.chain = _reference_chain(sub, outputs[check.name], tolerance)
+        if check.twin:
+            report.runtimes += _agreement(check, by_name[check.twin], outputs)
     if o.save_outputs:
-        for label, per_batch in outputs.items():
-            _save(o.save_outputs, label, [out for out in per_batch if out is not None])
+        for check in checks:
+            for label, per_batch in outputs[check.name].items():
+                _save(o.save_outputs, label if len(checks) == 1 else f"{label}.{check.name}",
+                      [out for out in per_batch if out is not None])
     return _finish(report, o.json_out, o.junit)
+
+
+def _agreement(check: SignatureCheck, twin: SignatureCheck, outputs) -> list[RuntimeResult]:
+    """The Example signature must answer what its tensor twin answers for the same values, runtime by runtime:
+    exactly when every input survives tf.Example storage (float64 does not: then within the tolerance)."""
+    features = from_manifest(check.entry["features"])
+    by_model_output = {v.get("model_output"): k for k, v in twin.entry.get("outputs", {}).items()}
+    mapping = {k: by_model_output[v["model_output"]] for k, v in check.entry.get("outputs", {}).items()
+               if v.get("model_output") in by_model_output}
+    # Both signatures' batches were built from the same tensor batches in the same order (golden ones first).
+    results = []
+    for label, answers in outputs[check.name].items():
+        theirs = outputs[twin.name].get(label)
+        if theirs is None or label == "golden" or len(theirs) != len(answers):
+            continue
+        pairs = [(b, a) for a, b in zip(answers, theirs) if a is not None and b is not None]
+        if not pairs:
+            continue
+        expected = [{k: _like(b[mapping[k]], a[k]) for k in mapping} for b, a in pairs]
+        actual = [{k: a[k] for k in mapping} for _, a in pairs]
+        tolerance = ((lambda key, dtype: Tolerance(0.0, 0.0)) if lossless(features)
+                     else _per_output_tolerances(None, None, {}, check.entry))
+        results.append(RuntimeResult(name=f"{label}: {check.name} = {twin.name}", kind="agreement", device=None,
+                                     server=None, status="ok", error=None, seconds=0.0, is_reference=False,
+                                     comparisons=compare_batches(expected, actual, tolerance), signature=check.name))
+    return results
 
 
 def versioned_pythons(tf_versions) -> dict[str, str]:
@@ -264,8 +429,29 @@ def _close_all(runtimes_) -> None:
         list(pool.map(close, runtimes_))
 
 
-def _build_runtimes(o: VerifyOptions, names, devices, version_dir, specs, output_dtypes, golden_inputs,
-                    golden_outputs, trained=None) -> list[_Labeled]:
+def _like(value: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """A tensor signature's output in the dtype the Example signature returns it (classify/regress: float32)."""
+    value, like = np.asarray(value), np.asarray(like)
+    return value.astype(like.dtype) if value.dtype != like.dtype and like.dtype.kind == "f" else value
+
+
+def _baseline_findings(o: VerifyOptions, signatures: dict, selected: list[str]) -> list[Finding]:
+    """Every released signature against its new self: a removed signature is breaking, an added one is not."""
+    from exportkit.verify.baseline import compare_signature_sets
+
+    _, _, old = _read_model(o.baseline)
+    if o.signature_name is not None:
+        if o.signature_name not in old:
+            raise UsageError(f"baseline {o.baseline} has no signature '{o.signature_name}'",
+                             "pass the previous release's SavedModel")
+        old = {o.signature_name: old[o.signature_name]}
+        signatures = {k: v for k, v in signatures.items() if k in selected}
+    return compare_signature_sets(old, signatures)
+
+
+def _build_runtimes(o: VerifyOptions, names, devices, version_dir, first: SignatureCheck,
+                    trained_check: SignatureCheck | None = None, trained=None) -> list[_Labeled]:
+    """Every runtime once; each is pointed at one signature after the other (one worker, one server, one load)."""
     from exportkit.runtimes.local import GoldenRuntime, KerasRuntime, SavedModelRuntime
 
     built: list[_Labeled] = []
@@ -279,30 +465,30 @@ def _build_runtimes(o: VerifyOptions, names, devices, version_dir, specs, output
         from exportkit.runtimes.session import SessionRuntime
 
         for dev in devices:
-            built.append(_Labeled(SessionRuntime(str(version_dir), o.signature_name, device=dev,
-                                                 allow_tf32=o.allow_tf32),
+            built.append(_Labeled(SessionRuntime(str(version_dir), first.name, device=dev, allow_tf32=o.allow_tf32),
                                   label("session", dev)))
     if "serving" in names:
         from exportkit.runtimes.serving import ServingRuntime
 
-        runtime = ServingRuntime(str(version_dir), mode=o.serving, signature_name=o.signature_name,
+        runtime = ServingRuntime(str(version_dir), mode=o.serving, signature_name=first.name,
                                  model_name=o.model_name, model_version=o.model_version, binary=o.model_server_bin,
                                  load_timeout=o.load_timeout, device=devices[-1])
         built.append(_Labeled(runtime, "serving"))
     if "golden" in names:
-        built.insert(0, _Labeled(GoldenRuntime(golden_inputs, golden_outputs), "golden"))
+        built.insert(0, _Labeled(GoldenRuntime([], []), "golden"))
     if "trained" in names:  # recorded as float32 where the model computed in half precision: as the signature has it
-        as_signed = [{k: v.astype(numpy_dtype(output_dtypes[k])) if k in output_dtypes and v.dtype.kind == "f"
-                      and output_dtypes[k] in HALF_DTYPES else v for k, v in out.items()} for out in trained[1]]
+        dtypes = trained_check.output_dtypes
+        as_signed = [{k: v.astype(numpy_dtype(dtypes[k])) if k in dtypes and v.dtype.kind == "f"
+                      and dtypes[k] in HALF_DTYPES else v for k, v in out.items()} for out in trained[1]]
         built.insert(0, _Labeled(GoldenRuntime(trained[0], as_signed, name="trained"), "trained"))
+        built[0].runtime.signature_name = trained_check.name
     if "keras" in names:
         for dev in devices:
-            built.append(_Labeled(KerasRuntime(o.against, output_dtypes, device=dev), label("keras", dev)))
+            built.append(_Labeled(KerasRuntime(o.against, first.output_dtypes, device=dev), label("keras", dev)))
     if "saved_model" in names:
-        dtypes = {s.key: s.dtype for s in specs}
         for dev in devices:
-            built.append(_Labeled(SavedModelRuntime(str(version_dir), o.signature_name, dtypes, device=dev),
-                                  label("saved_model", dev)))
+            built.append(_Labeled(SavedModelRuntime(str(version_dir), first.name, {s.key: s.dtype for s in first.specs},
+                                                    device=dev), label("saved_model", dev)))
     order = {n: i for i, n in enumerate(RUNTIME_NAMES)}
     built.sort(key=lambda item: (order[item.runtime.name], item.label))
     for item in built:  # the slow ones (worker import, server launch) get going now, in parallel
@@ -310,38 +496,84 @@ def _build_runtimes(o: VerifyOptions, names, devices, version_dir, specs, output
     return built
 
 
-def _execute(item: _Labeled, batches, outputs) -> RuntimeResult:
+OMIT = ""  # _prepare: the runtime has nothing to say about this signature (no row in the report)
+
+
+def _prepare(runtime, check: SignatureCheck) -> str | None:
+    """Point `runtime` at `check`'s signature; returns why it cannot answer for it (it is then skipped)."""
+    from exportkit.runtimes.local import GoldenRuntime, KerasRuntime
+
+    if isinstance(runtime, GoldenRuntime) and runtime.name == "trained":
+        return None if check.name == runtime.signature_name else OMIT
+    if isinstance(runtime, GoldenRuntime):
+        runtime.record(check.golden[0] or [], check.golden[1] or [])
+        return None if check.golden[0] is not None else "no golden record for this signature"
+    if isinstance(runtime, KerasRuntime):
+        if check.examples_input or not check.method.endswith("predict"):
+            return ("eager Keras takes the model's tensors; this signature is checked against the golden record "
+                    "and its tensor twin")
+        outputs = check.entry.get("outputs", {})
+        runtime.use_outputs({k: v.get("model_output") or k for k, v in outputs.items()} or None,
+                            check.output_dtypes)
+        return None
+    runtime.use_signature(check.name, {s.key: s.dtype for s in check.specs})
+    return None
+
+
+def _execute(item: _Labeled, check: SignatureCheck, outputs) -> RuntimeResult | None:
     runtime = item.runtime
     began = time.perf_counter()
     result = RuntimeResult(name=item.label, kind=runtime.kind, device=runtime.device, server=runtime.server,
-                           status="ok", error=None, seconds=0.0, is_reference=False, comparisons=[])
+                           status="ok", error=None, seconds=0.0, is_reference=False, comparisons=[],
+                           signature=check.name)
     try:
-        outputs[item.label] = _run_all(runtime, batches)
+        skip = _prepare(runtime, check)
+        if skip == OMIT:
+            return None
+        if skip:
+            result.status, result.error = "skipped", skip
+        else:
+            outputs[item.label] = _run_all(runtime, check.batches)
     except CheckFailed as err:  # the model cannot load or run here: the model's failure
         result.status, result.error = "error", str(err)
     except InfraError:
         raise
     except Exception as err:
-        result.status, result.error = "error", f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        result.status, result.error = "error", f"{type(err).__name__}: {first_line}"
     result.server = runtime.server
     result.device = runtime.placed_on or runtime.device
     result.seconds = time.perf_counter() - began
     return result
 
 
-def _serving_checks(runtimes_, signature, version_dir, report) -> None:
+def _serving_checks(runtimes_, signatures, selected, version_dir, results, report) -> None:
     from exportkit.runtimes.serving import ServingRuntime
 
     for item in runtimes_:
         runtime = item.runtime
         if not isinstance(runtime, ServingRuntime) or not runtime.loaded:
             continue
-        result = next(r for r in report.runtimes if r.name == item.label)
-        if result.status != "ok":
+        if any(r.status != "ok" for per in results.values() for r in per if r.name == item.label):
             continue
-        report.findings += served_signature_findings(report.signature, signature, runtime.served_signatures())
+        served = runtime.served_signatures()
+        for name in selected:
+            report.findings += served_signature_findings(name, signatures[name], served)
         for problem in runtime.replay_warmup(str(version_dir)):
             report.findings.append(Finding("error", "serving-warmup", problem))
+
+
+def _close_all(runtimes_) -> None:
+    """Close every runtime at once: worker and server shutdowns overlap instead of adding up."""
+
+    def close(item):
+        try:
+            item.runtime.close()
+        except Exception:  # closing must never hide the verdict
+            pass
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(runtimes_))) as pool:
+        list(pool.map(close, runtimes_))
 
 
 def _compare_all(report: VerifyReport, outputs: dict[str, list], batches, tolerance, devices) -> None:
