@@ -73,7 +73,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
 
     `signature_name` and `check_registry` are passed to the lint (see exportkit.lint.lint_saved_model).
     """
-    from exportkit.lint import lint_saved_model, op_counts
+    from exportkit.lint import asset_findings, lint_saved_model, op_counts
     from exportkit.savedmodel import read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph, signatures_of
 
     directory = resolve_savedmodel_dir(path)
@@ -81,7 +81,8 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     meta_graph = select_meta_graph(proto)
     assets = sorted(a for d in ASSET_DIRS if (directory / d).is_dir() for a in _files_under(directory / d, directory))
     manifest, manifest_findings = read_manifest(directory)
-    findings = lint_saved_model(proto, signature_name, check_registry=check_registry) + manifest_findings
+    findings = (lint_saved_model(proto, signature_name, check_registry=check_registry) + asset_findings(directory)
+                + manifest_findings)
     from exportkit.compat.analysis import oldest_accepted
     return SavedModelInfo(
         path=os.path.abspath(directory),
@@ -213,6 +214,8 @@ def _describe(options, json_out, strict=False, allow_incomplete_config=False) ->
         _print(result.render_text())
     else:
         _print(str(result))
+    if getattr(result, "error", None) is not None:
+        raise result.error  # what could be read is on stdout; why the rest could not, on stderr (error + fix)
     code = int(getattr(result, "exit_code", EXIT_OK) or EXIT_OK)
     return EXIT_CHECK_FAILED if code == EXIT_OK and strict and has_errors(result.findings) else code
 
@@ -221,7 +224,10 @@ def inspect_command(path, json_out=False, strict=False, source=None, allow_incom
     """Show a SavedModel (or describe a model source). Returns the exit code: 0 readable; 1 with --strict and
     an error finding; unreadable input raises UsageError (exit 2). `source()` gives the SourceOptions for a
     model source (built only when `path` is one)."""
+    from exportkit.savedmodel import check_path
+
     p = Path(path).expanduser()
+    check_path(p, "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")
     if not p.exists() and not Path(str(p) + ".index").is_file():
         raise UsageError(f"no such file or directory: {p}",
                          "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")

@@ -25,8 +25,50 @@ from exportkit.savedmodel import DEFAULT_SIGNATURE, SERVE_TAG, dtype_name, selec
 PY_FUNC_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 # `saved_model_cli scan`'s default denylist (tensorflow/python/tools/saved_model_cli.py, `_OP_DENYLIST`).
 DENYLIST_OPS = frozenset({"WriteFile", "ReadFile", "PrintV2"})
+# Ops that reach outside the graph: files, checkpoints, datasets read from disk or the network, summaries,
+# debug dumps, printing. verify refuses to execute a graph whose signatures (or load-time initializers) reach
+# one of them, unless --allow-io-ops: release CI runs models written by others. The one list, by category.
+# Not listed on purpose: Assert (fails, touches nothing); InitializeTableFromTextFile* (how vocabularies in
+# assets/ are loaded); the save/restore functions every SavedModel has (only counted when a signature reaches them).
+IO_OPS: dict[str, frozenset[str]] = {
+    "file system": frozenset({
+        "ReadFile", "WriteFile", "MatchingFiles", "MatchingFilesDataset", "ExperimentalMatchingFilesDataset",
+        "ImmutableConst", "FileSystemSetConfiguration", "RecordInput", "CalibrationStatisticsSaver"}),
+    "checkpoint save/restore": frozenset({
+        "Save", "SaveV2", "SaveSlices", "Restore", "RestoreV2", "RestoreSlice", "MergeV2Checkpoints",
+        "DTensorRestoreV2"}),
+    "dataset or reader on files": frozenset({
+        "TFRecordDataset", "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDataset",
+        "FixedLengthRecordDatasetV2", "CSVDataset", "CSVDatasetV2", "ExperimentalCSVDataset", "LMDBDataset",
+        "ExperimentalLMDBDataset", "SqlDataset", "ExperimentalSqlDataset", "LoadDataset", "SaveDataset",
+        "SaveDatasetV2", "DistributedSave", "SnapshotDataset", "SnapshotDatasetV2", "SnapshotDatasetReader",
+        "SnapshotNestedDatasetReader", "SnapshotChunkDataset", "ListSnapshotChunksDataset", "DatasetToTFRecord",
+        "ExperimentalDatasetToTFRecord", "CacheDataset", "CacheDatasetV2", "TFRecordReader", "TFRecordReaderV2",
+        "TextLineReader", "TextLineReaderV2", "FixedLengthRecordReader", "FixedLengthRecordReaderV2",
+        "WholeFileReader", "WholeFileReaderV2", "LMDBReader"}),
+    "network": frozenset({
+        "DataServiceDataset", "DataServiceDatasetV2", "DataServiceDatasetV3", "DataServiceDatasetV4",
+        "RegisterDataset", "RegisterDatasetV2", "RpcClient", "RpcCall", "RpcServer", "RpcServerStart",
+        "RpcServerRegister", "RpcCheckStatus", "RpcGetValue"}),
+    "summary writer": frozenset({
+        "CreateSummaryFileWriter", "CreateSummaryDbWriter", "SummaryWriter", "WriteSummary", "WriteScalarSummary",
+        "WriteHistogramSummary", "WriteImageSummary", "WriteAudioSummary", "WriteGraphSummary",
+        "WriteRawProtoSummary", "ImportEvent", "FlushSummaryWriter", "CloseSummaryWriter",
+        "StatsAggregatorSetSummaryWriter"}),
+    "debug dump or print": frozenset({
+        "Print", "PrintV2", "DebugIdentity", "DebugIdentityV2", "DebugIdentityV3", "DebugNanCount",
+        "DebugNumericSummary", "DebugNumericSummaryV2"}),
+}
+IO_OP_CATEGORY = {op: category for category, ops in IO_OPS.items() for op in ops}
+ALLOW_IO_FLAG = "--allow-io-ops"
+IO_OP_REFUSAL = (" verify does not execute such a graph (a model written by someone else could read or write files "
+                 f"on this machine); pass {ALLOW_IO_FLAG} if you trust the model")
+# Protocol-buffer ops read a descriptor file unless told to use the linked-in or inline one.
+_PROTO_DESCRIPTOR_OPS = ("DecodeProtoV2", "EncodeProto")
 # Keys TF/Keras generate when inputs or outputs are not named: unstable between exports.
 AUTO_KEY = re.compile(r"(keras_tensor|args)_\d+")
+# Keys Keras/exportkit give the items of a list or tuple the model returns: stable, but only positional.
+POSITIONAL_OUTPUT_KEY = re.compile(r"output_\d+")
 
 OP_CACHE_ENV = "EXPORTKIT_CACHE_DIR"
 _REGISTRY_TIMEOUT_S = 300
@@ -57,6 +99,118 @@ def op_counts(meta_graph) -> dict[str, int]:
     """{op type: number of nodes} over the graph and, recursively, its function library; sorted by op name."""
     counts = Counter(node.op for _, node in iter_nodes(meta_graph))
     return dict(sorted(counts.items()))
+
+
+def _tensor_node(name: str) -> str:
+    """`node:0`, `^node`, `node:output:0` (inside functions) -> `node`."""
+    return name.lstrip("^").split(":", 1)[0]
+
+
+def _called_functions(node, library: set[str]) -> Iterator[str]:
+    """Library functions a node calls: as its op, or through function-valued attrs (f, then_branch, body, ...)."""
+    if node.op in library:
+        yield node.op
+    for value in node.attr.values():
+        if value.HasField("func") and value.func.name in library:
+            yield value.func.name
+        if value.HasField("list"):
+            for func in value.list.func:
+                if func.name in library:
+                    yield func.name
+
+
+def root_tensors(meta_graph) -> list[str]:
+    """Tensors a loader or a client makes the graph compute: every signature's outputs (the init op's too) and
+    the main-op collections. The saver's restore op is not a root: it only reads the model's own variables/."""
+    roots = []
+    for sig in meta_graph.signature_def.values():
+        for info in sig.outputs.values():
+            which = info.WhichOneof("encoding")
+            if which == "name":
+                roots.append(info.name)
+            elif which == "coo_sparse":
+                roots += [info.coo_sparse.values_tensor_name, info.coo_sparse.indices_tensor_name,
+                          info.coo_sparse.dense_shape_tensor_name]
+            elif which == "composite_tensor":
+                roots += [c.name for c in info.composite_tensor.components if c.WhichOneof("encoding") == "name"]
+    for key in ("saved_model_main_op", "legacy_init_op", "main_op", "table_initializer"):
+        if key in meta_graph.collection_def:
+            roots += list(meta_graph.collection_def[key].node_list.value)
+    return roots
+
+
+def _load_time_functions(meta_graph) -> list[str]:
+    """Functions tf.saved_model.load runs by itself: resources' _create_resource/_initialize (object graph)."""
+    graph = meta_graph.object_graph_def
+    names = []
+    for obj in graph.nodes:
+        for child in obj.children:
+            if child.local_name in ("_create_resource", "_initialize") and child.node_id < len(graph.nodes):
+                target = graph.nodes[child.node_id]
+                if target.HasField("function"):
+                    names += list(target.function.concrete_functions)
+                elif target.HasField("bare_concrete_function"):
+                    names.append(target.bare_concrete_function.concrete_function_name)
+    return names
+
+
+def reachable_nodes(meta_graph, roots: Iterable[str] | None = None) -> Iterator[tuple[str | None, object]]:
+    """(function or None, NodeDef) for every node that computing `roots` (default: `root_tensors`) may run.
+
+    Top-level graph: the roots' ancestors (data and control inputs). Functions: every node of a function that is
+    called (call ops, function-valued attrs such as If/While branches and dataset map functions), recursively.
+    """
+    graph = meta_graph.graph_def
+    by_name = {node.name: node for node in graph.node}
+    functions = {f.signature.name: f for f in graph.library.function}
+    library = set(functions)
+    pending_nodes = [_tensor_node(t) for t in (root_tensors(meta_graph) if roots is None else roots)]
+    pending_functions = [] if roots is not None else [f for f in _load_time_functions(meta_graph) if f in library]
+    seen_nodes: set[str] = set()
+    seen_functions: set[str] = set()
+    while pending_nodes or pending_functions:
+        if pending_nodes:
+            name = pending_nodes.pop()
+            node = by_name.get(name)
+            if name in seen_nodes or node is None:
+                continue
+            seen_nodes.add(name)
+            yield None, node
+            pending_nodes += [_tensor_node(i) for i in node.input]
+            pending_functions += list(_called_functions(node, library))
+            continue
+        fname = pending_functions.pop()
+        if fname in seen_functions:
+            continue
+        seen_functions.add(fname)
+        for node in functions[fname].node_def:
+            yield fname, node
+            pending_functions += list(_called_functions(node, library))
+
+
+def io_op_nodes(meta_graph) -> dict[str, list[str]]:
+    """{op: ["node in function F", ...]} for the I/O ops (IO_OPS) reachable from the signatures."""
+    found: dict[str, list[str]] = {}
+    for function, node in reachable_nodes(meta_graph):
+        op = node.op
+        if op in _PROTO_DESCRIPTOR_OPS and "descriptor_source" in node.attr:
+            source = node.attr["descriptor_source"].s.decode("utf-8", "replace")
+            if source and not source.startswith(("local://", "bytes://")):
+                found.setdefault(op, []).append(f"'{node.name}' in {_where(function)} (descriptor file {source})")
+            continue
+        if op in IO_OP_CATEGORY:
+            found.setdefault(op, []).append(f"'{node.name}' in {_where(function)}")
+    return dict(sorted(found.items()))
+
+
+def io_op_finding(found: dict[str, list[str]], prefix: str = "") -> Finding | None:
+    """One error naming every reachable I/O op (`io_op_nodes`) and where it is; None when there is none."""
+    if not found:
+        return None
+    parts = [f"{op} ({IO_OP_CATEGORY.get(op, 'file system')}) at {_few(places)}" for op, places in found.items()]
+    return Finding("error", "io-op",
+                   f"{prefix}the signatures reach ops that touch files, the network or the console: "
+                   f"{'; '.join(parts)}." + IO_OP_REFUSAL)
 
 
 # ------------------------------------------------------------------------------------- op registry cache
@@ -183,6 +337,10 @@ def _where(function: str | None) -> str:
 
 def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]:
     findings: list[Finding] = []
+    reached = io_op_nodes(meta_graph)
+    io_finding = io_op_finding(reached, prefix)
+    if io_finding is not None:
+        findings.append(io_finding)
     functions = library_function_names(meta_graph)
     py_funcs: dict[str, list[str]] = {}
     denylisted: dict[str, list[str]] = {}
@@ -192,7 +350,7 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]
         where = _where(function)
         if op in PY_FUNC_OPS:
             py_funcs.setdefault(op, []).append(f"{node.name} in {where}")
-        if op in DENYLIST_OPS:
+        if op in DENYLIST_OPS and op not in reached:  # reached ones are io-op errors
             denylisted.setdefault(op, []).append(where)
         if op not in functions:
             unknown.setdefault(op, []).append(where)
@@ -206,7 +364,7 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]
         findings.append(Finding(
             "warning", "denylisted-op",
             f"{prefix}op {op} (in {_few(sorted(set(places)))}) is on saved_model_cli scan's denylist: it touches the "
-            f"file system or prints on the server"))
+            f"file system or prints on the server (no signature reaches it now)"))
 
     if check_registry:
         registry = registered_ops()
@@ -267,7 +425,35 @@ def _signature_findings(meta_graph, prefix: str, names: Iterable[str]) -> list[F
             if AUTO_KEY.fullmatch(key):
                 findings.append(Finding("warning", "auto-key",
                                         f"{where}: key '{key}' was generated and changes between exports; name the "
-                                        f"output (return a dict from the serving function)"))
+                                        f"outputs (exportkit export --output-names a,b,... or return a dict from the "
+                                        f"serving function)"))
+            elif POSITIONAL_OUTPUT_KEY.fullmatch(key):
+                findings.append(Finding("warning", "auto-key",
+                                        f"{where}: key '{key}' only says the output's position in the list the model "
+                                        f"returns; name the outputs (exportkit export --output-names a,b,... or "
+                                        f"return a dict)"))
+    return findings
+
+
+def asset_findings(directory: str | Path) -> list[Finding]:
+    """Symlinks under assets/ or assets.extra/ that point outside the SavedModel: a server reading the asset reads
+    whatever the link names on its machine (or nothing, when the model is copied)."""
+    root = os.path.realpath(directory)
+    findings = []
+    for sub in ("assets", "assets.extra"):
+        top = os.path.join(directory, sub)
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in dirnames + filenames:
+                path = os.path.join(dirpath, name)
+                if not os.path.islink(path):
+                    continue
+                target = os.path.realpath(path)
+                if os.path.commonpath([root, target]) != root:
+                    rel = os.path.relpath(path, directory)
+                    findings.append(Finding("warning", "asset-symlink",
+                                            f"{rel} is a symlink to {os.readlink(path)}, outside the SavedModel: a "
+                                            f"copy of the model loses it and a server reads whatever that path holds "
+                                            f"on its machine; copy the file into {sub}/ instead"))
     return findings
 
 

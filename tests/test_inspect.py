@@ -258,10 +258,11 @@ def test_lint_missing_signature_and_denylist(models):
     assert len(missing) == 1 and missing[0].severity == "error"
     assert "parse" in missing[0].message and "serving_default" in missing[0].message
     assert "missing-signature" not in codes(lint_saved_model(proto, "parse", check_registry=False))
-    # tf.io.read_file is on saved_model_cli scan's denylist: a warning.
+    # tf.io.read_file reached from a signature: verify refuses to execute it (an error naming the op and the flag).
     found = [f for f in lint_saved_model(read_saved_model_proto(models["readfile"]), check_registry=False)
-             if f.code == "denylisted-op"]
-    assert found and found[0].severity == "warning" and "ReadFile" in found[0].message
+             if f.code in ("denylisted-op", "io-op")]
+    assert [f.code for f in found] == ["io-op"] and found[0].severity == "error"
+    assert "ReadFile" in found[0].message and "--allow-io-ops" in found[0].message
 
 
 # ------------------------------------------------------------------------------------------------ resolving
