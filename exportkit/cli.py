@@ -35,7 +35,8 @@ def _run(fn, debug: bool) -> None:
             raise
         _fail(err.message, err.remedy, err.exit_code)
     except KeyboardInterrupt:
-        _fail("interrupted", None, 130)
+        _fail("interrupted", "run the command again; nothing half-written was left behind (an export leaves its base "
+                             "directory as it was)", 130)
     except typer.Exit:
         raise
     except Exception as err:  # an unexpected failure is ours or the environment's, never silent
@@ -76,7 +77,7 @@ INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tok
 @app.command()
 def export(
     src: str = typer.Argument(..., metavar="SRC", help="A .h5/.hdf5 or .keras file, a checkpoint directory or a .weights.h5 file."),
-    output: str = typer.Option(..., "-o", "--output", help="Model base directory; the version goes below it."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Model base directory; the version goes below it (default: `output` in exportkit.toml, else ./export/<name>)."),
     format: Optional[str] = FORMAT,
     builder: Optional[str] = BUILDER,
     builder_arg: Optional[List[str]] = BUILDER_ARG,
@@ -93,6 +94,7 @@ def export(
                                                        "method=predict|classify|regress, scores=OUTPUT, classes=FILE "
                                                        "(repeatable; default: one serving_default)."),
     feature_spec: Optional[str] = typer.Option(None, "--feature-spec", help="JSON overriding the tf.Example features derived from the model's inputs."),
+    output_names: Optional[str] = typer.Option(None, "--output-names", help="Comma-separated keys for the outputs of a model returning a list or tuple, in order."),
     input_spec: Optional[List[str]] = INPUT_SPEC,
     int_range: Optional[str] = typer.Option(None, "--int-range", help="LO:HI for integer golden inputs (default 0:10)."),
     keep_output_dtype: bool = typer.Option(False, "--keep-output-dtype", help="Keep float16/bfloat16 outputs (default: cast to float32)."),
@@ -115,6 +117,7 @@ def export(
             signature_name=signature_name, input_specs=input_spec or [], keep_output_dtype=keep_output_dtype,
             int_range=int_range, reference=reference, allow_incomplete_config=allow_incomplete_config,
             signatures=signature or [], feature_spec=feature_spec,
+            output_names=output_names,
             unsafe=unsafe, no_verify=no_verify, json_out=json_out)
 
     _run(go, debug)
@@ -154,6 +157,7 @@ def verify(
     load_timeout: float = typer.Option(120.0, "--load-timeout", help="Seconds to wait for the server to report AVAILABLE."),
     device: str = typer.Option("cpu", "--device", help="cpu | gpu | all, for the in-process runtimes."),
     allow_tf32: bool = typer.Option(False, "--allow-tf32", help="Keep TensorFloat-32 on during GPU runs."),
+    allow_io_ops: bool = typer.Option(False, "--allow-io-ops", help="Execute graphs that read/write files, use the network or print (refused by default)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Previously released SavedModel: fail on breaking signature changes."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout)."),
     junit: Optional[str] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
@@ -180,9 +184,10 @@ def verify(
             int_range=int_range, save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
             tol=tol or [], runtimes=runtimes, serving=serving, model_server_bin=model_server_bin,
             model_name=model_name, model_version=model_version, load_timeout=load_timeout, device=device,
-            allow_tf32=allow_tf32, reference=reference, baseline=baseline, json_out=json_out, junit=junit, data=data,
-            limit=limit, batch_size=batch_size, sample=sample, save_failures=save_failures, runner=runner,
-            beam_options=beam_option or [], tf_versions=tf_versions or []))
+            allow_tf32=allow_tf32, allow_io_ops=allow_io_ops, reference=reference, baseline=baseline,
+            json_out=json_out, junit=junit, data=data, limit=limit, batch_size=batch_size, sample=sample,
+            save_failures=save_failures, runner=runner, beam_options=beam_option or [],
+            tf_versions=tf_versions or []))
 
     _run(go, debug)
 

@@ -163,6 +163,7 @@ class VerifyOptions:
     device: str = "cpu"
     allow_tf32: bool = False
     reference: str | None = None  # --reference: a training-time reference (.npz from exportkit.record_reference)
+    allow_io_ops: bool = False  # execute graphs whose signatures reach I/O ops (refused by default)
     baseline: str | None = None
     json_out: str | None = None
     junit: str | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from exportkit.findings import Finding
 from exportkit.runtimes import Runtime
 from exportkit.savedmodel import DEFAULT_SIGNATURE
 
@@ -66,10 +67,21 @@ class ServingRuntime(Runtime):
         self.loaded = True
 
     def _raise(self, err, what: str):
-        from exportkit.serving.client import as_exportkit_error
+        from exportkit.serving.client import INFRA_CODES, as_exportkit_error
 
         where = f"{self.server['kind']} server at {self.server['address']}" if self.server else "server"
-        raise as_exportkit_error(err, f"{what} on the {where}") from None
+        if err.code not in INFRA_CODES:
+            raise as_exportkit_error(err, f"{what} on the {where}",
+                                     "the server's answer says what it refused; the SavedModel's signature "
+                                     "(`exportkit inspect PATH`) says what it expects") from None
+        error = as_exportkit_error(err, f"{what} on the {where}",
+                                   "the server stopped answering (did it crash or run out of memory?); run the check "
+                                   "again, and read the server log if it happens again")
+        died = self._handle.died() if self._handle is not None else None
+        if died:
+            tail = self._handle.tail() if self._handle.tail else ""
+            error.message += f" (the server {died})" + (f"\nserver log:\n{tail}" if tail.strip() else "")
+        raise error from None
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from exportkit.serving.client import ServingError
@@ -107,29 +119,63 @@ class ServingRuntime(Runtime):
                        "outputs": {k: tensor_info_dict(v) for k, v in sig.outputs.items()}}
                 for name, sig in served.items()}
 
-    def replay_warmup(self, path: str) -> list[str]:
-        """Send the warm-up records (file, or version dir's assets.extra file) through Predict; list failures.
+    def replay_warmup(self, path: str) -> list[Finding]:
+        """Send the warm-up records (file, or version dir's assets.extra file) through the server, each through the
+        API of its log kind (`_WARMUP_REPLAY`); findings for records that fail (error), kinds not replayed yet
+        (warning) and a missing file (info: TF Serving treats it as optional).
 
         Model name/version are set to the served ones, as TF Serving ignores them during its own warm-up.
         """
-        from exportkit.serving.client import ServingError
-        from exportkit.serving.warmup import as_predict_request, read_warmup_records
+        from exportkit.layout import WARMUP
+        from exportkit.serving.warmup import log_kind, read_warmup_logs
 
         try:
-            requests = read_warmup_records(path)
+            logs = read_warmup_logs(path)
+        except FileNotFoundError:
+            return [Finding("info", "serving-warmup",
+                            f"no {WARMUP}: TF Serving loads the model without warm-up, so the first "
+                            f"requests pay for its initialisation (optional; exportkit export writes one)")]
         except (ValueError, OSError) as err:
-            return [f"warm-up file unreadable: {err}"]
+            return [Finding("error", "serving-warmup", f"warm-up file unreadable: {err}")]
         except Exception as err:  # noqa: BLE001 — tf.errors.DataLossError etc.: a corrupt TFRecord
-            return [f"warm-up file unreadable: {type(err).__name__}: {err}"]
-        problems = []
-        for i, request in enumerate(requests):
-            request = as_predict_request(request)
-            request.model_spec.name = self._handle.model_name
-            if self._handle.model_version is not None:
-                request.model_spec.version.value = int(self._handle.model_version)
-            try:
-                self._client.predict_request(request)
-            except ServingError as err:
-                problems.append(f"warm-up record {i}: {err.code}: {err.message}")
-        return problems
+            return [Finding("error", "serving-warmup", f"warm-up file unreadable: {type(err).__name__}: {err}")]
+        findings, skipped = [], {}
+        for i, log in enumerate(logs):
+            kind = log_kind(log)
+            replay = _WARMUP_REPLAY.get(kind)
+            if replay is None:
+                skipped[kind] = skipped.get(kind, 0) + 1
+                continue
+            problem = replay(self, log)
+            if problem:
+                findings.append(Finding("error", "serving-warmup", f"warm-up record {i} ({kind}): {problem}"))
+        if skipped:
+            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(skipped.items()))
+            findings.append(Finding(
+                "warning", "serving-warmup-not-replayed",
+                f"{sum(skipped.values())} warm-up record(s) not replayed ({kinds}): exportkit does not replay this "
+                f"kind yet (it replays predict, classify and regress records), so whether TF Serving's warm-up of "
+                f"them succeeds is unchecked"))
+        return findings
 
+    def _replay_as_predict(self, log) -> str | None:
+        """Predict records as they are; Classify/Regress records as the Predict they amount to (their Examples
+        into the signature's string input), as the embedded server replays them."""
+        from exportkit.serving.client import ServingError
+        from exportkit.serving.warmup import as_predict_request, log_kind
+
+        request = as_predict_request(getattr(log, log_kind(log)).request)
+        request.model_spec.name = self._handle.model_name
+        if self._handle.model_version is not None:
+            request.model_spec.version.value = int(self._handle.model_version)
+        try:
+            self._client.predict_request(request)
+        except ServingError as err:
+            return f"{err.code}: {err.message}"
+        return None
+
+
+# Warm-up log kind -> how to replay one record (returns a problem or None). Kinds missing here are reported as
+# not replayed (a warning); add multi_inference_log (or real Classify/Regress calls) here when the client has them.
+_WARMUP_REPLAY = {"predict_log": ServingRuntime._replay_as_predict, "classify_log": ServingRuntime._replay_as_predict,
+                  "regress_log": ServingRuntime._replay_as_predict}

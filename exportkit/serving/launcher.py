@@ -54,6 +54,19 @@ class ServerHandle:
     model_version: int | None
     _stop: Callable[[], None] | None = field(default=None, repr=False)
     process: subprocess.Popen | None = field(default=None, repr=False)  # None for a remote server
+    tail: Callable[[], str] | None = field(default=None, repr=False)  # the server's log tail, while it runs
+
+    def died(self) -> str | None:
+        """How a launched server ended ("exited with code 1", "killed by SIGKILL"), or None while it runs."""
+        code = self.process.poll() if self.process is not None else None
+        if code is None:
+            return None
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with code {code}"
 
     def stop(self) -> None:
         """Idempotent; safe from `finally`, `__exit__` and atexit."""
@@ -149,21 +162,46 @@ def _wait(handle_child: _Child, client, load_timeout: float, what: str) -> int:
 
     def check() -> None:
         if not handle_child.alive():
-            tail = handle_child.tail()
-            if "Address already in use" in tail:  # lost the free-port race: not the model's fault
-                raise InfraError(f"{what} could not bind its port:\n{tail}", "run the check again")
-            raise CheckFailed(f"{what} exited with code {handle_child.proc.returncode} before the model was AVAILABLE:\n"
-                              f"{handle_child.tail()}", "the server log above says why the model did not load")
+            raise _died(handle_child, what)
 
     try:
         return client.wait_available(load_timeout, check=check)
     except ModelLoadFailed as err:
-        raise CheckFailed(f"{what}: {err.message}\n{handle_child.tail()}") from None
+        raise CheckFailed(f"{what}: {err.message}\n{handle_child.tail()}",
+                          "the server's error and log above say why the model did not load") from None
     except ServingError as err:
         if err.code == "DEADLINE_EXCEEDED":
             raise CheckFailed(f"{what} timed out after {load_timeout:g}s waiting for the model to be AVAILABLE "
                               f"({err.message}):\n{handle_child.tail()}", "raise --load-timeout if the model is big") from None
-        raise CheckFailed(f"{what}: {err}\n{handle_child.tail()}") from None
+        raise CheckFailed(f"{what}: {err}\n{handle_child.tail()}", "the server log above says what went wrong") from None
+
+
+def _last_line(tail: str) -> str:
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "(the server printed nothing)"
+
+
+def _died(child: "_Child", what: str) -> Exception:
+    """The error for a server process that ended before its model was AVAILABLE, with its log tail.
+
+    Killed by a signal (OOM killer, someone's kill -9) or a lost port race: infrastructure (exit 3), however far
+    it had got. Exiting on its own with a code: the server refused the model (exit 1).
+    """
+    code = child.proc.returncode
+    tail = child.tail()
+    log = f"\nserver log (last {LOG_TAIL_LINES} lines):\n{tail}" if tail.strip() else ""
+    if "Address already in use" in tail:  # lost the free-port race: not the model's fault
+        return InfraError(f"{what} could not bind its port{log}", "run the check again")
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return InfraError(f"{what} was killed by {name} before the model was AVAILABLE (last log line: "
+                          f"{_last_line(tail)}){log}",
+                          "look for the out-of-memory killer (dmesg) or whoever stopped it, then run the check again")
+    return CheckFailed(f"{what} exited with code {code} before the model was AVAILABLE: {_last_line(tail)}{log}",
+                       "the server log says why the model did not load")
 
 
 def _model_name(path: str, model_name: str | None) -> str:
@@ -286,7 +324,7 @@ def start_binary(path: str, model_name: str | None = None, binary: str | None = 
             _wait(child, client, load_timeout, f"{BINARY_NAME} ({found})")
         description = {"kind": "binary", "version": binary_version(found), "address": address,
                        "binary": found, "model_name": name, "model_version": version}
-        handle = ServerHandle(address, description, name, version, stop, child.proc)
+        handle = ServerHandle(address, description, name, version, stop, child.proc, child.tail)
         _live.add(handle)
         return handle
 
@@ -380,9 +418,9 @@ def _finish_embedded(child: _Child, name: str, deadline: float, load_timeout: fl
             raise InfraError(f"{what} cannot import exportkit in isolated mode (python -I)",
                              f"install exportkit into {sys.executable} (pip install -e .)")
         if child.proc.returncode == 3:
-            raise InfraError(f"{what} could not start:\n{tail}")
-        raise CheckFailed(f"{what} exited with code {child.proc.returncode} before the model was AVAILABLE:\n{tail}",
-                          "the server log above says why the model did not load")
+            raise InfraError(f"{what} could not start: {_last_line(tail)}\n{tail}",
+                             "the server log says what is missing; run the check again once it is fixed")
+        raise _died(child, what)
     address = match.group("address")
     version = int(match.group("version"))
     with ServingClient(address, name, version) as client:
@@ -390,7 +428,7 @@ def _finish_embedded(child: _Child, name: str, deadline: float, load_timeout: fl
     tf_version = sys.modules["tensorflow"].__version__ if "tensorflow" in sys.modules else "?"
     description = {"kind": "embedded", "version": f"exportkit {__version__} serve (TensorFlow {tf_version})",
                    "address": address, "binary": None, "model_name": name, "model_version": version}
-    handle = ServerHandle(address, description, name, version, stop, child.proc)
+    handle = ServerHandle(address, description, name, version, stop, child.proc, child.tail)
     _live.add(handle)
     return handle
 
@@ -407,21 +445,54 @@ def connect_remote(address: str, model_name: str, model_version: int | None = No
     """A server someone else runs: check the model is AVAILABLE there, launch nothing, stop nothing."""
     from exportkit.serving.client import ModelLoadFailed, ServingClient, ServingError, as_exportkit_error
 
-    if not re.fullmatch(r"\[?[\w.:-]+\]?:\d+", address):
-        raise UsageError(f"--serving {address!r} is not HOST:PORT")
+    check_serving_mode(address)
     if not model_name:
-        raise UsageError("a remote server needs --model-name")
+        raise UsageError("a remote server needs --model-name", "pass --model-name NAME as the server knows the model")
+    _check_listening(address)
     with ServingClient(address, model_name, model_version) as client:
         try:
             version = client.wait_available(load_timeout)
         except ModelLoadFailed as err:
-            raise CheckFailed(f"remote server {address}: {err.message}") from None
+            raise CheckFailed(f"remote server {address}: {err.message}",
+                              "the model failed to load on that server: read its log") from None
         except ServingError as err:
             raise as_exportkit_error(err, f"remote server {address} (model '{model_name}')",
                                      "check the address and that the server is running") from None
     description = {"kind": "remote", "version": "unknown", "address": address, "binary": None,
                    "model_name": model_name, "model_version": model_version if model_version is not None else version}
     return ServerHandle(address, description, model_name, model_version if model_version is not None else version)
+
+
+_ADDRESS = re.compile(r"(?P<host>\[[0-9a-fA-F:.]+\]|[\w.-]+):(?P<port>\d+)")
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_listening(address: str) -> None:
+    """Fail in seconds, not after --load-timeout, when nothing listens at a remote HOST:PORT (InfraError)."""
+    match = _ADDRESS.fullmatch(address)
+    host, port = match.group("host").strip("[]"), int(match.group("port"))
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        if isinstance(err, socket.gaierror):
+            reason = f"cannot resolve {host}: {reason}"
+        elif isinstance(err, TimeoutError) or isinstance(err, socket.timeout):
+            reason = f"no answer within {CONNECT_TIMEOUT_S:g}s"
+        raise InfraError(f"remote server {address}: cannot connect ({reason})",
+                         "start the server first, or pass the HOST:PORT it listens on to --serving") from None
+
+
+def check_serving_mode(serving: str) -> None:
+    """UsageError unless `serving` is auto, binary, embedded, none, HOST:PORT or remote:HOST:PORT."""
+    if serving in ("auto", "binary", "embedded", "none"):
+        return
+    address = serving[len("remote:"):] if serving.startswith("remote:") else serving
+    if not _ADDRESS.fullmatch(address):
+        raise UsageError(f"--serving {serving!r} is not auto, binary, embedded, none or HOST:PORT",
+                         "pass --serving embedded (no binary needed), or the address of a running server, "
+                         "e.g. --serving localhost:8500")
 
 
 # --------------------------------------------------------------------------------------------------- one entry
@@ -438,10 +509,9 @@ def start(serving: str, path: str | None = None, *, model_name: str | None = Non
     if serving == "embedded":
         return start_embedded(path, model_name, device, load_timeout)
     address = serving[len("remote:"):] if serving.startswith("remote:") else serving
+    check_serving_mode(serving)
     if model_name is None and path is not None:
         model_name = _model_name(path, None)
-    if not re.fullmatch(r"\[?[\w.:-]+\]?:\d+", address):
-        raise UsageError(f"--serving {address!r} is not auto, binary, embedded, none or HOST:PORT")
     return PendingServer(lambda: connect_remote(address, model_name, model_version, load_timeout))
 
 

@@ -24,7 +24,8 @@ import grpc
 import numpy as np
 
 from exportkit.errors import CheckFailed, InfraError, UsageError
-from exportkit.savedmodel import DEFAULT_SIGNATURE, ModelLocation, dtype_name, resolve_model_path, shape_list
+from exportkit.savedmodel import (DEFAULT_SIGNATURE, ModelLocation, dtype_name, resolve_model_path, shape_list,
+                                   signature_names)
 from exportkit.serving.client import GRPC_OPTIONS
 from exportkit.tfenv import import_tf, quiet_env
 
@@ -93,23 +94,32 @@ class ServedModel:
         self.state = "END"
 
     def _warm_up(self) -> int:
+        """Replay the warm-up records like TF Serving; returns how many were replayed. Predict logs run through
+        Predict (Classify/Regress as the Predict they amount to); other kinds (multi_inference) are logged and
+        skipped."""
         from exportkit.layout import warmup_path
-        from exportkit.serving.warmup import as_predict_request, read_warmup_records
+        from exportkit.serving.warmup import as_predict_request, log_kind, read_warmup_logs
 
         path = warmup_path(self.location.version_dir)
         if not os.path.exists(path):
             return 0
         try:
-            requests = read_warmup_records(path)
+            logs = read_warmup_logs(path)
         except ValueError as err:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"invalid warm-up file: {err}") from None
-        for i, request in enumerate(requests):
+        replayed = 0
+        for i, record in enumerate(logs):
+            kind = log_kind(record)
+            if kind not in ("predict_log", "classify_log", "regress_log"):
+                log.info("warm-up record %d is a %s: not replayed (this server has no API for it)", i, kind)
+                continue
             try:
                 # Classify/Regress records run as the Predict they amount to (this server has no Classify API).
-                self.predict(as_predict_request(request), warmup=True)
+                self.predict(as_predict_request(getattr(record, kind).request), warmup=True)
             except RpcError as err:
                 raise RpcError(err.code, f"warm-up record {i} of {path} failed: {err.code.name}: {err.message}") from None
-        return len(requests)
+            replayed += 1
+        return replayed
 
     # -- model_spec -------------------------------------------------------------------------------------------
     def _check_spec(self, spec) -> None:
@@ -142,7 +152,7 @@ class ServedModel:
             # TF Serving: FAILED_PRECONDITION (predict_util.cc), not NOT_FOUND.
             raise RpcError(grpc.StatusCode.FAILED_PRECONDITION,
                            f'Serving signature key "{signature_name}" not found. '
-                           f"Available: {sorted(self.model.signatures)}")
+                           f"Available: {signature_names(self.model.signatures)}")
 
         sent, expected = set(request.inputs), set(signature.inputs)
         missing = expected - sent - set(signature.defaults)
@@ -335,11 +345,11 @@ def serve_command(path: str, port: int = 8500, model_name: str | None = None, de
     _setup_logging()
     quiet_env()
     if device not in ("cpu", "gpu"):
-        raise UsageError(f"--device must be cpu or gpu, got {device!r}")
+        raise UsageError(f"--device must be cpu or gpu, got {device!r}", "pass --device cpu or --device gpu")
     if device == "cpu" and "tensorflow" not in sys.modules:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # no GPU memory grabbed by a CPU server
     if not 0 <= port <= 65535:
-        raise UsageError(f"--port must be 0..65535, got {port}")
+        raise UsageError(f"--port must be 0..65535, got {port}", "pass --port 8500, or --port 0 for a free one")
     location = resolve_model_path(path)
     name = model_name or location.default_name
 

@@ -200,25 +200,42 @@ def as_predict_request(request, input_key: str = "inputs"):
     return predict
 
 
-def read_warmup_records(path: str) -> list:
-    """The requests of a warm-up file (or of a version dir's assets.extra file), in file order: PredictRequests,
-    and ClassificationRequests / RegressionRequests for classify_log / regress_log records.
+# Log kinds TF Serving replays during warm-up (saved_model_warmup.cc); anything else fails the model's load.
+SERVING_WARMUP_KINDS = ("predict_log", "classify_log", "regress_log", "multi_inference_log", "predict_streamed_log")
 
-    Raises ValueError for any other record type (multi_inference is not written by exportkit) or for more
-    than 1000.
+
+def read_warmup_logs(path: str) -> list:
+    """Every PredictionLog of a warm-up file (or of a version dir's assets.extra file), in file order.
+
+    Raises ValueError for more than 1000 records or a record of a kind TF Serving does not replay (both make TF
+    Serving refuse the version); OSError (FileNotFoundError) when there is no file.
     """
     tf = import_tf()
     _, prediction_log_pb2 = _apis()
     if os.path.isdir(path):
-        path = warmup_path(path)
-    requests = []
+        path = str(warmup_path(path))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no warm-up file {path}")
+    logs = []
     for i, raw in enumerate(tf.data.TFRecordDataset(path).as_numpy_iterator()):
         if i >= MAX_WARMUP_RECORDS:
             raise ValueError(f"{path}: more than {MAX_WARMUP_RECORDS} warm-up records (TF Serving refuses to load)")
         log = prediction_log_pb2.PredictionLog()
         log.ParseFromString(raw)
         kind = log.WhichOneof("log_type")
-        if kind not in ("predict_log", "classify_log", "regress_log"):
-            raise ValueError(f"{path}: record {i} is a {kind}, expected predict_log, classify_log or regress_log")
-        requests.append(getattr(log, kind).request)
-    return requests
+        if kind not in SERVING_WARMUP_KINDS:
+            raise ValueError(f"{path}: record {i} is a {kind or 'PredictionLog without a log'}; TF Serving replays only "
+                             f"{', '.join(SERVING_WARMUP_KINDS)}")
+        logs.append(log)
+    return logs
+
+
+def log_kind(log) -> str:
+    return log.WhichOneof("log_type")
+
+
+def read_warmup_records(path: str) -> list:
+    """The requests of a warm-up file, in file order: PredictRequests, and ClassificationRequests /
+    RegressionRequests for classify_log / regress_log records (other kinds are left out)."""
+    return [getattr(log, log_kind(log)).request for log in read_warmup_logs(path)
+            if log_kind(log) in ("predict_log", "classify_log", "regress_log")]

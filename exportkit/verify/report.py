@@ -277,6 +277,23 @@ def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     return lines
 
 
+DETAIL_LINES = 60
+
+
+def batch_sizes_text(sizes: list[int], limit: int = 8) -> str:
+    """`1, 8` as is; runs of one size folded (`1, 256 x390, 160`), and at most `limit` groups shown."""
+    groups: list[list[int]] = []
+    for size in sizes:
+        if groups and groups[-1][0] == size:
+            groups[-1][1] += 1
+        else:
+            groups.append([size, 1])
+    parts = [f"{size} x{n}" if n > 1 else str(size) for size, n in groups]
+    if len(parts) > limit:
+        parts = parts[:limit] + [f"... ({len(sizes)} batches, {sum(sizes)} rows)"]
+    return ", ".join(parts)
+
+
 def render_text(report: VerifyReport) -> str:
     """Plain text (no ANSI codes): header, table runtime x output, servers, findings, one verdict line."""
     inp = report.inputs or {}
@@ -286,7 +303,7 @@ def render_text(report: VerifyReport) -> str:
     if inp.get("path"):
         desc.append(str(inp["path"]))
     if inp.get("batch_sizes"):
-        desc.append("batch sizes " + ", ".join(str(b) for b in inp["batch_sizes"]))
+        desc.append("batch sizes " + batch_sizes_text(inp["batch_sizes"]))
     if inp.get("seed") is not None and inp.get("source") == "generated":
         desc.append(f"seed {inp['seed']}")
     if inp.get("records") is not None:
@@ -304,6 +321,15 @@ def render_text(report: VerifyReport) -> str:
                  c["reason"] or "") for c in report.chain]
         lines += ["  " + line for line in _table(("LINK", "RUNTIMES", "OUTPUT", "RESULT", "MAX ABS ERR", "NOTE"), rows)]
     lines += _data_sections(report)
+    details = [(r.name, clean(r.error).strip().splitlines()) for r in report.runtimes if r.status == "error" and r.error]
+    details = [(name, text) for name, text in details if len(text) > 1]
+    if details:  # a dead server's log tail, a worker's traceback line: the table only has room for the first line
+        lines.append("")
+        for name, text in details:
+            lines.append(f"{name} error:")
+            lines += [f"  {ln}" for ln in text[:DETAIL_LINES]]
+            if len(text) > DETAIL_LINES:
+                lines.append(f"  ... {len(text) - DETAIL_LINES} more lines (--json has them all)")
     servers = list(dict.fromkeys((r.name, _server_text(r.server)) for r in report.runtimes if r.server))
     if servers:
         lines.append("")

@@ -1,7 +1,9 @@
 """exportkit verify: the same inputs through every runtime, every runtime compared with the reference.
 
-Order of work, chosen so fixed costs overlap: subprocess runtimes (session worker, embedded server) are started
-first and import TensorFlow while this process reads the SavedModel, lints it and runs the in-process runtimes.
+Order of work: every flag is checked and the SavedModel is read and linted first (pure protobuf, no TensorFlow
+import, nothing started), so a graph verify refuses to execute (I/O ops) is refused before any process starts.
+Then the subprocess runtimes (session worker, embedded server) are started and import TensorFlow while this
+process runs the in-process runtimes.
 
 Every signature is checked (or the one --signature names) through every runtime; each runtime is started and
 loaded once and is pointed at one signature after the other. A tf.Example signature exportkit exported is fed
@@ -31,6 +33,9 @@ from exportkit.verify.baseline import served_signature_findings
 from exportkit.tfexample import encode_examples, from_manifest, lossless
 from exportkit.verify.compare import Tolerance, compare_batches, parse_tol, resolve_tolerance
 from exportkit.verify.report import RuntimeResult, VerifyReport
+
+_KINDS = {"trained": "recorded", "golden": "recorded", "keras": "in-process", "saved_model": "in-process",
+          "session": "subprocess", "serving": "grpc"}
 
 
 
@@ -274,20 +279,29 @@ def verify_command(options: VerifyOptions) -> int:
     if o.data and o.tf_versions:
         raise UsageError("--tf runs on the generated/golden batches, not on --data records (not supported yet)",
                          "run `exportkit verify PATH --tf X.Y` and `exportkit verify PATH --data GLOB` separately")
-    # Managed TF X.Y environments come first: a missing one is installed (or exit 3) before any process starts.
-    versioned = versioned_pythons(o.tf_versions)
     names = _selected_runtimes(o.runtimes, o.serving, o.against)
+    if "serving" in names:
+        from exportkit.serving.launcher import check_serving_mode
+
+        check_serving_mode(o.serving)
     lo_hi = parse_int_range(o.int_range) if o.int_range else None
     per_output = dict(parse_tol(t) for t in o.tol)
-    if "gpu" in devices:
-        from exportkit.runtimes.local import require_gpu
-
-        require_gpu()  # before any process is started: no GPU is an infrastructure failure (exit 3)
-    from exportkit.lint import lint_saved_model
+    from exportkit.lint import IO_OP_REFUSAL, asset_findings, lint_saved_model
 
     version_dir, proto, signatures = _read_model(o.path)
     selected = _selected_signatures(o.signature_name, signatures)
-    findings = lint_saved_model(proto, o.signature_name)
+    findings = lint_saved_model(proto, o.signature_name) + asset_findings(version_dir)
+    if selected:
+        _check_tol_keys(per_output, {k for name in selected for k in signatures[name]["outputs"]})
+    refused = [f for f in findings if f.code == "io-op" and f.severity == "error"]
+    if refused and o.allow_io_ops:
+        findings = [Finding("warning", f.code, f.message.replace(IO_OP_REFUSAL, " Executed anyway (--allow-io-ops)."))
+                    if f in refused else f for f in findings]
+        refused = []
+    if "gpu" in devices and not refused:
+        from exportkit.runtimes.local import require_gpu
+
+        require_gpu()  # before any process is started: no GPU is an infrastructure failure (exit 3)
     manifest, manifest_findings = read_manifest(version_dir)
     findings += manifest_findings
     if lo_hi is None:  # the range the model was exported with fits its integer inputs (e.g. a vocabulary)
@@ -300,6 +314,21 @@ def verify_command(options: VerifyOptions) -> int:
                           exportkit_version=__version__, signatures=list(selected))
     if not selected:
         return _finish(report, o.json_out, o.junit)
+    if refused:  # static findings come first: nothing was started, nothing runs
+        report.inputs = {"source": "none (not run)"}
+        maybe_reference = o.reference or (manifest or {}).get("reference") or o.against
+        for name in names:
+            if name == "trained" and not maybe_reference:
+                continue  # no training-time reference to look for (it is dropped the same way below)
+            report.runtimes.append(RuntimeResult(name=name, kind=_KINDS[name], status="skipped",
+                                                 error="not run: the graph reaches I/O ops (see findings)"))
+        _finish(report, o.json_out, o.junit)
+        raise CheckFailed("verify did not execute the model: its signatures reach ops that touch files, the network "
+                          "or the console (finding io-op)",
+                          "pass --allow-io-ops to execute it anyway, if you trust the model and where it came from")
+    # Managed TF X.Y environments next (after the static verdict): a missing one is installed (or exit 3) before
+    # any process starts.
+    versioned = versioned_pythons(o.tf_versions)
 
     if o.data:
         return _verify_data(o, report, version_dir, proto, signatures, selected, manifest, names, devices, per_output)
@@ -325,6 +354,7 @@ def verify_command(options: VerifyOptions) -> int:
     runtimes_ += versioned_sessions(versioned, version_dir, checks[0].name)
     outputs: dict[str, dict[str, list]] = {c.name: {} for c in checks}
     results: dict[str, list[RuntimeResult]] = {c.name: [] for c in checks}
+    infra: list[InfraError] = []  # a runtime's environment failed: its row says so, the exit code is 3
     try:
         from exportkit.tfenv import import_tf, tf32
 
@@ -334,10 +364,10 @@ def verify_command(options: VerifyOptions) -> int:
         with tf32(o.allow_tf32) if "gpu" in devices else contextlib.nullcontext():
             for item in runtimes_:
                 for check in checks:
-                    result = _execute(item, check, outputs[check.name])
+                    result = _execute(item, check, outputs[check.name], infra)
                     if result is not None:
                         results[check.name].append(result)
-        _serving_checks(runtimes_, signatures, selected, version_dir, results, report)
+        _serving_checks(runtimes_, signatures, selected, version_dir, results, report, infra)
     finally:
         _close_all(runtimes_)
 
@@ -362,7 +392,17 @@ def verify_command(options: VerifyOptions) -> int:
             for label, per_batch in outputs[check.name].items():
                 _save(o.save_outputs, label if len(checks) == 1 else f"{label}.{check.name}",
                       [out for out in per_batch if out is not None])
-    return _finish(report, o.json_out, o.junit)
+    code = _finish(report, o.json_out, o.junit)
+    if infra:  # the report above shows what did run; the infrastructure failure decides the exit code
+        raise infra[0]
+    return code
+
+
+def _check_tol_keys(per_output: dict, output_keys: set[str]) -> None:
+    unknown = sorted(set(per_output) - set(output_keys))
+    if unknown:
+        raise UsageError(f"--tol names output(s) {', '.join(unknown)} that the signature does not have",
+                         f"use the output keys: {', '.join(sorted(output_keys))}")
 
 
 def _agreement(check: SignatureCheck, twin: SignatureCheck, outputs) -> list[RuntimeResult]:
@@ -520,7 +560,14 @@ def _prepare(runtime, check: SignatureCheck) -> str | None:
     return None
 
 
-def _execute(item: _Labeled, check: SignatureCheck, outputs) -> RuntimeResult | None:
+def _error_text(err) -> str:
+    """The full failure for the report: first line the summary, then details (a server's log tail), then the fix."""
+    text = err.message if hasattr(err, "message") else str(err)
+    remedy = getattr(err, "remedy", None)
+    return f"{text}\nfix: {remedy}" if remedy else text
+
+
+def _execute(item: _Labeled, check: SignatureCheck, outputs, infra: list | None = None) -> RuntimeResult | None:
     runtime = item.runtime
     began = time.perf_counter()
     result = RuntimeResult(name=item.label, kind=runtime.kind, device=runtime.device, server=runtime.server,
@@ -535,9 +582,12 @@ def _execute(item: _Labeled, check: SignatureCheck, outputs) -> RuntimeResult | 
         else:
             outputs[item.label] = _run_all(runtime, check.batches)
     except CheckFailed as err:  # the model cannot load or run here: the model's failure
-        result.status, result.error = "error", str(err)
-    except InfraError:
-        raise
+        result.status, result.error = "error", _error_text(err)
+    except InfraError as err:  # not the model's fault: shown in the table, exit 3 once the report is out
+        if infra is None:
+            raise
+        result.status, result.error = "error", _error_text(err)
+        infra.append(err)
     except Exception as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
         result.status, result.error = "error", f"{type(err).__name__}: {first_line}"
@@ -547,7 +597,9 @@ def _execute(item: _Labeled, check: SignatureCheck, outputs) -> RuntimeResult | 
     return result
 
 
-def _serving_checks(runtimes_, signatures, selected, version_dir, results, report) -> None:
+def _serving_checks(runtimes_, signatures, selected, version_dir, results, report, infra: list | None = None) -> None:
+    """Served signatures and warm-up replay. An InfraError marks the serving rows and goes to `infra` (the caller
+    prints the report, then exits 3); without `infra` it propagates."""
     from exportkit.runtimes.serving import ServingRuntime
 
     for item in runtimes_:
@@ -556,11 +608,19 @@ def _serving_checks(runtimes_, signatures, selected, version_dir, results, repor
             continue
         if any(r.status != "ok" for per in results.values() for r in per if r.name == item.label):
             continue
-        served = runtime.served_signatures()
-        for name in selected:
-            report.findings += served_signature_findings(name, signatures[name], served)
-        for problem in runtime.replay_warmup(str(version_dir)):
-            report.findings.append(Finding("error", "serving-warmup", problem))
+        try:
+            served = runtime.served_signatures()
+            for name in selected:
+                report.findings += served_signature_findings(name, signatures[name], served)
+            report.findings += runtime.replay_warmup(str(version_dir))
+        except InfraError as err:
+            if infra is None:
+                raise
+            for per in results.values():
+                for r in per:
+                    if r.name == item.label:
+                        r.status, r.error = "error", _error_text(err)
+            infra.append(err)
 
 
 def _close_all(runtimes_) -> None:
