@@ -135,6 +135,8 @@ class ExportOptions:
     reference: str | None = None  # training-time reference (.npz from exportkit.record_reference)
     signatures: list[SignatureSpec] = field(default_factory=list)  # empty: one predict signature `signature_name`
     feature_spec: str | None = None  # JSON overriding the tf.Example features derived from the model's inputs
+    output_names: list[str] = field(default_factory=list)  # names for the outputs of a list/tuple-returning model
+    output_origin: str | None = None  # how `output` was chosen when -o was not given (printed by export)
 
 
 @dataclass
@@ -207,7 +209,7 @@ def find_spec_file(src: str, spec_path: str | None) -> Path | None:
 _TOML_KEYS = {
     "format", "builder", "builder_args", "model_config", "custom_objects", "python_path", "policy", "unsafe",
     "assets", "signature_name", "input_specs", "keep_output_dtype", "version", "int_range",
-    "allow_incomplete_config", "reference", "signatures", "feature_spec",
+    "allow_incomplete_config", "reference", "signatures", "feature_spec", "output", "name", "output_names",
 }
 _PATH_LISTS = ("python_path", "assets")
 
@@ -225,7 +227,7 @@ def read_spec_file(path: Path) -> dict:
     for key in _PATH_LISTS:
         if key in data:
             data[key] = [str((base / p).resolve()) if not Path(p).is_absolute() else p for p in data[key]]
-    for key in ("model_config", "reference", "feature_spec"):
+    for key in ("model_config", "reference", "feature_spec", "output"):
         if key in data and not Path(data[key]).is_absolute():
             data[key] = str((base / data[key]).resolve())
     if "signatures" in data:
@@ -271,10 +273,28 @@ def source_options(src: str, spec_path: str | None = None, *, format=None, build
     )
 
 
-def export_options(src: str, output: str, spec_path: str | None = None, *, version=None, assets=(),
+def source_stem(src: str) -> str:
+    """`ckpt/` -> ckpt, `models/ranker.keras` -> ranker, `w.weights.h5` -> w, `ckpt/ckpt-3` -> ckpt-3."""
+    name = Path(src.rstrip("/\\")).name or "model"
+    for suffix in (".weights.h5", ".keras", ".hdf5", ".h5"):
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def parse_output_names(value) -> list[str]:
+    """`box,landmarks,score` (or a TOML list) -> names; empty or repeated names are refused."""
+    names = [n.strip() for n in (value.split(",") if isinstance(value, str) else list(value))]
+    if not names or any(not n for n in names) or len(set(names)) != len(names):
+        raise UsageError(f"--output-names {value!r} must be distinct, non-empty names separated by commas",
+                         "write it as --output-names box,landmarks,score (in exportkit.toml: output_names = [...])")
+    return names
+
+
+def export_options(src: str, output: str | None, spec_path: str | None = None, *, version=None, assets=(),
                    signature_name=None, input_specs=(), keep_output_dtype=False, no_verify=False, int_range=None,
                    allow_incomplete_config=False, reference=None, signatures=(), feature_spec=None,
-                   **source_flags) -> ExportOptions:
+                   output_names=None, **source_flags) -> ExportOptions:
     spec_file = find_spec_file(src, spec_path)
     spec = read_spec_file(spec_file) if spec_file else {}
     named = merge_signatures([parse_signature_arg(text) for text in signatures], spec.get("signatures", []))
@@ -288,9 +308,20 @@ def export_options(src: str, output: str, spec_path: str | None = None, *, versi
     if feature_spec and not any(s.input == "examples" for s in named):
         raise UsageError("--feature-spec is given, but no signature takes tf.Example",
                          "add input=examples to a --signature, or drop --feature-spec")
+    origin = None
+    if not output:  # `exportkit export ckpt/`: the toml's output, else ./export/<name>
+        if spec.get("output"):
+            output, origin = spec["output"], f"output in {spec_file}"
+        else:
+            model_name = spec.get("name") or source_stem(src)
+            output = str(Path("export") / model_name)
+            origin = f"./export/<name>, name from {spec_file}" if spec.get("name") else "./export/<source name>"
+    names = output_names if output_names is not None else spec.get("output_names")
     return ExportOptions(
         source=source_options(src, spec=spec, **source_flags),
         output=output,
+        output_origin=origin,
+        output_names=parse_output_names(names) if names else [],
         version=version if version is not None else spec.get("version"),
         assets=list(assets) + list(spec.get("assets", [])),
         signature_name=name,

@@ -125,7 +125,7 @@ def _golden_record(model, specs: list[InputSpec], options: ExportOptions, int_ra
         raise UsageError(f"the model fails on generated inputs ({type(err).__name__}: {detail})",
                          "pass --int-range LO:HI that fits the integer inputs (e.g. 0:VOCAB_SIZE), or --input-spec "
                          "name:shape:dtype for inputs whose shape or dtype cannot be read from the model") from err
-    keyed = [keyed_outputs(model, raw) for raw in raws]
+    keyed = [keyed_outputs(model, raw, options.output_names) for raw in raws]
     keys = list(keyed[0])
     raw_dtypes = {k: name_of(v.dtype) for k, v in keyed[0].items()}
     outputs = [{k: v.numpy() for k, v in sig.serving_outputs(raw, keys, options.keep_output_dtype).items()}
@@ -318,6 +318,7 @@ def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, reference: d
                    "outputs": signatures[first.plan.name]["golden"]["outputs"],
                    "batch_sizes": [len(next(iter(b.values()))) for b in golden.inputs], "seed": GOLDEN_SEED,
                    "int_range": options.int_range},
+        "output_names": list(options.output_names),
         "assets": list(dict.fromkeys([Path(a).name for a in options.assets] + [
             r.plan.classes_file.name for r in golden.signatures if r.plan.classes_file is not None])),
         "custom_objects": sorted(loaded.custom_objects),
@@ -352,40 +353,43 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
     progress = progress or Progress()
     # Everything that can be checked without TensorFlow is checked first; an existing version is never touched.
     base = Path(options.output)
-    version = writer.choose_version(base, options.version)
+    writer.choose_version(base, options.version)
     overrides = [parse_input_spec(text) for text in options.input_specs]
     assets = writer.check_assets(options.assets)
     int_range = parse_int_range(options.int_range)
     detect_format(options.source.src, options.source.format)
 
-    # The serving-equivalent worker starts now: its TensorFlow import overlaps with loading and tracing.
-    session = SessionRuntime(str(base / str(version)), options.signature_name, device="cpu") if options.verify else None
-    if session is not None:
-        session.start()
-    try:
-        import_tf()
-        loaded = load_source(options.source)
-        progress.stage("load", f"{loaded.format} {options.source.src} (policy {loaded.policy})")
+    # The version is reserved (and BASE_DIR proven writable) before the long stages.
+    with writer.staged_version_dir(base, options.version) as staging:
+        version = writer.staging_version(staging)
+        # The serving-equivalent worker starts now: its TensorFlow import overlaps with loading and tracing.
+        session = (SessionRuntime(str(base / str(version)), options.signature_name, device="cpu")
+                   if options.verify else None)
+        try:
+            if session is not None:
+                session.start()
+            import_tf()
+            loaded = load_source(options.source)
+            progress.stage("load", f"{loaded.format} {options.source.src} (policy {loaded.policy})")
 
-        specs = model_input_specs(loaded.model, overrides)
-        reference, reference_inputs = _load_reference(options, specs)
-        golden = _golden_record(loaded.model, specs, options, int_range, reference_inputs)
-        names = [r.plan.name for r in golden.signatures]
-        progress.stage("build", f"{len(golden.specs)} input(s), {len(golden.keys)} output(s), golden record of "
-                                f"{len(golden.inputs)} batches")
+            specs = model_input_specs(loaded.model, overrides)
+            reference, reference_inputs = _load_reference(options, specs)
+            golden = _golden_record(loaded.model, specs, options, int_range, reference_inputs)
+            names = [r.plan.name for r in golden.signatures]
+            progress.stage("build", f"{len(golden.specs)} input(s), {len(golden.keys)} output(s), golden record of "
+                                    f"{len(golden.inputs)} batches")
 
-        tolerances = {k: vars(default_tolerance(_tolerance_dtype(loaded.policy, golden.raw_dtypes[k])))
-                      for k in golden.keys}
-        findings = _check_contracts(loaded, golden, options, progress)
-        reference_entry = _check_trained(reference, golden, tolerances) if reference is not None else None
-        progress.stage("audit", "custom objects rebuild from their configs" + (
-            f"; {refs.LINKS[0]} agrees on the training-time reference" if reference is not None else ""))
+            tolerances = {k: vars(default_tolerance(_tolerance_dtype(loaded.policy, golden.raw_dtypes[k])))
+                          for k in golden.keys}
+            findings = _check_contracts(loaded, golden, options, progress)
+            reference_entry = _check_trained(reference, golden, tolerances) if reference is not None else None
+            progress.stage("audit", "custom objects rebuild from their configs" + (
+                f"; {refs.LINKS[0]} agrees on the training-time reference" if reference is not None else ""))
 
-        archive = _archive(loaded.model, golden, options, assets)
-        progress.stage("trace", f"signature{'s' if len(names) > 1 else ''} {', '.join(repr(n) for n in names)}")
+            archive = _archive(loaded.model, golden, options, assets)
+            progress.stage("trace", f"signature{'s' if len(names) > 1 else ''} {', '.join(repr(n) for n in names)}")
 
-        manifest = _manifest(loaded, golden, options, reference_entry)
-        with writer.staged_version_dir(base, version) as staging:
+            manifest = _manifest(loaded, golden, options, reference_entry)
             _write_version(staging, archive, loaded, golden, options, base.resolve().name, manifest, reference)
             progress.stage("write", f"{base / str(version)}")
             if session is not None:
@@ -396,9 +400,9 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
                 if reference_entry is not None:
                     reference_entry["links"][refs.LINKS[1]] = "passed"
                     layout.write_manifest(staging, _manifest(loaded, golden, options, reference_entry))
-    finally:
-        if session is not None:
-            session.close()
+        finally:
+            if session is not None:
+                session.close()
 
     first = golden.signatures[0]
     return ExportResult(path=base / str(version), version=version, signature_name=first.plan.name,
@@ -453,8 +457,11 @@ def summary_json(result: ExportResult) -> dict:
             "signatures": result.signatures}
 
 
-def export_command(*, src, output, spec_path=None, json_out=None, **flags) -> int:
+def export_command(*, src, output=None, spec_path=None, json_out=None, **flags) -> int:
     options = export_options(src, output, spec_path, **flags)
+    if options.output_origin:
+        print(f"exportkit: no -o given: exporting to {options.output} ({options.output_origin})", file=sys.stderr,
+              flush=True)
     result = export_model(options)
     if json_out == "-":
         print(json.dumps(summary_json(result), indent=2))

@@ -85,7 +85,10 @@ class SavedModelRuntime(Runtime):
 
     def _select(self) -> None:
         if self.signature_name not in self._loaded.signatures:
-            raise CheckFailed(f"no signature '{self.signature_name}' (available: {', '.join(self._loaded.signatures)})",
+            from exportkit.savedmodel import signature_names
+
+            raise CheckFailed(f"no signature '{self.signature_name}' (available: "
+                              f"{', '.join(signature_names(self._loaded.signatures)) or 'none'})",
                               "pass --signature with one of them")
         self._fn = self._loaded.signatures[self.signature_name]
 
@@ -114,9 +117,11 @@ class KerasRuntime(Runtime):
     name = "keras"
     kind = "in-process"
 
-    def __init__(self, source_options, output_dtypes: dict[str, str], device: str | None = "cpu"):
+    def __init__(self, source_options, output_dtypes: dict[str, str], device: str | None = "cpu",
+                 output_names: list[str] | None = None):
         self.source_options = source_options
         self.output_dtypes = output_dtypes
+        self.output_names = output_names or None  # --output-names the export used (manifest)
         self.device = device
         self.select: dict[str, str] | None = None  # signature output key -> model output key (None: all)
         self._model = None
@@ -143,7 +148,8 @@ class KerasRuntime(Runtime):
         from exportkit.sources.model_io import feed_model, keyed_outputs
 
         with tf.device(tf_device(self.device)):
-            raw = keyed_outputs(self._model, feed_model(self._model, {k: tf.constant(v) for k, v in inputs.items()}))
+            raw = keyed_outputs(self._model, feed_model(self._model, {k: tf.constant(v) for k, v in inputs.items()}),
+                                self.output_names)
         if self.select is not None:
             raw = {key: raw[source] for key, source in self.select.items() if source in raw}
         self.placed_on = placement(list(raw.values()))

@@ -82,13 +82,24 @@ def _subclassed_input_specs(model) -> list[InputSpec]:
 _AUTO_NAME = re.compile(r"^(keras_tensor|args)_\d+$")
 
 
-def output_keys(model, outputs) -> list[str]:
-    """Output keys for the structure `outputs` that the model returned."""
+def output_keys(model, outputs, names: list[str] | None = None) -> list[str]:
+    """Output keys for the structure `outputs` that the model returned; `names` (--output-names) name the
+    outputs of a model that returns a tensor, list or tuple, in order."""
     import keras
 
     if isinstance(outputs, dict):
+        if names:
+            raise UsageError(f"--output-names: the model returns a dict, whose keys already name its outputs "
+                             f"({', '.join(sorted(outputs))})",
+                             "drop --output-names (or output_names in exportkit.toml)")
         return sorted(outputs)
     flat = keras.tree.flatten(outputs)
+    if names:
+        if len(names) != len(flat):
+            raise UsageError(f"--output-names gives {len(names)} name(s) ({', '.join(names)}) but the model returns "
+                             f"{len(flat)} output(s)", f"pass exactly {len(flat)} comma-separated names, in the order "
+                                                       f"the model returns them")
+        return list(names)
     names = list(getattr(model, "output_names", None) or []) if is_functional(model) else []
     if len(names) == len(flat) and len(set(names)) == len(names) and not any(_AUTO_NAME.match(n) for n in names):
         return names
@@ -112,7 +123,7 @@ def flat_outputs(outputs, keys: list[str]) -> list:
     return [outputs[k] for k in keys] if isinstance(outputs, dict) else keras.tree.flatten(outputs)
 
 
-def keyed_outputs(model, raw) -> dict:
-    """{output key: tensor} for what `model` returned."""
-    keys = output_keys(model, raw)
+def keyed_outputs(model, raw, names: list[str] | None = None) -> dict:
+    """{output key: tensor} for what `model` returned (`names`: see output_keys)."""
+    keys = output_keys(model, raw, names)
     return dict(zip(keys, flat_outputs(raw, keys)))

@@ -350,7 +350,8 @@ def verify_command(options: VerifyOptions) -> int:
             _save(o.save_inputs, "inputs" if len(checks) == 1 else f"inputs.{c.name}", [b for _, b in c.batches])
 
     # Subprocess runtimes first: they import TensorFlow while we work here.
-    runtimes_ = _build_runtimes(o, names, devices, version_dir, checks[0], trained_check, trained)
+    runtimes_ = _build_runtimes(o, names, devices, version_dir, checks[0], trained_check, trained,
+                                (manifest or {}).get("output_names"))
     runtimes_ += versioned_sessions(versioned, version_dir, checks[0].name)
     outputs: dict[str, dict[str, list]] = {c.name: {} for c in checks}
     results: dict[str, list[RuntimeResult]] = {c.name: [] for c in checks}
@@ -490,7 +491,8 @@ def _baseline_findings(o: VerifyOptions, signatures: dict, selected: list[str]) 
 
 
 def _build_runtimes(o: VerifyOptions, names, devices, version_dir, first: SignatureCheck,
-                    trained_check: SignatureCheck | None = None, trained=None) -> list[_Labeled]:
+                    trained_check: SignatureCheck | None = None, trained=None,
+                    output_names: list[str] | None = None) -> list[_Labeled]:
     """Every runtime once; each is pointed at one signature after the other (one worker, one server, one load)."""
     from exportkit.runtimes.local import GoldenRuntime, KerasRuntime, SavedModelRuntime
 
@@ -524,7 +526,8 @@ def _build_runtimes(o: VerifyOptions, names, devices, version_dir, first: Signat
         built[0].runtime.signature_name = trained_check.name
     if "keras" in names:
         for dev in devices:
-            built.append(_Labeled(KerasRuntime(o.against, first.output_dtypes, device=dev), label("keras", dev)))
+            built.append(_Labeled(KerasRuntime(o.against, first.output_dtypes, device=dev, output_names=output_names),
+                                  label("keras", dev)))
     if "saved_model" in names:
         for dev in devices:
             built.append(_Labeled(SavedModelRuntime(str(version_dir), first.name, {s.key: s.dtype for s in first.specs},
