@@ -113,9 +113,9 @@ def generate_batches(specs: list[InputSpec], samples: int, seed: int, int_range:
       so adding or reordering inputs does not change the values of the others.
     """
     if samples < 1:
-        raise UsageError(f"--samples must be >= 1, got {samples}")
+        raise UsageError(f"--samples must be >= 1, got {samples}", "pass --samples 8 (for example)")
     if unknown_dim < 1:
-        raise UsageError(f"unknown_dim must be >= 1, got {unknown_dim}")
+        raise UsageError(f"unknown_dim must be >= 1, got {unknown_dim}", "pass a positive size")
     sizes = [1] if samples == 1 else [1, samples]
     if specs and not any(_has_dynamic_batch(s) for s in specs):
         sizes = [1]
@@ -154,6 +154,10 @@ def _restore_void(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
+_FIX_DTYPE = "store each input with the signature's dtype (`exportkit inspect PATH` lists them)"
+_FIX_SHAPE = "store each input with the signature's shape (`exportkit inspect PATH` lists them; -1 = any size)"
+
+
 def cast_input(key: str, value: Any, spec: InputSpec, where: str = "") -> np.ndarray:
     """Convert one loaded value to the spec's dtype, refusing lossy casts; check rank and fixed dims."""
     at = f" in {where}" if where else ""
@@ -162,42 +166,46 @@ def cast_input(key: str, value: Any, spec: InputSpec, where: str = "") -> np.nda
         if arr is None:
             arr = np.asarray(value, dtype=object)
         if arr.dtype.kind not in "SUO":
-            raise UsageError(f"input {key!r}{at} must hold strings, got {arr.dtype.name} values")
+            raise UsageError(f"input {key!r}{at} must hold strings, got {arr.dtype.name} values", _FIX_DTYPE)
         try:
             arr = _decode_strings(arr)
         except TypeError as e:
-            raise UsageError(f"input {key!r}{at} must hold strings, found a {e} value") from None
+            raise UsageError(f"input {key!r}{at} must hold strings, found a {e} value", _FIX_DTYPE) from None
     else:
         dt = numpy_dtype(spec.dtype)
         if arr is None:
             try:
                 arr = np.asarray(value)
             except ValueError as e:  # ragged nested lists
-                raise UsageError(f"input {key!r}{at} is not a rectangular array: {e}") from None
+                raise UsageError(f"input {key!r}{at} is not a rectangular array: {e}",
+                                 "give every row the same length (pad it)") from None
         arr = _restore_void(arr)
         if arr.dtype.kind in "SUO":
-            raise UsageError(f"input {key!r}{at} must be {spec.dtype}, got strings/objects")
+            raise UsageError(f"input {key!r}{at} must be {spec.dtype}, got strings/objects", _FIX_DTYPE)
         src_kind = "f" if (arr.dtype.kind == "V") else arr.dtype.kind
         if dt.kind in "iub" and src_kind in "fc":
             with np.errstate(invalid="ignore"):
                 if not np.all(np.isfinite(arr)) or not np.all(np.asarray(arr, np.float64) == np.round(np.asarray(arr, np.float64))):
-                    raise UsageError(f"input {key!r}{at} must be {spec.dtype}, got non-integer values")
+                    raise UsageError(f"input {key!r}{at} must be {spec.dtype}, got non-integer values",
+                                     f"store whole numbers (e.g. np.round(x).astype('{spec.dtype}')); exportkit never "
+                                     f"rounds inputs for you")
         if dt.kind in "iu" and arr.size and src_kind in "iufb":
             info = np.iinfo(dt)
             lo, hi = np.min(arr), np.max(arr)
             if lo < info.min or hi > info.max:
-                raise UsageError(f"input {key!r}{at}: values {lo}..{hi} do not fit {spec.dtype}")
+                raise UsageError(f"input {key!r}{at}: values {lo}..{hi} do not fit {spec.dtype}",
+                                 f"keep the values within [{info.min}, {info.max}]")
         if dt.kind == "b" and src_kind in "iuf" and arr.size and not np.all((arr == 0) | (arr == 1)):
-            raise UsageError(f"input {key!r}{at} must be bool (0/1, true/false)")
+            raise UsageError(f"input {key!r}{at} must be bool (0/1, true/false)", _FIX_DTYPE)
         arr = _contig(arr.astype(dt))
     if spec.shape is not None:
         if arr.ndim != len(spec.shape):
             raise UsageError(f"input {key!r}{at} has shape {tuple(arr.shape)}, expected rank {len(spec.shape)} "
-                             f"(signature shape {_fmt_shape(spec.shape)})")
+                             f"(signature shape {_fmt_shape(spec.shape)})", _FIX_SHAPE)
         for i, (got, want) in enumerate(zip(arr.shape, spec.shape)):
             if want is not None and want >= 0 and got != want:
                 raise UsageError(f"input {key!r}{at} has shape {tuple(arr.shape)}; dim {i} must be {want} "
-                                 f"(signature shape {_fmt_shape(spec.shape)})")
+                                 f"(signature shape {_fmt_shape(spec.shape)})", _FIX_SHAPE)
     return arr
 
 
@@ -223,7 +231,8 @@ def _check_batch_dims(batch: dict[str, np.ndarray], specs: list[InputSpec], wher
              if s.shape is not None and len(s.shape) >= 1 and batch[s.key].ndim >= 1}
     if len(set(sizes.values())) > 1:
         raise UsageError(f"{where}: inputs disagree on the batch size (leading dim): "
-                         + ", ".join(f"{k}={v}" for k, v in sizes.items()))
+                         + ", ".join(f"{k}={v}" for k, v in sizes.items()),
+                         "give every input the same number of rows (the first dimension)")
 
 
 def _json_value(v: Any) -> Any:
@@ -260,13 +269,14 @@ def load_inputs(path: str | os.PathLike, specs: list[InputSpec]) -> list[dict[st
         try:
             doc = json.loads(p.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
-            raise UsageError(f"{p} is not valid JSON: {e}") from None
+            raise UsageError(f"{p} is not valid JSON: {e}", "fix the file (json.dump of {\"key\": nested list})") from None
         if isinstance(doc, dict) and set(doc) == {"inputs"} and "inputs" not in by_key and isinstance(doc["inputs"], dict):
             doc = doc["inputs"]
         if isinstance(doc, dict):
             doc = [doc]
         if not isinstance(doc, list) or not doc or not all(isinstance(d, dict) for d in doc):
-            raise UsageError(f"{p}: expected an object {{\"input_key\": nested list}} or a non-empty list of them")
+            raise UsageError(f"{p}: expected an object {{\"input_key\": nested list}} or a non-empty list of them",
+                             "write one object per batch, keyed by the signature's input names")
         raw = [{k: _json_value(v) for k, v in d.items()} for d in doc]
     else:
         raise UsageError(f"unsupported inputs file {p.name!r}", "use .npz (keyed by input name) or .json")
@@ -371,7 +381,8 @@ def load_batches(dir: str | os.PathLike, prefix: str = "") -> list[dict[str, np.
     pat = re.compile(re.escape(f"{prefix}_batch_" if prefix else "batch_") + r"(\d+)\.npz")
     found = sorted((int(m.group(1)), f) for f in (d.iterdir() if d.is_dir() else []) if (m := pat.fullmatch(f.name)))
     if not found:
-        raise UsageError(f"no {_batch_name(prefix, 0).replace('0', '<i>')} files in {d}")
+        raise UsageError(f"no {_batch_name(prefix, 0).replace('0', '<i>')} files in {d}",
+                         "pass the directory --save-inputs/--save-outputs wrote")
     batches = []
     for _, f in found:
         with np.load(f, allow_pickle=False) as z:

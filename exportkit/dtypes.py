@@ -67,8 +67,8 @@ def numpy_dtype(name: str) -> np.dtype | None:
         try:
             return np.dtype(getattr(ml_dtypes, name))
         except AttributeError:
-            raise UsageError(f"unknown dtype {name!r}") from None
+            raise UsageError(f"unknown dtype {name!r}", "use a numpy/TensorFlow dtype name such as float32, int64 or string") from None
     try:
         return np.dtype(name)
     except TypeError:
-        raise UsageError(f"unknown dtype {name!r}") from None
+        raise UsageError(f"unknown dtype {name!r}", "use a numpy/TensorFlow dtype name such as float32, int64 or string") from None

@@ -11,6 +11,7 @@ import contextlib
 import importlib
 import importlib.machinery
 import importlib.util
+import os
 import re
 import sys
 import threading
@@ -131,6 +132,37 @@ def read_saved_model_proto(path: str | Path):
 
 
 # ------------------------------------------------------------------------------------------- directories
+def path_problem(path: str | Path) -> str | None:
+    """Why `path` exists as a name but cannot be used as a file or directory (a symlink loop or dangling link, a
+    FIFO, a socket, a device, no permission); None when it is usable or simply absent."""
+    import errno
+    import stat
+
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"{path} is a dangling symlink (to {os.readlink(path)})"
+        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return f"{path} is a symlink loop (it points back to itself)"
+        return f"{path} cannot be read: {err.strerror or err}"
+    for test, what in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(st.st_mode):
+            return f"{path} is {what}, not a regular file or directory"
+    return None
+
+
+def check_path(path: str | Path, fix: str) -> None:
+    """UsageError naming what is wrong with a path that exists but cannot be used (see `path_problem`)."""
+    problem = path_problem(path)
+    if problem:
+        raise UsageError(problem, fix)
+
+
 def _has_saved_model(directory: Path) -> bool:
     return (directory / SAVED_MODEL_PB).is_file() or (directory / SAVED_MODEL_PBTXT).is_file()
 
@@ -156,6 +188,7 @@ def resolve_savedmodel_dir(path: str | Path) -> Path:
     Serving, to its highest integer-named subdirectory that holds saved_model.pb. Anything else is a UsageError.
     """
     p = Path(path).expanduser()
+    check_path(p, "pass a SavedModel version or base directory")
     if not p.exists():
         raise UsageError(f"no such file or directory: {p}", "check the path (a SavedModel version or base directory)")
     if p.is_file():
@@ -268,8 +301,10 @@ INIT_OP_SIGNATURE = "__saved_model_init_op"  # TF's table/asset initializer: not
 
 
 def signature_names(meta_graph, include_internal: bool = False) -> list[str]:
-    """Sorted signature keys; `__saved_model_init_op` only with `include_internal`."""
-    return sorted(n for n in meta_graph.signature_def if include_internal or n != INIT_OP_SIGNATURE)
+    """Sorted signature keys; `__saved_model_init_op` only with `include_internal`. `meta_graph` may also be any
+    collection of signature names (a loaded model's signature map)."""
+    names = meta_graph.signature_def if hasattr(meta_graph, "signature_def") else meta_graph
+    return sorted(n for n in names if include_internal or n != INIT_OP_SIGNATURE)
 
 
 def signatures_of(meta_graph, include_internal: bool = False) -> dict:

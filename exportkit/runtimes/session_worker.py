@@ -30,6 +30,7 @@ def main() -> int:
     from exportkit.tfenv import import_tf
 
     tf = import_tf()
+    from exportkit.savedmodel import signature_names
     from exportkit.tf1_loader import Tf1SavedModel
     from exportkit.batches import load_batches, save_batches
 
@@ -45,7 +46,8 @@ def main() -> int:
                 model = Tf1SavedModel(request["path"], device=request.get("device"))
                 if signature not in model.signatures:
                     _reply(channel, ok=False, kind="model",
-                           message=f"no signature {signature!r} (available: {', '.join(sorted(model.signatures))})")
+                           message=f"no signature {signature!r} (available: "
+                                   f"{', '.join(signature_names(model.signatures)) or 'none'})")
                     continue
                 _reply(channel, ok=True)
             elif request["op"] == "run":

@@ -1,7 +1,7 @@
 """`exportkit inspect SRC` for a model source: inputs, outputs, dtype policy and the custom objects it needs."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from exportkit.errors import EXIT_OK, EXIT_USAGE, UsageError
@@ -22,10 +22,12 @@ class SourceDescription:
     load_error: str | None = None
     findings: list[Finding] = field(default_factory=list)  # custom-object contracts (exportkit.sources.contracts)
     exit_code: int = EXIT_OK
+    error: UsageError | None = field(default=None, repr=False)  # why loading failed: the caller reports it on stderr
 
     def to_dict(self) -> dict:
-        data = asdict(self)
+        data = asdict(replace(self, error=None))
         data.pop("exit_code")
+        data.pop("error")
         return data
 
     def render_text(self) -> str:
@@ -46,8 +48,6 @@ class SourceDescription:
         if self.findings:
             lines.append("findings:")
             lines += [f"  {f.severity:<7}  {f.code}  {f.message}" for f in self.findings]
-        if self.load_error:
-            lines.append(f"error: {self.load_error}")
         return "\n".join(lines)
 
 
@@ -69,6 +69,7 @@ def describe_source(options: SourceOptions, allow_incomplete_config: bool = Fals
     except UsageError as err:
         description.load_error = str(err)
         description.exit_code = EXIT_USAGE
+        description.error = err
         return description
     description.sha256, description.policy = loaded.sha256, loaded.policy
     description.parameters = int(loaded.model.count_params())

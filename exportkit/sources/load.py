@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exportkit.errors import UsageError
+from exportkit.savedmodel import check_path
 from exportkit.spec import SourceOptions
 from exportkit.tfenv import dtype_policy, import_tf
 
@@ -38,6 +39,7 @@ class LoadedModel:
 
 def detect_format(src: str, explicit: str | None = None) -> str:
     path = Path(src)
+    check_path(path, "pass a regular .h5/.keras file or a checkpoint directory")
     if explicit:
         if explicit not in FORMATS:
             raise UsageError(f"unknown --format {explicit!r}", f"use one of: {', '.join(FORMATS)}")
@@ -299,6 +301,10 @@ def _load_file(path: Path, fmt: str, custom: dict, unsafe: bool):
         raise
     except Exception as err:  # Keras raises TypeError/ValueError/AttributeError: find out why, then say it clearly
         config = _read_config(path, fmt)
+        damaged = _damaged_file(path, fmt)
+        if damaged:  # Keras calls an empty or truncated archive "File not found"
+            raise UsageError(damaged, "the copy is incomplete or damaged: copy or download the model file again, "
+                                      "or save it again with model.save(...)") from err
         if config is None:
             raise UsageError(f"{path} is not a Keras {fmt} model file ({type(err).__name__}: {err})",
                              "pass a model saved with model.save(...) (.keras or .h5)") from err
@@ -311,6 +317,16 @@ def _load_file(path: Path, fmt: str, custom: dict, unsafe: bool):
                              "pass --unsafe if you trust this file") from err
         raise UsageError(f"could not load {path}: {type(err).__name__}: {text.splitlines()[0] if text else ''}",
                          "check the file and its custom objects; --debug shows the traceback") from err
+
+
+def _damaged_file(path: Path, fmt: str) -> str | None:
+    """Why a model file is unreadable as a whole (empty, or a .keras that is not a complete zip), else None."""
+    size = path.stat().st_size
+    if size == 0:
+        return f"{path} is empty (0 bytes)"
+    if fmt == "keras" and not zipfile.is_zipfile(path):
+        return f"{path} is not a complete .keras archive ({size} bytes, not a valid zip: truncated or another format)"
+    return None
 
 
 def _rebuild(opts: SourceOptions, custom: dict):
@@ -364,9 +380,25 @@ def _checkpoint_prefix(src: str) -> str:
                      "pass the checkpoint prefix itself, e.g. ckpt/ckpt-3")
 
 
+def _check_shards(prefix: str) -> None:
+    """A checkpoint is `<prefix>.index` plus every `<prefix>.data-NNNNN-of-MMMMM`: a missing shard is an incomplete
+    copy, not a misfit between checkpoint and architecture."""
+    parent, name = Path(prefix).parent, Path(prefix).name
+    shards = [p.name for p in parent.glob(f"{name}.data-*-of-*")]
+    totals = {int(m.group(2)) for s in shards if (m := re.fullmatch(re.escape(name) + r"\.data-(\d+)-of-(\d+)", s))}
+    total = max(totals) if totals else 1
+    expected = [f"{name}.data-{i:05d}-of-{total:05d}" for i in range(total)]
+    missing = [s for s in expected if s not in shards]
+    if missing:
+        raise UsageError(f"checkpoint {prefix} is incomplete: data shard(s) {', '.join(missing[:4])}"
+                         f"{' and more' if len(missing) > 4 else ''} missing in {parent}",
+                         "copy the whole checkpoint: the .index file and every .data-NNNNN-of-MMMMM file")
+
+
 def _restore_checkpoint(model, src: str) -> None:
     tf = import_tf()
     prefix = _checkpoint_prefix(src)
+    _check_shards(prefix)
     try:
         status = tf.train.Checkpoint(model=model).restore(prefix)
         status.assert_existing_objects_matched()
@@ -408,6 +440,7 @@ def load_source(opts: SourceOptions) -> LoadedModel:
         custom = import_custom_objects(opts.custom_objects)
         if fmt in ("h5", "keras"):
             path = Path(opts.src)
+            check_path(path, "pass a regular .h5/.keras file")
             if not path.is_file():
                 raise UsageError(f"{opts.src} does not exist", "check the path of the model to export")
             with weights_must_restore(f"loading {path.name}"):
