@@ -189,4 +189,6 @@ def sources(tf, tmp_path_factory) -> Path:
     tf.train.Checkpoint(model=model).save(str(root / "ckpt" / "ckpt"))  # ckpt/ckpt-1.*, ckpt/checkpoint
     x = keras.Input((3,), name="x")
     keras.Model(x, keras.layers.Dense(2, name="y")(x)).save(str(root / "small.keras"))
+    doubled = keras.layers.Lambda(lambda t: t * 2.0, name="double")(x)  # refused in safe mode
+    keras.Model(x, doubled).save(str(root / "lambda.keras"))
     return root

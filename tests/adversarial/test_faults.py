@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import run_cli
+from conftest import invoke
 
 
 def _standin(tmp_path, body: str):
@@ -21,7 +21,7 @@ def _standin(tmp_path, body: str):
 def test_killed_server_is_infrastructure_and_its_log_shows_in_the_text_report(third_party, tmp_path):
     exe = _standin(tmp_path, "#!/bin/sh\necho \"Op type not registered 'Foo' in binary running on standin\" >&2\n"
                              "kill -9 $$\n")
-    proc = run_cli("verify", third_party["plain"], "--serving", "binary", "--model-server-bin", exe,
+    proc = invoke("verify", third_party["plain"], "--serving", "binary", "--model-server-bin", exe,
                    "--runtimes", "saved_model,serving", "--json", tmp_path / "r.json")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "SIGKILL" in proc.stderr and "fix:" in proc.stderr
@@ -37,7 +37,7 @@ def test_killed_server_is_infrastructure_and_its_log_shows_in_the_text_report(th
 def test_server_exiting_with_a_code_shows_its_log_tail_in_the_text_report(third_party, tmp_path):
     exe = _standin(tmp_path, "#!/bin/sh\necho 'loading...' >&2\n"
                              "echo \"Op type not registered 'Bar' in binary running on standin\" >&2\nexit 255\n")
-    proc = run_cli("verify", third_party["plain"], "--serving", "binary", "--model-server-bin", exe,
+    proc = invoke("verify", third_party["plain"], "--serving", "binary", "--model-server-bin", exe,
                    "--runtimes", "saved_model,serving")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     table_row = next(line for line in proc.stdout.splitlines() if line.startswith("serving"))
@@ -51,7 +51,7 @@ def test_nothing_listening_fails_fast_and_still_prints_the_table(third_party, tm
 
     address = f"127.0.0.1:{free_port()}"
     began = time.monotonic()
-    proc = run_cli("verify", third_party["plain"], "--serving", address, "--model-name", "plain",
+    proc = invoke("verify", third_party["plain"], "--serving", address, "--model-name", "plain",
                    "--runtimes", "saved_model,serving")
     elapsed = time.monotonic() - began
     assert proc.returncode == 3, proc.stdout + proc.stderr

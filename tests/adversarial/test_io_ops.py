@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import invoke, run_cli
+from conftest import invoke
 
 IO_CASES = ["write_file", "write_in_cond", "read_file", "print", "matching_files", "tfrecord_dataset", "save_v2"]
 
@@ -62,7 +62,7 @@ def test_verify_refuses_before_anything_runs(io_models, tmp_path, name):
         past = time.time() - 3600
         os.utime(touched, (past - 3600, past))
     before = touched.stat().st_atime if touched.exists() else None
-    proc = run_cli("verify", base, "--serving", "binary", "--model-server-bin", exe, "--json", tmp_path / "r.json")
+    proc = invoke("verify", base, "--serving", "binary", "--model-server-bin", exe, "--json", tmp_path / "r.json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "--allow-io-ops" in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr
     report = json.loads((tmp_path / "r.json").read_text())
@@ -81,7 +81,7 @@ def test_verify_refuses_before_anything_runs(io_models, tmp_path, name):
 def test_allow_io_ops_runs_it_and_keeps_a_warning(io_models, tmp_path):
     base, _, written = io_models["write_file"]
     try:
-        proc = run_cli("verify", base, "--allow-io-ops", "--serving", "none", "--runtimes", "saved_model",
+        proc = invoke("verify", base, "--allow-io-ops", "--serving", "none", "--runtimes", "saved_model",
                        "--json", tmp_path / "r.json")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         finding = next(f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "io-op")

@@ -4,9 +4,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -27,7 +24,7 @@ def test_empty_and_truncated_keras_files_are_not_called_missing(sources, tmp_pat
     data = (sources / "small.keras").read_bytes()
     (tmp_path / "cut.keras").write_bytes(data[: len(data) // 2])
     for name, needle in (("empty.keras", "is empty"), ("cut.keras", "not a complete .keras archive")):
-        err = _clean_error(invoke("export", tmp_path / name, "-o", tmp_path / "out"), 2, needle)
+        err = _clean_error(invoke("export", tmp_path / name, "-o", tmp_path / "out", "--no-verify"), 2, needle)
         assert "File not found" not in err
     assert not (tmp_path / "out").exists()
 
@@ -48,19 +45,13 @@ def test_missing_data_shard_is_an_incomplete_checkpoint_not_a_misfit(sources, tm
     for shard in ckpt.glob("*.data-*"):
         shard.unlink()
     err = _clean_error(invoke("export", ckpt, "--builder", "nets:build_two_heads", "--python-path", sources,
-                              "--input-spec", "x:-1,3:float32", "-o", tmp_path / "out"), 2, "incomplete", ".data-00000-of-00001")
+                              "--input-spec", "x:-1,3:float32", "-o", tmp_path / "out", "--no-verify"), 2, "incomplete",
+                       ".data-00000-of-00001")
     assert "architecture" not in err and "builder" not in err.split("fix:")[1]
 
 
-def test_inspect_of_a_source_needing_unsafe_reports_on_stderr(tmp_path):
-    script = textwrap.dedent(f"""
-        import keras
-        x = keras.Input((3,), name="x")
-        y = keras.layers.Lambda(lambda t: t * 2.0, name="double")(x)
-        keras.Model(x, y).save({str(tmp_path / 'lambda.keras')!r})
-    """)
-    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=120)
-    proc = invoke("inspect", tmp_path / "lambda.keras")
+def test_inspect_of_a_source_needing_unsafe_reports_on_stderr(sources):
+    proc = invoke("inspect", sources / "lambda.keras")
     err = _clean_error(proc, 2, "Lambda", "--unsafe")
     assert err.startswith("error: ") and "error" not in proc.stdout
 

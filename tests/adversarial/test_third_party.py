@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import invoke
 
 
 @pytest.mark.slow
 def test_plain_module_without_warmup_passes_with_an_info(third_party, tmp_path):
-    proc = run_cli("verify", third_party["plain"], "--serving", "embedded", "--runtimes", "saved_model,serving",
+    proc = invoke("verify", third_party["plain"], "--serving", "embedded", "--runtimes", "saved_model,serving",
                    "--json", tmp_path / "r.json")
     report = json.loads((tmp_path / "r.json").read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -21,7 +21,7 @@ def test_plain_module_without_warmup_passes_with_an_info(third_party, tmp_path):
 
 @pytest.mark.slow
 def test_classify_regress_multi_inference_records_are_reported_not_replayed(third_party, tmp_path):
-    proc = run_cli("verify", third_party["mixed_warmup"], "--serving", "embedded", "--runtimes", "saved_model,serving",
+    proc = invoke("verify", third_party["mixed_warmup"], "--serving", "embedded", "--runtimes", "saved_model,serving",
                    "--json", tmp_path / "r.json")
     report = json.loads((tmp_path / "r.json").read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr  # the embedded server loaded it, as TF Serving would
