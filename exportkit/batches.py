@@ -269,7 +269,8 @@ def load_inputs(path: str | os.PathLike, specs: list[InputSpec]) -> list[dict[st
         try:
             doc = json.loads(p.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
-            raise UsageError(f"{p} is not valid JSON: {e}", "fix the file (json.dump of {\"key\": nested list})") from None
+            raise UsageError(f"{p} is not valid JSON: {e}",
+                             "fix the file (json.dump of {\"key\": nested list})") from None
         if isinstance(doc, dict) and set(doc) == {"inputs"} and "inputs" not in by_key and isinstance(doc["inputs"], dict):
             doc = doc["inputs"]
         if isinstance(doc, dict):

@@ -142,7 +142,8 @@ def io_models(tf, tmp_path_factory) -> dict[str, tuple[Path, str, Path]]:
 
     cases = {"write_file": (write_file, "WriteFile", written), "write_in_cond": (write_in_cond, "WriteFile", written),
              "read_file": (read_file, "ReadFile", secret), "print": (print_op, "PrintV2", None),
-             "matching_files": (matching, "MatchingFiles", None), "tfrecord_dataset": (tfrecord, "TFRecordDataset", record),
+             "matching_files": (matching, "MatchingFiles", None),
+             "tfrecord_dataset": (tfrecord, "TFRecordDataset", record),
              "save_v2": (save_v2, "SaveV2", saved)}
     return {name: (build(name, body), op, path) for name, (body, op, path) in cases.items()}
 
