@@ -113,9 +113,8 @@ def _disk_problem(err: BaseException, codes: dict | None = None) -> str | None:
     return None
 
 
-def _make_base(base: Path) -> bool:
-    """Create `base` (mode per umask) if needed and check it is writable; True if this call created it."""
-    created = not base.exists()
+def _make_base(base: Path) -> None:
+    """Create `base` (mode per umask) if needed and check it is writable."""
     try:
         base.mkdir(parents=True, exist_ok=True)
         if not os.access(base, os.W_OK | os.X_OK):
@@ -124,7 +123,6 @@ def _make_base(base: Path) -> bool:
         reason = _disk_problem(err) or (err.strerror or str(err)).lower()
         raise UsageError(f"cannot write to {base}: {reason}",
                          "pass -o a directory you can write to (nothing was loaded or written)") from None
-    return created
 
 
 @contextlib.contextmanager
@@ -139,9 +137,9 @@ def staged_version_dir(base: Path, version: int | None = None, notice: Callable[
     """
     notice = notice or (lambda line: print(line, file=sys.stderr, flush=True))
     staging: Path | None = None
-    created_base = False
+    created_base = not base.exists()  # decided before anything is created, so an interrupt cannot lose track
     try:
-        created_base = _make_base(base)
+        _make_base(base)
         with _locked(base):
             chosen = choose_version(base, version, _reservations(base, notice))
             staging = base / f"{STAGING_PREFIX}{chosen}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -167,9 +165,10 @@ def staged_version_dir(base: Path, version: int | None = None, notice: Callable[
                 pass
         problem = _disk_problem(err) if isinstance(err, Exception) and not isinstance(err, UsageError) else None
         if problem:
+            fix = ("free space on that file system (or pass -o elsewhere)" if "space" in problem or "quota" in problem
+                   else "pass -o a directory you can write to")
             raise InfraError(f"writing the version into {base} failed: {problem}",
-                             "free space on that file system (or pass -o elsewhere) and export again; nothing was "
-                             "left in the base directory") from err
+                             f"{fix} and export again; nothing was left in the base directory") from err
         raise
 
 
