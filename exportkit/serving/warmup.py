@@ -212,8 +212,7 @@ def read_warmup_logs(path: str) -> list:
     """
     tf = import_tf()
     _, prediction_log_pb2 = _apis()
-    if os.path.isdir(path):
-        path = str(warmup_path(path))
+    path = os.fspath(warmup_path(path) if os.path.isdir(path) else path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no warm-up file {path}")
     logs = []
