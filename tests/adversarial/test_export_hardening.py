@@ -192,3 +192,18 @@ def test_disk_full_is_a_clear_infrastructure_error(sources, tmp_path):
     assert code == 3, err
     assert "no space left on device" in err and "fix:" in err and "unexpected" not in err
     assert left == [], "the export left something behind on the full disk"
+
+
+def test_default_base_directory(tmp_path):
+    from exportkit.spec import export_options, source_stem
+
+    assert [source_stem(s) for s in ("ckpt/", "m/ranker.keras", "w.weights.h5", "ckpt/ckpt-3", "old.h5")] == [
+        "ckpt", "ranker", "w", "ckpt-3", "old"]
+    (tmp_path / "ranker.keras").write_bytes(b"")
+    options = export_options(str(tmp_path / "ranker.keras"), None)
+    assert options.output == "export/ranker" and "source name" in options.output_origin
+    (tmp_path / "exportkit.toml").write_text('output = "../models/ranker"\n')
+    options = export_options(str(tmp_path / "ranker.keras"), None)
+    assert options.output == str((tmp_path.parent / "models" / "ranker").resolve())
+    assert "exportkit.toml" in options.output_origin
+    assert export_options(str(tmp_path / "ranker.keras"), "elsewhere").output_origin is None  # -o wins, nothing said
