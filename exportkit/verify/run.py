@@ -318,8 +318,8 @@ def verify_command(options: VerifyOptions) -> int:
         report.inputs = {"source": "none (not run)"}
         maybe_reference = o.reference or (manifest or {}).get("reference") or o.against
         for name in names:
-            if name == "trained" and not maybe_reference:
-                continue  # no training-time reference to look for (it is dropped the same way below)
+            if (name == "trained" and not maybe_reference) or (name == "golden" and manifest is None):
+                continue  # nothing recorded to look for (dropped the same way below)
             report.runtimes.append(RuntimeResult(name=name, kind=_KINDS[name], status="skipped",
                                                  error="not run: the graph reaches I/O ops (see findings)"))
         _finish(report, o.json_out, o.junit)

@@ -70,8 +70,15 @@ def _warmup_logs(tf, kinds: list[str]) -> list[bytes]:
 
 
 @pytest.fixture(scope="session")
+def warmup_logs(tf):
+    """warmup_logs([kind, ...]) -> serialized PredictionLog records of those kinds."""
+    return lambda kinds: _warmup_logs(tf, kinds)
+
+
+@pytest.fixture(scope="session")
 def third_party(tf, tmp_path_factory) -> dict[str, Path]:
-    """Base directories: `plain` (no warm-up file), `mixed_warmup` (predict + classify/regress/multi_inference)."""
+    """Base directories: `plain` (no warm-up file), `mixed_warmup` (predict + multi_inference records, which
+    TF Serving replays but exportkit does not yet)."""
     root = tmp_path_factory.mktemp("third_party")
     out = {}
     module = _plain_module(tf)
@@ -81,7 +88,7 @@ def third_party(tf, tmp_path_factory) -> dict[str, Path]:
     extra = out["mixed_warmup"] / "1" / "assets.extra"
     extra.mkdir()
     with tf.io.TFRecordWriter(str(extra / "tf_serving_warmup_requests")) as writer:
-        for record in _warmup_logs(tf, ["predict", "classify", "regress", "multi_inference", "classify"]):
+        for record in _warmup_logs(tf, ["predict", "multi_inference", "multi_inference"]):
             writer.write(record)
     return out
 
