@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, invoke, run_cli
+from conftest import invoke, run_cli
 
 pytestmark = pytest.mark.compat
 VERSIONS = ("2.12", "2.21")

@@ -626,19 +626,6 @@ def _serving_checks(runtimes_, signatures, selected, version_dir, results, repor
             infra.append(err)
 
 
-def _close_all(runtimes_) -> None:
-    """Close every runtime at once: worker and server shutdowns overlap instead of adding up."""
-
-    def close(item):
-        try:
-            item.runtime.close()
-        except Exception:  # closing must never hide the verdict
-            pass
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(runtimes_))) as pool:
-        list(pool.map(close, runtimes_))
-
-
 def _compare_all(report: VerifyReport, outputs: dict[str, list], batches, tolerance, devices) -> None:
     """Per batch, the reference is the first runtime in RUNTIME_NAMES that has outputs for it."""
     labels = [r.name for r in report.runtimes if r.name in outputs]
