@@ -1,14 +1,15 @@
 """The `serving` runtime: the model as clients see it, over TF Serving's gRPC API (binary, remote or embedded).
 
 Beyond computing outputs it gives what only a server shows: the served signatures (GetModelMetadata), and the
-warm-up records replayed through Predict.
+warm-up records replayed through their APIs; and the same server over REST (RestRuntime).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from exportkit.errors import CheckFailed, InfraError
 from exportkit.runtimes import Runtime
-from exportkit.savedmodel import DEFAULT_SIGNATURE
+from exportkit.savedmodel import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
 
 
 class ServingRuntime(Runtime):
@@ -20,8 +21,16 @@ class ServingRuntime(Runtime):
     def __init__(self, path: str | None, mode: str = "auto", *, model_name: str | None = None,
                  model_version: int | None = None, signature_name: str = DEFAULT_SIGNATURE,
                  binary: str | None = None, device: str = "cpu", load_timeout: float = 120.0,
-                 timeout: float = 30.0):
-        """`mode`: auto | binary | embedded | HOST:PORT (see serving.launcher.start)."""
+                 timeout: float = 30.0, signatures: dict | None = None, rest: bool = False):
+        """`mode`: auto | binary | embedded | HOST:PORT (see serving.launcher.start).
+
+        `signatures` ({name: savedmodel.signatures_of's form}) pick the API of the signature in use: Classify or
+        Regress for signatures with
+        those method names (as clients of Estimator/TFX exports call them), Predict otherwise. `rest`: the launched
+        server also serves the REST API (for a RestRuntime on top of this one).
+        """
+        self.rest = rest
+        self.signatures = signatures or {}
         self.path = path
         self.mode = mode
         self.model_name = model_name
@@ -45,7 +54,8 @@ class ServingRuntime(Runtime):
 
         if self._pending is None and self._handle is None:
             self._pending = start(self.mode, self.path, model_name=self.model_name, model_version=self.model_version,
-                                  binary=self.binary, device=self._device, load_timeout=self.load_timeout)
+                                  binary=self.binary, device=self._device, load_timeout=self.load_timeout,
+                                  rest=self.rest)
 
     def load(self) -> None:
         """Wait for a server with the model AVAILABLE (CheckFailed if it fails to load, InfraError if no server)."""
@@ -56,7 +66,7 @@ class ServingRuntime(Runtime):
         self.start()
         pending, self._pending = self._pending, None
         self._handle = pending.wait()
-        self.server = dict(self._handle.description)
+        self.server = dict(self._handle.description, api=self.api)
         try:
             self._client = ServingClient(self._handle.address, self._handle.model_name, self._handle.model_version,
                                          self.signature_name, timeout=self.timeout)
@@ -64,6 +74,19 @@ class ServingRuntime(Runtime):
             self.close()
             raise
         self.loaded = True
+
+    def use_signature(self, name: str, input_dtypes: dict[str, str]) -> None:
+        super().use_signature(name, input_dtypes)
+        if self.server is not None:  # a new dict: results already reported keep the API they were answered by
+            self.server = dict(self.server, api=self.api)
+
+    @property
+    def signature(self) -> dict:
+        return self.signatures.get(self.signature_name) or {}
+
+    @property
+    def api(self) -> str:
+        return {CLASSIFY_METHOD: "Classify", REGRESS_METHOD: "Regress"}.get(self.signature.get("method"), "Predict")
 
     def _raise(self, err, what: str):
         from exportkit.serving.client import as_exportkit_error
@@ -76,10 +99,18 @@ class ServingRuntime(Runtime):
 
         if self._client is None:
             raise RuntimeError("ServingRuntime.run() before load()")
+        api = self.api
         try:
+            if api == "Classify":
+                got = self._client.classify(inputs[next(iter(inputs))], self.signature_name)
+                return {k: got[k] for k in self.signature["outputs"] if k in got}
+            if api == "Regress":
+                values = self._client.regress(inputs[next(iter(inputs))], self.signature_name)
+                shape = self.signature["outputs"].get("outputs", {}).get("shape")
+                return {"outputs": values.reshape(-1, 1) if shape is not None and len(shape) == 2 else values}
             return self._client.predict(inputs, signature_name=self.signature_name)
         except ServingError as err:
-            self._raise(err, f"Predict(signature '{self.signature_name}')")
+            self._raise(err, f"{api}(signature '{self.signature_name}')")
 
     def close(self) -> None:
         self.loaded = False
@@ -108,13 +139,18 @@ class ServingRuntime(Runtime):
                 for name, sig in served.items()}
 
     def replay_warmup(self, path: str) -> list[str]:
-        """Send the warm-up records (file, or version dir's assets.extra file) through Predict; list failures.
+        """Send the warm-up records (file, or version dir's assets.extra file) through their APIs; list failures.
 
         Model name/version are set to the served ones, as TF Serving ignores them during its own warm-up.
         """
-        from exportkit.serving.client import ServingError
-        from exportkit.serving.warmup import as_predict_request, read_warmup_records
+        import os
 
+        from exportkit.layout import warmup_path
+        from exportkit.serving.client import ServingError
+        from exportkit.serving.warmup import read_warmup_records
+
+        if os.path.isdir(path) and not os.path.exists(warmup_path(path)):
+            return []  # no warm-up file: TF Serving loads the model without warm-up
         try:
             requests = read_warmup_records(path)
         except (ValueError, OSError) as err:
@@ -123,13 +159,80 @@ class ServingRuntime(Runtime):
             return [f"warm-up file unreadable: {type(err).__name__}: {err}"]
         problems = []
         for i, request in enumerate(requests):
-            request = as_predict_request(request)
-            request.model_spec.name = self._handle.model_name
-            if self._handle.model_version is not None:
-                request.model_spec.version.value = int(self._handle.model_version)
+            specs = [t.model_spec for t in request.tasks] if hasattr(request, "tasks") else [request.model_spec]
+            for spec in specs:
+                spec.name = self._handle.model_name
+                if self._handle.model_version is not None:
+                    spec.version.value = int(self._handle.model_version)
             try:
-                self._client.predict_request(request)
+                self._client.call(request)
             except ServingError as err:
-                problems.append(f"warm-up record {i}: {err.code}: {err.message}")
+                problems.append(f"warm-up record {i} ({type(request).__name__}): {err.code}: {err.message}")
         return problems
 
+
+class RestRuntime(Runtime):
+    """The same server over TF Serving's REST API (JSON), on top of a ServingRuntime that launched it.
+
+    Predict in the row format (`instances`, what most REST clients send), Classify/Regress with JSON Examples.
+    Outputs come back through JSON, so whatever JSON loses (see verify's rest-json findings) shows here.
+    """
+
+    name = "rest"
+    kind = "rest"
+
+    def __init__(self, grpc_runtime: ServingRuntime, owns: bool = False):
+        self.grpc = grpc_runtime
+        self.owns = owns  # --serving-protocol rest: the gRPC runtime only launches the server
+        self.device = grpc_runtime.device
+        self.server: dict | None = None
+        self._client = None
+
+    def start(self) -> None:
+        if self.owns:
+            self.grpc.start()
+
+    def use_signature(self, name: str, input_dtypes: dict[str, str]) -> None:
+        super().use_signature(name, input_dtypes)
+        self.grpc.use_signature(name, input_dtypes)
+        if self.server is not None:
+            self.server = dict(self.server, api=self.grpc.api)
+
+    def load(self) -> None:
+        from exportkit.serving.rest import RestClient
+
+        self.grpc.load()
+        handle = self.grpc._handle
+        if handle.rest_address is None:
+            raise CheckFailed(f"the {self.grpc.server['kind']} server at {handle.address} serves no REST API",
+                              "pass --serving-protocol grpc for a server without REST")
+        self.server = dict(self.grpc.server, address=handle.rest_address, protocol="REST")
+        self._client = RestClient(handle.rest_address, handle.model_name, handle.model_version,
+                                  self.grpc.signature_name, timeout=self.grpc.timeout)
+        self.loaded = True
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from exportkit.serving.client import ServingError
+
+        api, signature, name = self.grpc.api, self.grpc.signature, self.grpc.signature_name
+        try:
+            if api == "Classify":
+                got = self._client.classify(inputs[next(iter(inputs))], name)
+                return {k: got[k] for k in signature["outputs"] if k in got}
+            if api == "Regress":
+                values = self._client.regress(inputs[next(iter(inputs))], name)
+                shape = signature["outputs"].get("outputs", {}).get("shape")
+                return {"outputs": values.reshape(-1, 1) if shape is not None and len(shape) == 2 else values}
+            dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
+            return self._client.predict(inputs, dtypes, name)
+        except ServingError as err:
+            if err.code == "UNAVAILABLE":
+                raise InfraError(f"REST {api.lower()} at {self.server['address']} failed: {err.message}") from None
+            raise CheckFailed(f"REST :{api.lower()} (signature '{self.grpc.signature_name}') at "
+                              f"{self.server['address']} failed: {err.code}: {err.message}") from None
+
+    def close(self) -> None:
+        self.loaded = False
+        self._client = None
+        if self.owns:
+            self.grpc.close()
