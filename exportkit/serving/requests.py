@@ -20,14 +20,18 @@ from exportkit.savedmodel import CLASSIFY_METHOD, REGRESS_METHOD
 _VALUE_FIELDS = {"float32": "float_val", "float64": "double_val", "int32": "int_val", "int16": "int_val",
                  "int8": "int_val", "uint8": "int_val", "uint16": "int_val", "int64": "int64_val",
                  "uint32": "uint32_val", "uint64": "uint64_val", "bool": "bool_val", "string": "string_val"}
-_DT_NAMES = {"float32": "DT_FLOAT", "float64": "DT_DOUBLE", "float16": "DT_HALF", "string": "DT_STRING"}
+_DT_NAMES = {"float32": "DT_FLOAT", "float64": "DT_DOUBLE", "float16": "DT_HALF", "string": "DT_STRING",
+             "complex64": "DT_COMPLEX64", "complex128": "DT_COMPLEX128"}
 
 
 def _tensor_json(value: np.ndarray, dtype: str) -> dict:
     """A TensorProto in protobuf's JSON mapping (bytes as base64, int64 as strings)."""
     field = _VALUE_FIELDS.get(dtype)
-    if field is None:
-        raise ValueError(f"no JSON request sample for dtype {dtype}")
+    shape = {"dim": [{"size": str(d)} for d in np.shape(value)]}
+    if field is None:  # half, bfloat16, complex, ...: the raw little-endian bytes, which every TensorProto reader takes
+        raw = np.ascontiguousarray(value).tobytes()
+        return {"dtype": _DT_NAMES.get(dtype, "DT_" + dtype.upper()), "tensor_shape": shape,
+                "tensor_content": base64.b64encode(raw).decode("ascii")}
     flat = np.asarray(value).reshape(-1)
     if dtype == "string":
         values = [base64.b64encode(bytes(v)).decode("ascii") for v in flat]
@@ -35,12 +39,13 @@ def _tensor_json(value: np.ndarray, dtype: str) -> dict:
         values = [str(int(v)) for v in flat]
     elif dtype == "bool":
         values = [bool(v) for v in flat]
+    elif dtype == "float32":
+        values = [float(str(v)) for v in flat]  # shortest text that reads back as the same float32
     elif dtype.startswith("float"):
         values = [float(v) for v in flat]
     else:
         values = [int(v) for v in flat]
-    return {"dtype": _DT_NAMES.get(dtype, "DT_" + dtype.upper()),
-            "tensor_shape": {"dim": [{"size": str(d)} for d in np.shape(value)]}, field: values}
+    return {"dtype": _DT_NAMES.get(dtype, "DT_" + dtype.upper()), "tensor_shape": shape, field: values}
 
 
 def _example_json(serialized: bytes) -> dict:

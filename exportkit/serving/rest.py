@@ -639,6 +639,8 @@ def to_json_value(value):
     if isinstance(item, (bytes, np.bytes_, str)):
         raw = item.encode("utf-8") if isinstance(item, str) else bytes(item)
         return {"b64": base64.b64encode(raw).decode("ascii")}
+    if arr.dtype.kind == "f" and arr.dtype.itemsize < 8:
+        return float(str(item))  # the shortest text that reads back as the same float32/float16, as clients send
     if arr.dtype.kind == "f" or arr.dtype.kind == "V":
         return float(item)
     if arr.dtype.kind == "b":
