@@ -16,10 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit.lint import iter_nodes
 from exportkit.savedmodel import dtype_name, protos, shape_list
 
-PARSE_OPS = ("ParseExample", "ParseExampleV2", "ParseSingleExample")
+PARSE_OPS = frozenset({"ParseExample", "ParseExampleV2", "ParseSingleExample"})
 _CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
 _PASS_THROUGH = ("Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient")
 _TABLE_IMPORT_OPS = ("LookupTableImportV2", "LookupTableImport", "InitializeTableV2", "InitializeTable")
@@ -321,10 +320,6 @@ def example_inputs(meta_graph, signature_name: str, version_dir: str | Path | No
     return result
 
 
-def uses_examples(meta_graph) -> bool:
-    return any(node.op in PARSE_OPS for _, node in iter_nodes(meta_graph))
-
-
 def _example_proto():
     return protos()["example"].Example
 
@@ -384,8 +379,8 @@ def check_examples(spec: ExampleSpec, values: np.ndarray) -> str | None:
     return None
 
 
-def split_examples(serialized: bytes):
-    """A serialized Example as the proto (for Input.example_list)."""
+def parse_example(serialized: bytes):
+    """A serialized tf.Example as the proto."""
     example = _example_proto()()
     example.ParseFromString(bytes(serialized))
     return example

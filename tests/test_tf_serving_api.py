@@ -113,9 +113,9 @@ def test_feature_spec_read_from_the_graph(models):
 
 
 def _parse(serialized):
-    from exportkit.examples import split_examples
+    from exportkit.examples import parse_example
 
-    return split_examples(serialized)
+    return parse_example(serialized)
 
 
 # ------------------------------------------------------------------------------------------------ verify

@@ -50,10 +50,10 @@ def _tensor_json(value: np.ndarray, dtype: str) -> dict:
 
 def _example_json(serialized: bytes) -> dict:
     """A tf.Example in protobuf's JSON mapping."""
-    from exportkit.examples import split_examples
+    from exportkit.examples import parse_example
 
     out = {}
-    for name, feature in split_examples(serialized).features.feature.items():
+    for name, feature in parse_example(serialized).features.feature.items():
         kind = feature.WhichOneof("kind")
         if kind == "bytes_list":
             out[name] = {kind: {"value": [base64.b64encode(v).decode("ascii") for v in feature.bytes_list.value]}}

@@ -372,10 +372,10 @@ def example_from_json(value, example) -> None:
 
 def example_to_json(serialized: bytes) -> dict:
     """A serialized tf.Example as the JSON object TF Serving's classify/regress accept (bytes as b64 unless UTF-8)."""
-    from exportkit.examples import split_examples
+    from exportkit.examples import parse_example
 
     out = {}
-    for name, feature in split_examples(serialized).features.feature.items():
+    for name, feature in parse_example(serialized).features.feature.items():
         kind = feature.WhichOneof("kind")
         if kind == "bytes_list":
             values = []
