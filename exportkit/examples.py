@@ -320,6 +320,16 @@ def example_inputs(meta_graph, signature_name: str, version_dir: str | Path | No
     return result
 
 
+def input_specs(meta_graph, signature_name: str, signature: dict, version_dir: str | Path | None = None) -> list:
+    """The signature's inputs as batches.InputSpec, with the ExampleSpec of those that are serialized tf.Example
+    (so generated inputs are Examples the model parses). `signature`: savedmodel.signatures_of's form."""
+    from exportkit.batches import InputSpec
+
+    examples = example_inputs(meta_graph, signature_name, version_dir)
+    return [InputSpec(key=k, dtype=v["dtype"], shape=v["shape"] if v["shape"] is not None else [-1],
+                      examples=examples.get(k)) for k, v in signature["inputs"].items()]
+
+
 def _example_proto():
     return protos()["example"].Example
 

@@ -220,8 +220,8 @@ def _describe(options, json_out, strict=False, allow_incomplete_config=False) ->
 def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, manifest: dict | None) -> dict:
     """One row of inputs for `name`: the golden record's first row when it belongs to this signature, else
     generated (serialized tf.Example where the signature parses them)."""
-    from exportkit.batches import InputSpec, generate_batches, parse_int_range
-    from exportkit.examples import example_inputs
+    from exportkit.batches import generate_batches, parse_int_range
+    from exportkit.examples import input_specs
     from exportkit.layout import read_golden
     from exportkit.savedmodel import DEFAULT_SIGNATURE
 
@@ -229,9 +229,7 @@ def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, ma
         golden, _ = read_golden(version_dir)
         if golden and set(golden[0]) == set(signature["inputs"]):
             return {k: v[:1] if getattr(v, "ndim", 0) else v for k, v in golden[0].items()}
-    examples = example_inputs(meta_graph, name, version_dir)
-    specs = [InputSpec(key=k, dtype=v["dtype"], shape=v["shape"] if v["shape"] is not None else [-1],
-                       examples=examples.get(k)) for k, v in signature["inputs"].items()]
+    specs = input_specs(meta_graph, name, signature, version_dir)
     int_range = parse_int_range(((manifest or {}).get("golden") or {}).get("int_range") or "0:10")
     return generate_batches(specs, samples=1, seed=0, int_range=int_range)[0]
 
