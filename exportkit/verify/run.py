@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from exportkit import __version__
-from exportkit.batches import generate_batches, load_inputs, parse_int_range
+from exportkit.batches import InputSpec, generate_batches, load_inputs, parse_int_range
 from exportkit.dtypes import HALF_DTYPES, numpy_dtype
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.findings import Finding
