@@ -42,6 +42,7 @@ class InputSpec:
     key: str
     dtype: str  # numpy dtype name ("float32", "int64", "bool", "bfloat16", ...) or "string"
     shape: list[int] | None = field(default_factory=list)  # -1 = unknown dim; None = unknown rank
+    examples: Any = None  # exportkit.examples.ExampleSpec (generate, check, describe) for serialized tf.Example
 
 
 def parse_int_range(spec: str) -> tuple[int, int]:
@@ -74,6 +75,8 @@ def _concrete_shape(spec: InputSpec, batch: int, unknown_dim: int) -> tuple[int,
 
 def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator,
                   int_range: tuple[int, int]) -> np.ndarray:
+    if spec.examples is not None:
+        return spec.examples.generate(shape, rng, int_range)
     if is_string(spec.dtype):
         out = np.empty(shape, dtype=object)
         for idx in np.ndindex(*shape):
@@ -247,7 +250,9 @@ def _json_value(v: Any) -> Any:
 def load_inputs(path: str | os.PathLike, specs: list[InputSpec]) -> list[dict[str, np.ndarray]]:
     """Load user inputs: `.npz` keyed by input name (one batch; the leading axis is the batch) or `.json`
     (`{"key": nested list}` = one batch, a list of such objects = several batches; `{"inputs": {...}}` as in
-    TF Serving's REST API is accepted too; strings become utf-8 bytes, `{"b64": ...}` raw bytes).
+    TF Serving's REST API is accepted too; strings become utf-8 bytes, `{"b64": ...}` raw bytes), or a TFRecord
+    file of serialized tf.Example (`.tfrecord`, `.tfrecords`, `.tfr`, optionally gzipped) for a signature whose
+    only input is serialized tf.Example (one batch of all records).
 
     Keys must be exactly the signature's inputs; values are cast to the spec dtype (no lossy casts).
     """
@@ -265,6 +270,8 @@ def load_inputs(path: str | os.PathLike, specs: list[InputSpec]) -> list[dict[st
                              "store strings as fixed-width bytes (np.array(values, dtype='S')), not objects") from None
         except (OSError, zipfile.BadZipFile) as e:
             raise UsageError(f"cannot read {p}: {e}", "write it with numpy.savez(path, key=array, ...)") from None
+    elif suffix in TFRECORD_SUFFIXES or p.name.lower().endswith(tuple(f"{x}.gz" for x in TFRECORD_SUFFIXES)):
+        return [_load_tfrecord_examples(p, specs)]
     elif suffix == ".json":
         try:
             doc = json.loads(p.read_text(encoding="utf-8"))
@@ -280,7 +287,8 @@ def load_inputs(path: str | os.PathLike, specs: list[InputSpec]) -> list[dict[st
                              "write one object per batch, keyed by the signature's input names")
         raw = [{k: _json_value(v) for k, v in d.items()} for d in doc]
     else:
-        raise UsageError(f"unsupported inputs file {p.name!r}", "use .npz (keyed by input name) or .json")
+        raise UsageError(f"unsupported inputs file {p.name!r}",
+                         "use .npz (keyed by input name), .json, or a .tfrecord of tf.Example")
     batches = []
     for i, r in enumerate(raw):
         where = f"{p.name}" + (f" batch {i}" if len(raw) > 1 else "")
@@ -289,6 +297,53 @@ def load_inputs(path: str | os.PathLike, specs: list[InputSpec]) -> list[dict[st
         _check_batch_dims(batch, specs, where)
         batches.append(batch)
     return batches
+
+
+TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
+
+
+def _load_tfrecord_examples(p: Path, specs: list[InputSpec]) -> dict[str, np.ndarray]:
+    example_specs = [s for s in specs if s.examples is not None]
+    if len(specs) != 1 or len(example_specs) != 1:
+        raise UsageError(f"{p.name} is a TFRecord file, but this signature's inputs are not one serialized tf.Example "
+                         f"input (inputs: {', '.join(s.key for s in specs)})",
+                         "pass --inputs as .npz or .json keyed by input name")
+    spec = example_specs[0]
+    try:
+        records = read_tfrecord(p)
+    except ValueError as e:
+        raise UsageError(f"cannot read {p} as TFRecord: {e}", "write it with tf.io.TFRecordWriter") from None
+    if not records:
+        raise UsageError(f"{p} holds no records", "write at least one serialized tf.Example")
+    values = np.empty(len(records), dtype=object)
+    values[:] = records
+    problem = spec.examples.check(values)
+    if problem:
+        raise UsageError(f"{p.name}: {problem} (the signature parses {spec.examples.describe()})",
+                         "write tf.train.Example protos with the features the model parses")
+    shape = spec.shape or [-1]
+    return {spec.key: values.reshape([len(records)] + [1] * (len(shape) - 1))}
+
+
+def read_tfrecord(path: str | os.PathLike) -> list[bytes]:
+    """The records of a TFRecord file (gzip detected by its magic bytes). Lengths are checked, CRCs are not."""
+    import gzip
+    import struct
+
+    data = Path(path).read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    records, offset = [], 0
+    while offset < len(data):
+        if offset + 12 > len(data):
+            raise ValueError(f"truncated record header at byte {offset}")
+        (length,) = struct.unpack("<Q", data[offset:offset + 8])
+        start = offset + 12
+        if start + length + 4 > len(data):
+            raise ValueError(f"truncated record at byte {offset} (length {length})")
+        records.append(data[start:start + length])
+        offset = start + length + 4
+    return records
 
 
 # --------------------------------------------------------------------------------------------- save / load

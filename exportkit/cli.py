@@ -138,7 +138,7 @@ def verify(
     unsafe: bool = UNSAFE,
     signature_name: Optional[str] = typer.Option(None, "--signature", "--signature-name",
                                                  help="Verify only this signature (default: every one)."),
-    inputs: Optional[str] = typer.Option(None, "--inputs", help=".npz keyed by input name, or JSON."),
+    inputs: Optional[str] = typer.Option(None, "--inputs", help=".npz keyed by input name, JSON, or a .tfrecord of tf.Example."),
     reference: Optional[str] = typer.Option(None, "--reference", help="Training-time reference (.npz from "
                                             "exportkit.record_reference); default: the one recorded at export."),
     samples: int = typer.Option(8, "--samples", help="Batch size of the generated input batch (batch 1 is always added)."),
@@ -149,8 +149,9 @@ def verify(
     atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance for every output."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance for every output."),
     tol: Optional[List[str]] = typer.Option(None, "--tol", help="KEY=ATOL,RTOL for one output (repeatable)."),
-    runtimes: Optional[str] = typer.Option(None, "--runtimes", help="Comma-separated subset of golden,keras,saved_model,session,serving."),
+    runtimes: Optional[str] = typer.Option(None, "--runtimes", help="Comma-separated subset of golden,keras,saved_model,session,serving,rest."),
     serving: str = typer.Option("auto", "--serving", help="auto | binary | embedded | none | HOST:PORT."),
+    serving_protocol: Optional[str] = typer.Option(None, "--serving-protocol", help="grpc | rest | both (default: both for servers exportkit launches, grpc for HOST:PORT)."),
     model_server_bin: Optional[str] = typer.Option(None, "--model-server-bin", help="Path of tensorflow_model_server."),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name on the server (default: base directory name)."),
     model_version: Optional[int] = typer.Option(None, "--model-version", help="Version to ask a remote server for."),
@@ -158,6 +159,7 @@ def verify(
     device: str = typer.Option("cpu", "--device", help="cpu | gpu | all, for the in-process runtimes."),
     allow_tf32: bool = typer.Option(False, "--allow-tf32", help="Keep TensorFloat-32 on during GPU runs."),
     allow_io_ops: bool = typer.Option(False, "--allow-io-ops", help="Execute graphs that read/write files, use the network or print (refused by default)."),
+    allow_nondeterministic: bool = typer.Option(False, "--allow-nondeterministic", help="Outputs that differ between two identical requests are a warning (and not compared), not an error."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Previously released SavedModel: fail on breaking signature changes."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout)."),
     junit: Optional[str] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
@@ -182,12 +184,12 @@ def verify(
         return verify_command(VerifyOptions(
             path=path, against=source, signature_name=signature_name, inputs=inputs, samples=samples, seed=seed,
             int_range=int_range, save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
-            tol=tol or [], runtimes=runtimes, serving=serving, model_server_bin=model_server_bin,
-            model_name=model_name, model_version=model_version, load_timeout=load_timeout, device=device,
-            allow_tf32=allow_tf32, allow_io_ops=allow_io_ops, reference=reference, baseline=baseline,
-            json_out=json_out, junit=junit, data=data, limit=limit, batch_size=batch_size, sample=sample,
-            save_failures=save_failures, runner=runner, beam_options=beam_option or [],
-            tf_versions=tf_versions or []))
+            tol=tol or [], runtimes=runtimes, serving=serving, serving_protocol=serving_protocol,
+            model_server_bin=model_server_bin, model_name=model_name, model_version=model_version,
+            load_timeout=load_timeout, device=device, allow_tf32=allow_tf32, allow_io_ops=allow_io_ops,
+            allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json_out=json_out,
+            junit=junit, data=data, limit=limit, batch_size=batch_size, sample=sample, save_failures=save_failures,
+            runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or []))
 
     _run(go, debug)
 
@@ -197,6 +199,8 @@ def inspect(
     path: str = typer.Argument(..., metavar="PATH", help="A SavedModel (version or base directory) or a source (.h5, .keras, checkpoint)."),
     json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if a finding is an error."),
+    requests: Optional[str] = typer.Option(None, "--requests", help="Write a ready request per signature here: curl + JSON (REST), JSON for grpcurl."),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name in the --requests URLs (default: base directory name)."),
     format: Optional[str] = FORMAT,
     builder: Optional[str] = BUILDER,
     builder_arg: Optional[List[str]] = BUILDER_ARG,
@@ -216,7 +220,7 @@ def inspect(
 
         return inspect_command(path, json_out=json_out, strict=strict, source=lambda: _source_options(
             path, spec, format, builder, builder_arg, model_config, custom_objects, python_path, policy, unsafe),
-            allow_incomplete_config=allow_incomplete_config)
+            allow_incomplete_config=allow_incomplete_config, requests=requests, model_name=model_name)
 
     _run(go, debug)
 
@@ -225,16 +229,17 @@ def inspect(
 def serve(
     path: str = typer.Argument(..., metavar="PATH", help="A model base directory (highest version is served) or a version directory."),
     port: int = typer.Option(8500, "--port", help="gRPC port on 127.0.0.1 (0 picks a free one)."),
+    rest_port: int = typer.Option(0, "--rest-port", help="Also serve TF Serving's REST API on this 127.0.0.1 port (0 = no REST)."),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name (default: base directory name)."),
     device: str = typer.Option("cpu", "--device", help="cpu | gpu."),
     debug: bool = DEBUG,
 ):
-    """Serve a SavedModel over TF Serving's gRPC API (PredictionService, ModelService) on loopback."""
+    """Serve a SavedModel over TF Serving's gRPC API (PredictionService, ModelService) and REST API on loopback."""
 
     def go():
         from exportkit.serving.server import serve_command
 
-        return serve_command(path=path, port=port, model_name=model_name, device=device)
+        return serve_command(path=path, port=port, model_name=model_name, device=device, rest_port=rest_port)
 
     _run(go, debug)
 

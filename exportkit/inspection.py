@@ -220,7 +220,39 @@ def _describe(options, json_out, strict=False, allow_incomplete_config=False) ->
     return EXIT_CHECK_FAILED if code == EXIT_OK and strict and has_errors(result.findings) else code
 
 
-def inspect_command(path, json_out=False, strict=False, source=None, allow_incomplete_config=False) -> int:
+def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, manifest: dict | None) -> dict:
+    """One row of inputs for `name`: the golden record's first row when it belongs to this signature, else
+    generated (serialized tf.Example where the signature parses them)."""
+    from exportkit.batches import generate_batches, parse_int_range
+    from exportkit.examples import input_specs
+    from exportkit.layout import read_golden
+    from exportkit.savedmodel import DEFAULT_SIGNATURE
+
+    if manifest and (manifest.get("signature") or {}).get("name", DEFAULT_SIGNATURE) == name:
+        golden, _ = read_golden(version_dir)
+        if golden and set(golden[0]) == set(signature["inputs"]):
+            return {k: v[:1] if getattr(v, "ndim", 0) else v for k, v in golden[0].items()}
+    specs = input_specs(meta_graph, name, signature, version_dir)
+    int_range = parse_int_range(((manifest or {}).get("golden") or {}).get("int_range") or "0:10")
+    return generate_batches(specs, samples=1, seed=0, int_range=int_range)[0]
+
+
+def write_requests(info: "SavedModelInfo", out_dir: str, model_name: str | None) -> list[Path]:
+    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+    from exportkit.serving.requests import request_samples, write_request_samples
+
+    version_dir = Path(info.path)
+    meta_graph = select_meta_graph(read_saved_model_proto(version_dir))
+    name = model_name or (version_dir.parent.name if version_dir.name.isdigit() else version_dir.name)
+    samples = {}
+    for sig_name, signature in info.signatures.items():
+        batch = _request_batch(version_dir, meta_graph, sig_name, signature, info.manifest)
+        samples[sig_name] = request_samples(sig_name, signature, batch, name)
+    return write_request_samples(out_dir, samples, name)
+
+
+def inspect_command(path, json_out=False, strict=False, source=None, allow_incomplete_config=False, requests=None,
+                    model_name=None) -> int:
     """Show a SavedModel (or describe a model source). Returns the exit code: 0 readable; 1 with --strict and
     an error finding; unreadable input raises UsageError (exit 2). `source()` gives the SourceOptions for a
     model source (built only when `path` is one)."""
@@ -238,6 +270,10 @@ def inspect_command(path, json_out=False, strict=False, source=None, allow_incom
         raise UsageError(f"{p} is neither a SavedModel nor a model source exportkit reads",
                          "pass a SavedModel directory, a .h5/.hdf5/.keras/.weights.h5 file or a checkpoint directory")
     info = read_info(p)
+    if requests:
+        written = write_requests(info, requests, model_name)
+        print(f"wrote {len(written)} request files for {len(info.signatures)} signature(s) to {requests}",
+              file=sys.stderr)
     if json_out:
         _print(json.dumps(info.to_dict(), indent=2))
     else:

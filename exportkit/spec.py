@@ -158,6 +158,7 @@ class VerifyOptions:
     tol: list[str] = field(default_factory=list)
     runtimes: str | None = None
     serving: str = "auto"
+    serving_protocol: str | None = None  # grpc | rest | both; None: both for launched servers, grpc for HOST:PORT
     model_server_bin: str | None = None
     model_name: str | None = None
     model_version: int | None = None
@@ -166,6 +167,7 @@ class VerifyOptions:
     allow_tf32: bool = False
     reference: str | None = None  # --reference: a training-time reference (.npz from exportkit.record_reference)
     allow_io_ops: bool = False  # execute graphs whose signatures reach I/O ops (refused by default)
+    allow_nondeterministic: bool = False  # nondeterministic outputs: a warning, left out of the comparisons
     baseline: str | None = None
     json_out: str | None = None
     junit: str | None = None

@@ -132,7 +132,8 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample):
 
 
 def test_warmup_records_have_exactly_the_signature_keys_and_dtypes(exported):
-    from exportkit.serving.warmup import read_warmup_records, tensor_proto_to_ndarray
+    from exportkit.serving.tensors import to_ndarray
+    from exportkit.serving.warmup import read_warmup_records
 
     for name in ("mixed_functional.keras", "text.keras", "multi_io.keras"):
         _, version_dir = exported[name]
@@ -142,7 +143,7 @@ def test_warmup_records_have_exactly_the_signature_keys_and_dtypes(exported):
         for request in requests:
             assert sorted(request.inputs) == sorted(manifest["signature"]["inputs"])
             for key, proto in request.inputs.items():
-                array = tensor_proto_to_ndarray(proto)
+                array = to_ndarray(proto)
                 want = manifest["signature"]["inputs"][key]["dtype"]
                 got = "string" if array.dtype.kind in "OS" else array.dtype.name
                 assert got == want, (name, key)

@@ -36,12 +36,8 @@ from tensorflow_serving.apis import (  # noqa: E402
 from exportkit.runtimes.serving import ServingRuntime  # noqa: E402
 from exportkit.serving import launcher  # noqa: E402
 from exportkit.serving.client import ServingClient, ServingError  # noqa: E402
-from exportkit.serving.warmup import (  # noqa: E402
-    ndarray_to_tensor_proto,
-    read_warmup_records,
-    tensor_proto_to_ndarray,
-    write_warmup_records,
-)
+from exportkit.serving.tensors import to_ndarray, to_tensor_proto  # noqa: E402
+from exportkit.serving.warmup import read_warmup_records, write_warmup_records  # noqa: E402
 from exportkit.tf1_loader import Tf1SavedModel  # noqa: E402
 
 MODEL = "ranker"
@@ -254,10 +250,12 @@ def test_predict_errors_like_tf_serving(predict_stub, case, code, words):
         assert word in err.details()
 
 
-def test_other_rpcs_unimplemented(predict_stub):
+def test_classify_on_a_predict_signature_is_rejected_like_tf_serving(predict_stub):
+    # TF Serving (no method-name check by default) checks the signature's structure: classifier.cc.
     request = classification_pb2.ClassificationRequest()
     request.model_spec.name = MODEL
-    assert _rpc_error(predict_stub.Classify, request).code() == grpc.StatusCode.UNIMPLEMENTED
+    err = _rpc_error(predict_stub.Classify, request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details() == "Expected one input Tensor."
 
 
 # ------------------------------------------------------------------------------------------------ client
@@ -427,7 +425,7 @@ def test_warmup_records_round_trip_and_limits(tmp_path, model_base):
     records = read_warmup_records(str(model_base / "3"))
     assert len(records) == 2 and records[1].model_spec.name == MODEL
     assert set(records[1].inputs) == {"x", "k"}
-    assert tensor_proto_to_ndarray(records[1].inputs["x"]).shape == (4, 3)
+    assert to_ndarray(records[1].inputs["x"]).shape == (4, 3)
 
     target = str(model_base / "2" / "assets.extra" / "scratch")
     with pytest.raises(ValueError, match="1..1000"):
@@ -444,7 +442,7 @@ def test_warmup_records_round_trip_and_limits(tmp_path, model_base):
 def test_tensor_proto_helpers_round_trip():
     for value in (np.arange(6, dtype=np.float32).reshape(2, 3), np.array([1, 2], np.int64), np.array([True, False]),
                   np.array([b"a", b"bc"], dtype=object), np.array(["x", "yz"]), np.zeros((0, 3), np.float16)):
-        back = tensor_proto_to_ndarray(ndarray_to_tensor_proto(value))
+        back = to_ndarray(to_tensor_proto(value))
         expected = value.astype(object) if value.dtype.kind == "U" else value
         if value.dtype.kind == "U":
             expected = np.array([s.encode() for s in value], dtype=object)
@@ -452,7 +450,7 @@ def test_tensor_proto_helpers_round_trip():
         assert back.tolist() == expected.tolist()
     # The fast path must agree with TensorFlow's own conversion.
     value = np.random.default_rng(0).normal(size=(3, 2)).astype(np.float32)
-    assert ndarray_to_tensor_proto(value) == tf.make_tensor_proto(value)
+    assert to_tensor_proto(value) == tf.make_tensor_proto(value)
 
 
 def test_sigint_stops_serve_cleanly(model_base):

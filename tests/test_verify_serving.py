@@ -89,7 +89,8 @@ def test_binary_standin_that_speaks_the_protocol(exported, tmp_path):
         if "--version" in sys.argv:
             print("TensorFlow ModelServer: 0.0.0-standin"); sys.exit(0)
         os.execv(sys.executable, [sys.executable, "-m", "exportkit", "serve", flags["model_base_path"],
-                                  "--port", flags["port"], "--model-name", flags["model_name"]])
+                                  "--port", flags["port"], "--model-name", flags["model_name"],
+                                  "--rest-port", flags["rest_api_port"]])
         """))
     proc = run_cli("verify", exported, "--json", tmp_path / "r.json", env=env)  # auto finds the binary
     assert proc.returncode == 0, proc.stdout + proc.stderr

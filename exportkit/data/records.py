@@ -28,12 +28,12 @@ import numpy as np
 from exportkit.batches import InputSpec, cast_input, load_inputs
 from exportkit.dtypes import is_float, is_string
 from exportkit.errors import UsageError
+from exportkit.examples import PARSE_OPS
 from exportkit.runtimes import Runtime
 
 GZIP_MAGIC = b"\x1f\x8b"
 DEFAULT_BATCH_SIZE = 256
 _READ_CHUNK = 1024  # records read (and sample draws made) at a time; results do not depend on it
-PARSE_OPS = frozenset({"ParseExample", "ParseExampleV2", "ParseSingleExample"})
 
 
 @dataclass

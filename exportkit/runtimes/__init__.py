@@ -6,7 +6,7 @@
 `start()` begins slow work early (a worker's TensorFlow import, a server launch) and returns at once, so that
 several runtimes get ready in parallel; `load()` waits until the model is loaded and raises CheckFailed (the
 model's fault) or InfraError. Fields: `name` (one of RUNTIME_NAMES), `kind` (recorded | in-process | subprocess |
-grpc), `device` asked for ("cpu", "gpu", or None when not ours to choose), `placed_on` (where the last outputs
+grpc | rest), `device` asked for ("cpu", "gpu", or None when not ours to choose), `placed_on` (where the last outputs
 were computed, e.g. "cpu:0", when the runtime can tell), `server` (who answered, for a server), `loaded`,
 `signature_name` (the signature `run` answers for; `use_signature` switches it without loading again).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 # Every runtime verify knows, in order of preference for the reference (`trained`: the training-time reference).
-RUNTIME_NAMES = ("trained", "golden", "keras", "saved_model", "session", "serving")
+RUNTIME_NAMES = ("trained", "golden", "keras", "saved_model", "session", "serving", "rest")
 
 
 class Runtime:

@@ -1,15 +1,16 @@
 """The `serving` runtime: the model as clients see it, over TF Serving's gRPC API (binary, remote or embedded).
 
 Beyond computing outputs it gives what only a server shows: the served signatures (GetModelMetadata), and the
-warm-up records replayed through Predict.
+warm-up records replayed through their APIs; and the same server over REST (RestRuntime).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from exportkit.errors import CheckFailed, InfraError
 from exportkit.findings import Finding
 from exportkit.runtimes import Runtime
-from exportkit.savedmodel import DEFAULT_SIGNATURE
+from exportkit.savedmodel import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
 
 
 class ServingRuntime(Runtime):
@@ -21,8 +22,16 @@ class ServingRuntime(Runtime):
     def __init__(self, path: str | None, mode: str = "auto", *, model_name: str | None = None,
                  model_version: int | None = None, signature_name: str = DEFAULT_SIGNATURE,
                  binary: str | None = None, device: str = "cpu", load_timeout: float = 120.0,
-                 timeout: float = 30.0):
-        """`mode`: auto | binary | embedded | HOST:PORT (see serving.launcher.start)."""
+                 timeout: float = 30.0, signatures: dict | None = None, rest: bool = False):
+        """`mode`: auto | binary | embedded | HOST:PORT (see serving.launcher.start).
+
+        `signatures` ({name: savedmodel.signatures_of's form}) pick the API of the signature in use: Classify or
+        Regress for signatures with
+        those method names (as clients of Estimator/TFX exports call them), Predict otherwise. `rest`: the launched
+        server also serves the REST API (for a RestRuntime on top of this one).
+        """
+        self.rest = rest
+        self.signatures = signatures or {}
         self.path = path
         self.mode = mode
         self.model_name = model_name
@@ -46,7 +55,8 @@ class ServingRuntime(Runtime):
 
         if self._pending is None and self._handle is None:
             self._pending = start(self.mode, self.path, model_name=self.model_name, model_version=self.model_version,
-                                  binary=self.binary, device=self._device, load_timeout=self.load_timeout)
+                                  binary=self.binary, device=self._device, load_timeout=self.load_timeout,
+                                  rest=self.rest)
 
     def load(self) -> None:
         """Wait for a server with the model AVAILABLE (CheckFailed if it fails to load, InfraError if no server)."""
@@ -57,7 +67,7 @@ class ServingRuntime(Runtime):
         self.start()
         pending, self._pending = self._pending, None
         self._handle = pending.wait()
-        self.server = dict(self._handle.description)
+        self.server = dict(self._handle.description, api=self.api)
         try:
             self._client = ServingClient(self._handle.address, self._handle.model_name, self._handle.model_version,
                                          self.signature_name, timeout=self.timeout)
@@ -65,6 +75,19 @@ class ServingRuntime(Runtime):
             self.close()
             raise
         self.loaded = True
+
+    def use_signature(self, name: str, input_dtypes: dict[str, str]) -> None:
+        super().use_signature(name, input_dtypes)
+        if self.server is not None:  # a new dict: results already reported keep the API they were answered by
+            self.server = dict(self.server, api=self.api)
+
+    @property
+    def signature(self) -> dict:
+        return self.signatures.get(self.signature_name) or {}
+
+    @property
+    def api(self) -> str:
+        return {CLASSIFY_METHOD: "Classify", REGRESS_METHOD: "Regress"}.get(self.signature.get("method"), "Predict")
 
     def _raise(self, err, what: str):
         from exportkit.serving.client import INFRA_CODES, as_exportkit_error
@@ -88,10 +111,18 @@ class ServingRuntime(Runtime):
 
         if self._client is None:
             raise RuntimeError("ServingRuntime.run() before load()")
+        api = self.api
         try:
+            if api == "Classify":
+                got = self._client.classify(inputs[next(iter(inputs))], self.signature_name)
+                return {k: got[k] for k in self.signature["outputs"] if k in got}
+            if api == "Regress":
+                values = self._client.regress(inputs[next(iter(inputs))], self.signature_name)
+                shape = self.signature["outputs"].get("outputs", {}).get("shape")
+                return {"outputs": values.reshape(-1, 1) if shape is not None and len(shape) == 2 else values}
             return self._client.predict(inputs, signature_name=self.signature_name)
         except ServingError as err:
-            self._raise(err, f"Predict(signature '{self.signature_name}')")
+            self._raise(err, f"{api}(signature '{self.signature_name}')")
 
     def close(self) -> None:
         self.loaded = False
@@ -120,17 +151,18 @@ class ServingRuntime(Runtime):
                 for name, sig in served.items()}
 
     def replay_warmup(self, path: str) -> list[Finding]:
-        """Send the warm-up records (file, or version dir's assets.extra file) through the server, each through the
-        API of its log kind (`_WARMUP_REPLAY`); findings for records that fail (error), kinds not replayed yet
-        (warning) and a missing file (info: TF Serving treats it as optional).
+        """Send the warm-up records (file, or version dir's assets.extra file) through the server, each through its
+        own API (Predict, Classify, Regress, MultiInference), as TF Serving replays them; findings for records that
+        fail (error) and for a missing file (info: TF Serving treats it as optional).
 
         Model name/version are set to the served ones, as TF Serving ignores them during its own warm-up.
         """
         from exportkit.layout import WARMUP
-        from exportkit.serving.warmup import log_kind, read_warmup_logs
+        from exportkit.serving.client import ServingError
+        from exportkit.serving.warmup import read_warmup_records
 
         try:
-            logs = read_warmup_logs(path)
+            requests = read_warmup_records(path)
         except FileNotFoundError:
             return [Finding("info", "serving-warmup",
                             f"no {WARMUP}: TF Serving loads the model without warm-up, so the first "
@@ -139,43 +171,83 @@ class ServingRuntime(Runtime):
             return [Finding("error", "serving-warmup", f"warm-up file unreadable: {err}")]
         except Exception as err:  # noqa: BLE001 — tf.errors.DataLossError etc.: a corrupt TFRecord
             return [Finding("error", "serving-warmup", f"warm-up file unreadable: {type(err).__name__}: {err}")]
-        findings, skipped = [], {}
-        for i, log in enumerate(logs):
-            kind = log_kind(log)
-            replay = _WARMUP_REPLAY.get(kind)
-            if replay is None:
-                skipped[kind] = skipped.get(kind, 0) + 1
-                continue
-            problem = replay(self, log)
-            if problem:
-                findings.append(Finding("error", "serving-warmup", f"warm-up record {i} ({kind}): {problem}"))
-        if skipped:
-            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(skipped.items()))
-            findings.append(Finding(
-                "warning", "serving-warmup-not-replayed",
-                f"{sum(skipped.values())} warm-up record(s) not replayed ({kinds}): exportkit does not replay this "
-                f"kind yet (it replays predict, classify and regress records), so whether TF Serving's warm-up of "
-                f"them succeeds is unchecked"))
+        findings = []
+        for i, request in enumerate(requests):
+            specs = [t.model_spec for t in request.tasks] if hasattr(request, "tasks") else [request.model_spec]
+            for spec in specs:
+                spec.name = self._handle.model_name
+                if self._handle.model_version is not None:
+                    spec.version.value = int(self._handle.model_version)
+            try:
+                self._client.call(request)
+            except ServingError as err:
+                findings.append(Finding("error", "serving-warmup", f"warm-up record {i} ({type(request).__name__}): "
+                                                                   f"{err.code}: {err.message}"))
         return findings
 
-    def _replay_as_predict(self, log) -> str | None:
-        """Predict records as they are; Classify/Regress records as the Predict they amount to (their Examples
-        into the signature's string input), as the embedded server replays them."""
+
+class RestRuntime(Runtime):
+    """The same server over TF Serving's REST API (JSON), on top of a ServingRuntime that launched it.
+
+    Predict in the row format (`instances`, what most REST clients send), Classify/Regress with JSON Examples.
+    Outputs come back through JSON, so whatever JSON loses (see verify's rest-json findings) shows here.
+    """
+
+    name = "rest"
+    kind = "rest"
+
+    def __init__(self, grpc_runtime: ServingRuntime, owns: bool = False):
+        self.grpc = grpc_runtime
+        self.owns = owns  # --serving-protocol rest: the gRPC runtime only launches the server
+        self.device = grpc_runtime.device
+        self.server: dict | None = None
+        self._client = None
+
+    def start(self) -> None:
+        if self.owns:
+            self.grpc.start()
+
+    def use_signature(self, name: str, input_dtypes: dict[str, str]) -> None:
+        super().use_signature(name, input_dtypes)
+        self.grpc.use_signature(name, input_dtypes)
+        if self.server is not None:
+            self.server = dict(self.server, api=self.grpc.api)
+
+    def load(self) -> None:
+        from exportkit.serving.rest import RestClient
+
+        self.grpc.load()
+        handle = self.grpc._handle
+        if handle.rest_address is None:
+            raise CheckFailed(f"the {self.grpc.server['kind']} server at {handle.address} serves no REST API",
+                              "pass --serving-protocol grpc for a server without REST")
+        self.server = dict(self.grpc.server, address=handle.rest_address, protocol="REST")
+        self._client = RestClient(handle.rest_address, handle.model_name, handle.model_version,
+                                  self.grpc.signature_name, timeout=self.grpc.timeout)
+        self.loaded = True
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from exportkit.serving.client import ServingError
-        from exportkit.serving.warmup import as_predict_request, log_kind
 
-        request = as_predict_request(getattr(log, log_kind(log)).request)
-        request.model_spec.name = self._handle.model_name
-        if self._handle.model_version is not None:
-            request.model_spec.version.value = int(self._handle.model_version)
+        api, signature, name = self.grpc.api, self.grpc.signature, self.grpc.signature_name
         try:
-            self._client.predict_request(request)
+            if api == "Classify":
+                got = self._client.classify(inputs[next(iter(inputs))], name)
+                return {k: got[k] for k in signature["outputs"] if k in got}
+            if api == "Regress":
+                values = self._client.regress(inputs[next(iter(inputs))], name)
+                shape = signature["outputs"].get("outputs", {}).get("shape")
+                return {"outputs": values.reshape(-1, 1) if shape is not None and len(shape) == 2 else values}
+            dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
+            return self._client.predict(inputs, dtypes, name)
         except ServingError as err:
-            return f"{err.code}: {err.message}"
-        return None
+            if err.code == "UNAVAILABLE":
+                raise InfraError(f"REST {api.lower()} at {self.server['address']} failed: {err.message}") from None
+            raise CheckFailed(f"REST :{api.lower()} (signature '{self.grpc.signature_name}') at "
+                              f"{self.server['address']} failed: {err.code}: {err.message}") from None
 
-
-# Warm-up log kind -> how to replay one record (returns a problem or None). Kinds missing here are reported as
-# not replayed (a warning); add multi_inference_log (or real Classify/Regress calls) here when the client has them.
-_WARMUP_REPLAY = {"predict_log": ServingRuntime._replay_as_predict, "classify_log": ServingRuntime._replay_as_predict,
-                  "regress_log": ServingRuntime._replay_as_predict}
+    def close(self) -> None:
+        self.loaded = False
+        self._client = None
+        if self.owns:
+            self.grpc.close()

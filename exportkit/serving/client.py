@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 
 from exportkit.errors import CheckFailed, ExportkitError, InfraError
-from exportkit.serving.warmup import _np_to_dt, ndarray_to_tensor_proto, tensor_proto_to_ndarray
+from exportkit.serving.tensors import np_to_datatype, to_ndarray, to_tensor_proto
 from exportkit.tfenv import import_tf
 from exportkit.savedmodel import DEFAULT_SIGNATURE
 
@@ -53,6 +53,28 @@ def _error(err: grpc.RpcError, rpc: str) -> ServingError:
     return ServingError(code.name if code else "UNKNOWN", details or "", rpc)
 
 
+def fill_input(input_proto, examples, context: bytes | None = None) -> None:
+    """tensorflow.serving.Input from serialized tf.Examples: example_list, or example_list_with_context."""
+    target = input_proto.example_list_with_context if context is not None else input_proto.example_list
+    if context is not None:
+        target.context.ParseFromString(bytes(context))
+    for raw in np.asarray(examples, dtype=object).reshape(-1):
+        target.examples.add().ParseFromString(bytes(raw))
+
+
+def classification_arrays(result) -> dict[str, np.ndarray]:
+    """A ClassificationResult as the classify signature's tensors: classes [n, k] (bytes), scores [n, k] float32."""
+    rows = list(result.classifications)
+    k = len(rows[0].classes) if rows else 0
+    classes = np.empty((len(rows), k), dtype=object)
+    scores = np.zeros((len(rows), k), dtype=np.float32)
+    for i, row in enumerate(rows):
+        for c, cl in enumerate(row.classes):
+            classes[i, c] = cl.label.encode("utf-8") if isinstance(cl.label, str) else bytes(cl.label)
+            scores[i, c] = cl.score
+    return {"classes": classes, "scores": scores}
+
+
 class ServingClient:
     """Talks to one model (name, optional version, signature) at `address` ("host:port")."""
 
@@ -69,6 +91,8 @@ class ServingClient:
         self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         prediction = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
         self._predict = prediction.Predict
+        self._calls = {"PredictRequest": prediction.Predict, "ClassificationRequest": prediction.Classify,
+                       "RegressionRequest": prediction.Regress, "MultiInferenceRequest": prediction.MultiInference}
         self._metadata = prediction.GetModelMetadata
         self._status = model_service_pb2_grpc.ModelServiceStub(self._channel).GetModelStatus
         self._PredictRequest = predict_pb2.PredictRequest
@@ -76,7 +100,7 @@ class ServingClient:
         if version is not None:
             spec.version.value = int(version)
         self._spec = spec
-        self._np_to_dt = _np_to_dt()
+        self._np_to_dt = np_to_datatype()
 
     # -- status -------------------------------------------------------------------------------------------------
     def status(self, timeout: float | None = None):
@@ -171,7 +195,7 @@ class ServingClient:
                 for d in arr.shape:
                     dims.add(size=d)
             else:
-                proto.CopyFrom(ndarray_to_tensor_proto(arr))
+                proto.CopyFrom(to_tensor_proto(arr))
         if output_filter:
             request.output_filter.extend(output_filter)
         return request
@@ -187,7 +211,42 @@ class ServingClient:
                 signature_name: str | None = None) -> dict[str, np.ndarray]:
         """Predict on this model/signature; outputs keyed by signature output name."""
         response = self.predict_request(self.make_request(inputs, output_filter, signature_name))
-        return {key: tensor_proto_to_ndarray(proto) for key, proto in response.outputs.items()}
+        return {key: to_ndarray(proto) for key, proto in response.outputs.items()}
+
+    # -- Classify, Regress, MultiInference and any ready request -------------------------------------------------
+    def call(self, request):
+        """Send a ready Predict/Classification/Regression/MultiInference request as is; return the raw response."""
+        kind = type(request).__name__
+        rpc = self._calls.get(kind)
+        if rpc is None:
+            raise TypeError(f"not a PredictionService request: {kind}")
+        try:
+            return rpc(request, timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise _error(err, kind.replace("Request", "").replace("Classification", "Classify")
+                         .replace("Regression", "Regress")) from None
+
+    def example_request(self, kind: str, examples, signature_name: str | None = None, context: bytes | None = None):
+        """A ClassificationRequest (kind "classify") or RegressionRequest ("regress") over serialized Examples."""
+        from tensorflow_serving.apis import classification_pb2, regression_pb2
+
+        request = (classification_pb2.ClassificationRequest() if kind == "classify"
+                   else regression_pb2.RegressionRequest())
+        request.model_spec.CopyFrom(self._spec)
+        if signature_name is not None:
+            request.model_spec.signature_name = signature_name
+        fill_input(request.input, examples, context)
+        return request
+
+    def classify(self, examples, signature_name: str | None = None) -> dict[str, np.ndarray]:
+        """Classify serialized Examples: {"classes": [n, k] bytes, "scores": [n, k] float32} (what the result has)."""
+        response = self.call(self.example_request("classify", examples, signature_name))
+        return classification_arrays(response.result)
+
+    def regress(self, examples, signature_name: str | None = None) -> np.ndarray:
+        """Regress serialized Examples: one float32 per example."""
+        response = self.call(self.example_request("regress", examples, signature_name))
+        return np.array([r.value for r in response.result.regressions], dtype=np.float32)
 
     # -- lifetime -------------------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -67,6 +67,7 @@ class ServerHandle:
             except ValueError:
                 return f"killed by signal {-code}"
         return f"exited with code {code}"
+    rest_address: str | None = None  # "127.0.0.1:PORT" when the server also serves the REST API
 
     def stop(self) -> None:
         """Idempotent; safe from `finally`, `__exit__` and atexit."""
@@ -290,7 +291,7 @@ class PendingServer:
 
 
 def start_binary(path: str, model_name: str | None = None, binary: str | None = None, device: str = "cpu",
-                 load_timeout: float = 120.0) -> PendingServer:
+                 load_timeout: float = 120.0, rest: bool = False) -> PendingServer:
     """Spawn the real tensorflow_model_server on a free loopback port (InfraError if there is none)."""
     found = find_binary(binary)
     if found is None:
@@ -305,7 +306,8 @@ def start_binary(path: str, model_name: str | None = None, binary: str | None = 
     try:
         base_dir, version = _binary_base_dir(path, cleanup)
         port = free_port()
-        argv = [found, f"--port={port}", "--rest_api_port=0", f"--model_name={name}",
+        rest_port = free_port() if rest else 0
+        argv = [found, f"--port={port}", f"--rest_api_port={rest_port}", f"--model_name={name}",
                 f"--model_base_path={os.path.abspath(base_dir)}"]
         child = _Child(argv, child_env(device), label="binary")
     except BaseException:
@@ -324,7 +326,8 @@ def start_binary(path: str, model_name: str | None = None, binary: str | None = 
             _wait(child, client, load_timeout, f"{BINARY_NAME} ({found})")
         description = {"kind": "binary", "version": binary_version(found), "address": address,
                        "binary": found, "model_name": name, "model_version": version}
-        handle = ServerHandle(address, description, name, version, stop, child.proc, child.tail)
+        handle = ServerHandle(address, description, name, version, stop, child.proc, child.tail,
+                              rest_address=f"127.0.0.1:{rest_port}" if rest_port else None)
         _live.add(handle)
         return handle
 
@@ -365,7 +368,7 @@ def _read_line(child: _Child, deadline: float, pattern: re.Pattern) -> str | Non
 
 
 def start_embedded(path: str, model_name: str | None = None, device: str = "cpu",
-                   load_timeout: float = 120.0) -> PendingServer:
+                   load_timeout: float = 120.0, rest: bool = False) -> PendingServer:
     """Spawn `python -I -m exportkit serve PATH --port 0`: isolated from cwd/PYTHONPATH, so no user code."""
     from exportkit.serving.server import WATCH_STDIN_ENV
 
@@ -375,6 +378,8 @@ def start_embedded(path: str, model_name: str | None = None, device: str = "cpu"
     env[WATCH_STDIN_ENV] = "1"  # the child exits when our end of its stdin closes (we died)
     argv = [sys.executable, "-I", "-m", "exportkit", "serve", os.path.abspath(path), "--port", "0",
             "--model-name", name, "--device", device]
+    if rest:
+        argv += ["--rest-port", str(free_port())]
     workdir = tempfile.mkdtemp(prefix="exportkit-serve-cwd-")  # nothing importable in the child's cwd
     try:
         child = _Child(argv, env, stdout=subprocess.PIPE, stdin=subprocess.PIPE, cwd=workdir, label="embedded server")
@@ -428,7 +433,8 @@ def _finish_embedded(child: _Child, name: str, deadline: float, load_timeout: fl
     tf_version = sys.modules["tensorflow"].__version__ if "tensorflow" in sys.modules else "?"
     description = {"kind": "embedded", "version": f"exportkit {__version__} serve (TensorFlow {tf_version})",
                    "address": address, "binary": None, "model_name": name, "model_version": version}
-    handle = ServerHandle(address, description, name, version, stop, child.proc, child.tail)
+    handle = ServerHandle(address, description, name, version, stop, child.proc, child.tail,
+                          rest_address=match.group("rest"))
     _live.add(handle)
     return handle
 
@@ -497,17 +503,20 @@ def check_serving_mode(serving: str) -> None:
 
 # --------------------------------------------------------------------------------------------------- one entry
 def start(serving: str, path: str | None = None, *, model_name: str | None = None, model_version: int | None = None,
-          binary: str | None = None, device: str = "cpu", load_timeout: float = 120.0) -> PendingServer:
+          binary: str | None = None, device: str = "cpu", load_timeout: float = 120.0,
+          rest: bool = False) -> PendingServer:
     """`serving`: "auto" | "binary" | "embedded" | "HOST:PORT" (remote; "remote:HOST:PORT" also accepted).
+
+    `rest`: a launched server also serves the REST API (its address: ServerHandle.rest_address).
 
     Spawns at once (binary/embedded) and returns; `.wait()` blocks until AVAILABLE. Remote connects in wait().
     """
     if serving == "auto":
         serving = "binary" if find_binary(binary) else "embedded"
     if serving == "binary":
-        return start_binary(path, model_name, binary, device, load_timeout)
+        return start_binary(path, model_name, binary, device, load_timeout, rest)
     if serving == "embedded":
-        return start_embedded(path, model_name, device, load_timeout)
+        return start_embedded(path, model_name, device, load_timeout, rest)
     address = serving[len("remote:"):] if serving.startswith("remote:") else serving
     check_serving_mode(serving)
     if model_name is None and path is not None:

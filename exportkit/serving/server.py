@@ -24,13 +24,16 @@ import grpc
 import numpy as np
 
 from exportkit.errors import CheckFailed, InfraError, UsageError
-from exportkit.savedmodel import (DEFAULT_SIGNATURE, ModelLocation, dtype_name, resolve_model_path, shape_list,
-                                   signature_names)
+from exportkit.savedmodel import (CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES, DEFAULT_SIGNATURE,
+                                  REGRESS_INPUTS, REGRESS_METHOD, REGRESS_OUTPUTS, ModelLocation, dtype_name,
+                                  resolve_model_path, shape_list, signature_names)
 from exportkit.serving.client import GRPC_OPTIONS
 from exportkit.tfenv import import_tf, quiet_env
 
 ADDRESS_LINE = "exportkit serve: model '{name}' version {version} AVAILABLE at {address}"
-ADDRESS_RE = re.compile(r"^exportkit serve: model '(?P<name>.*)' version (?P<version>\d+) AVAILABLE at (?P<address>\S+)\s*$")
+REST_SUFFIX = " rest {rest_address}"
+ADDRESS_RE = re.compile(r"^exportkit serve: model '(?P<name>.*)' version (?P<version>\d+) AVAILABLE at (?P<address>\S+)"
+                        r"(?: rest (?P<rest>\S+))?\s*$")
 WATCH_STDIN_ENV = "EXPORTKIT_SERVE_WATCH_STDIN"
 
 log = logging.getLogger("exportkit.serve")
@@ -94,32 +97,23 @@ class ServedModel:
         self.state = "END"
 
     def _warm_up(self) -> int:
-        """Replay the warm-up records like TF Serving; returns how many were replayed. Predict logs run through
-        Predict (Classify/Regress as the Predict they amount to); other kinds (multi_inference) are logged and
-        skipped."""
+        """Replay the warm-up records like TF Serving, each through its own API; returns how many."""
         from exportkit.layout import warmup_path
-        from exportkit.serving.warmup import as_predict_request, log_kind, read_warmup_logs
+        from exportkit.serving.warmup import read_warmup_records
 
         path = warmup_path(self.location.version_dir)
         if not os.path.exists(path):
             return 0
         try:
-            logs = read_warmup_logs(path)
+            requests = read_warmup_records(path)
         except ValueError as err:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"invalid warm-up file: {err}") from None
-        replayed = 0
-        for i, record in enumerate(logs):
-            kind = log_kind(record)
-            if kind not in ("predict_log", "classify_log", "regress_log"):
-                log.info("warm-up record %d is a %s: not replayed (this server has no API for it)", i, kind)
-                continue
+        for i, request in enumerate(requests):
             try:
-                # Classify/Regress records run as the Predict they amount to (this server has no Classify API).
-                self.predict(as_predict_request(getattr(record, kind).request), warmup=True)
+                self.call(request, warmup=True)
             except RpcError as err:
                 raise RpcError(err.code, f"warm-up record {i} of {path} failed: {err.code.name}: {err.message}") from None
-            replayed += 1
-        return replayed
+        return len(requests)
 
     # -- model_spec -------------------------------------------------------------------------------------------
     def _check_spec(self, spec) -> None:
@@ -141,7 +135,7 @@ class ServedModel:
     def predict(self, request, warmup: bool = False):
         from tensorflow_serving.apis import predict_pb2
 
-        from exportkit.serving.warmup import ndarray_to_tensor_proto, tensor_proto_to_ndarray
+        from exportkit.serving.tensors import to_ndarray, to_tensor_proto
 
         tf = import_tf()
         if not warmup:
@@ -170,7 +164,7 @@ class ServedModel:
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"input '{key}': expected dtype {dtype_name(info.dtype)}, got {dtype_name(proto.dtype)}")
             try:
-                value = tensor_proto_to_ndarray(proto)
+                value = to_ndarray(proto)
             except Exception as err:  # noqa: BLE001 — a malformed TensorProto is the caller's fault
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"input '{key}': malformed TensorProto: {err}") from None
             want = shape_list(info.tensor_shape)
@@ -201,8 +195,116 @@ class ServedModel:
         response.model_spec.version.value = self.version
         response.model_spec.signature_name = signature_name
         for key, value in outputs.items():
-            response.outputs[key].CopyFrom(ndarray_to_tensor_proto(np.asarray(value)))
+            response.outputs[key].CopyFrom(to_tensor_proto(np.asarray(value)))
         return response
+
+    def call(self, request, warmup: bool = False):
+        """Answer any PredictionService request by its type (warm-up records hold all four kinds)."""
+        kind = type(request).__name__
+        handler = {"PredictRequest": self.predict, "ClassificationRequest": self.classify,
+                   "RegressionRequest": self.regress, "MultiInferenceRequest": self.multi_inference}.get(kind)
+        if handler is None:
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"Unsupported request type for warmup: {kind}")
+        return handler(request, warmup=warmup)
+
+    # -- Classify, Regress, MultiInference (classifier.cc, regressor.cc, multi_inference.cc) ---------------------
+    def _example_signature(self, model_spec, check):
+        name = model_spec.signature_name or DEFAULT_SIGNATURE
+        signature = self.model.signatures.get(name)
+        if signature is None:
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"No signature was found with the name: {name}")
+        check(signature)  # TF Serving's default: no method-name check, the structural one instead
+        return name, signature
+
+    def _run_examples(self, input_proto, input_tensors: list[str], output_names: list[str]) -> tuple[int, dict]:
+        """Feed the serialized Examples to every input tensor; fetch `output_names` (tensor names)."""
+        tf = import_tf()
+        examples = serialized_examples(input_proto)
+        feed = {tensor: examples for tensor in input_tensors}
+        try:
+            values = self.model.session.run(output_names, feed_dict=feed)
+        except tf.errors.OpError as err:
+            raise RpcError(_grpc_code(err.error_code), err.message) from None
+        return len(examples), dict(zip(output_names, values))
+
+    def classify(self, request, warmup: bool = False):
+        from tensorflow_serving.apis import classification_pb2
+
+        if not warmup:
+            self._check_spec(request.model_spec)
+        _, signature = self._example_signature(request.model_spec, preprocess_classification)
+        outputs = classification_output_names(signature)
+        n, values = self._run_examples(request.input, [signature.inputs[CLASSIFY_INPUTS].name], outputs)
+        response = classification_pb2.ClassificationResponse()
+        self._model_spec(response.model_spec, request.model_spec.signature_name)
+        postprocess_classification(signature, n, values, response.result)
+        return response
+
+    def regress(self, request, warmup: bool = False):
+        from tensorflow_serving.apis import regression_pb2
+
+        if not warmup:
+            self._check_spec(request.model_spec)
+        _, signature = self._example_signature(request.model_spec, preprocess_regression)
+        outputs = [signature.outputs[REGRESS_OUTPUTS].name]
+        n, values = self._run_examples(request.input, [signature.inputs[REGRESS_INPUTS].name], outputs)
+        response = regression_pb2.RegressionResponse()
+        self._model_spec(response.model_spec, request.model_spec.signature_name)
+        postprocess_regression(signature, n, values, response.result)
+        return response
+
+    def multi_inference(self, request, warmup: bool = False):
+        """One Session.run for every task (same Examples fed to each task's input tensor), like multi_inference.cc."""
+        from tensorflow_serving.apis import inference_pb2
+
+        if not warmup:
+            from tensorflow_serving.apis import model_pb2
+
+            self._check_spec(request.tasks[0].model_spec if request.tasks else model_pb2.ModelSpec())
+        model_name, seen, inputs, outputs, tasks = "", set(), set(), set(), []
+        for task in request.tasks:
+            if not task.model_spec.name:
+                raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Found ModelSpec with an empty model name.")
+            if model_name and task.model_spec.name != model_name:
+                raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                               "All ModelSpecs in a MultiInferenceRequest must access the same model name.")
+            model_name = task.model_spec.name
+            name = task.model_spec.signature_name or DEFAULT_SIGNATURE
+            if name in seen:
+                raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"Duplicate evaluation of signature: {name}")
+            seen.add(name)
+            signature = self.model.signatures.get(name)
+            if signature is None:
+                raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"Requested signature not found in model graph: {name}")
+            if task.method_name == CLASSIFY_METHOD:
+                preprocess_classification(signature)
+                inputs.add(signature.inputs[CLASSIFY_INPUTS].name)
+                outputs.update(classification_output_names(signature))
+            elif task.method_name == REGRESS_METHOD:
+                preprocess_regression(signature)
+                inputs.add(signature.inputs[REGRESS_INPUTS].name)
+                outputs.add(signature.outputs[REGRESS_OUTPUTS].name)
+            else:
+                raise RpcError(grpc.StatusCode.UNIMPLEMENTED, f"Unsupported signature method_name: {task.method_name}")
+            tasks.append((task, signature))
+        if not tasks:  # TF Serving then runs a Session with nothing to fetch, which TensorFlow refuses
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Must specify at least one target to fetch or execute.")
+        n, values = self._run_examples(request.input, sorted(inputs), sorted(outputs))
+        response = inference_pb2.MultiInferenceResponse()
+        for task, signature in tasks:
+            result = response.results.add()
+            if task.method_name == CLASSIFY_METHOD:
+                postprocess_classification(signature, n, values, result.classification_result)
+            else:
+                postprocess_regression(signature, n, values, result.regression_result)
+            self._model_spec(result.model_spec, task.model_spec.signature_name, name=task.model_spec.name)
+        return response
+
+    def _model_spec(self, spec, signature_name: str, name: str | None = None) -> None:
+        """util.cc MakeModelSpec: the request's name, the signature (default when empty), the served version."""
+        spec.name = name or self.name
+        spec.signature_name = signature_name or DEFAULT_SIGNATURE
+        spec.version.value = self.version
 
     # -- metadata and status ----------------------------------------------------------------------------------
     def metadata(self, request):
@@ -241,6 +343,7 @@ class ServedModel:
         entry = response.model_version_status.add()
         entry.version = self.version
         entry.state = get_model_status_pb2.ModelVersionStatus.State.Value(self.state)
+        entry.status.SetInParent()  # error_code OK, as TF Serving always reports it
         if self.error:
             entry.status.error_code = self.error[0]
             entry.status.error_message = self.error[1]
@@ -249,6 +352,120 @@ class ServedModel:
     def close(self) -> None:
         if self.model is not None:
             self.model.close()
+
+
+# --------------------------------------------------------------------------------------------------- tf.Example APIs
+
+
+def serialized_examples(input_proto) -> np.ndarray:
+    """Input{example_list | example_list_with_context} as the [n] string tensor TF Serving feeds (util.cc):
+    with a context, each element is the context's bytes followed by the example's (a proto merge when parsed)."""
+    kind = input_proto.WhichOneof("kind")
+    if kind == "example_list":
+        values = [e.SerializeToString() for e in input_proto.example_list.examples]
+    elif kind == "example_list_with_context":
+        context = input_proto.example_list_with_context.context.SerializeToString()
+        values = [context + e.SerializeToString() for e in input_proto.example_list_with_context.examples]
+    else:
+        values = []
+    if not values:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Input is empty.")
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _signature_text(signature) -> str:
+    return str(signature).replace("\n", " ").strip()
+
+
+def preprocess_classification(signature) -> None:
+    if len(signature.inputs) != 1:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Expected one input Tensor.")
+    if len(signature.outputs) not in (1, 2):
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       f"Expected one or two output Tensors, found {len(signature.outputs)}")
+    if CLASSIFY_INPUTS not in signature.inputs:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       f"No classification inputs found in SignatureDef: {_signature_text(signature)}")
+    if CLASSIFY_CLASSES not in signature.outputs and CLASSIFY_SCORES not in signature.outputs:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       'Expected classification signature outputs to contain at least one of "classes" or "scores". '
+                       f"Signature was: {_signature_text(signature)}")
+
+
+def classification_output_names(signature) -> list[str]:
+    return [signature.outputs[k].name for k in (CLASSIFY_CLASSES, CLASSIFY_SCORES) if k in signature.outputs]
+
+
+def preprocess_regression(signature) -> None:
+    if len(signature.inputs) != 1:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Expected one input Tensor.")
+    if len(signature.outputs) != 1:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Expected one output Tensor.")
+    if REGRESS_INPUTS not in signature.inputs:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       f"No regression inputs found in SignatureDef: {_signature_text(signature)}")
+    if REGRESS_OUTPUTS not in signature.outputs:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       f"No regression outputs found in SignatureDef: {_signature_text(signature)}")
+
+
+def _shape_text(value: np.ndarray) -> str:
+    return "[" + ",".join(str(d) for d in value.shape) + "]"
+
+
+def postprocess_classification(signature, n: int, values: dict, result) -> None:
+    """classifier.cc PostProcessClassificationResult: [batch, num_classes] string classes / float scores."""
+    classes = values.get(signature.outputs[CLASSIFY_CLASSES].name) if CLASSIFY_CLASSES in signature.outputs else None
+    scores = values.get(signature.outputs[CLASSIFY_SCORES].name) if CLASSIFY_SCORES in signature.outputs else None
+    for what, value, dtype in (("classes", classes, "DT_STRING"), ("scores", scores, "DT_FLOAT")):
+        if value is None:
+            continue
+        value = np.asarray(value)
+        if value.ndim != 2:
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"Expected Tensor shape: [batch_size num_classes] but got {_shape_text(value)}")
+        ok = value.dtype == object if what == "classes" else value.dtype == np.float32
+        if not ok:
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"Expected {what} Tensor of {dtype}. Got: {_dt_name(value)}")
+        if value.shape[0] != n:
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"Expected {what} output batch size of {n}. Got: {value.shape[0]}")
+    if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       f"Tensors class and score should match in dim_size(1). Got {classes.shape[1]} vs. {scores.shape[1]}")
+    num_classes = (classes if classes is not None else scores).shape[1]
+    for i in range(n):
+        row = result.classifications.add()
+        for c in range(num_classes):
+            cl = row.classes.add()
+            if classes is not None:
+                cl.label = bytes(classes[i, c]).decode("utf-8", "replace")
+            if scores is not None:
+                cl.score = float(scores[i, c])
+
+
+def postprocess_regression(signature, n: int, values: dict, result) -> None:
+    """regressor.cc PostProcessRegressionResult: one float per example, [batch] or [batch, 1]."""
+    value = np.asarray(values[signature.outputs[REGRESS_OUTPUTS].name])
+    if not (value.ndim == 1 or (value.ndim == 2 and value.shape[1] == 1)):
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       f"Expected output Tensor shape to be either [batch_size] or [batch_size, 1] but got "
+                       f"{_shape_text(value)}")
+    if value.shape[0] != n:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       f"Input batch size did not match output batch size: {n} vs. {value.shape[0]}")
+    if value.dtype != np.float32:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"Expected output Tensor of DT_FLOAT.  Got: {_dt_name(value)}")
+    for v in value.reshape(-1):
+        result.regressions.add().value = float(v)
+
+
+def _dt_name(value: np.ndarray) -> str:
+    return "DT_STRING" if value.dtype == object else "DT_" + {"float64": "DOUBLE", "float32": "FLOAT", "float16": "HALF"}.get(
+        value.dtype.name, value.dtype.name.upper())
 
 
 # --------------------------------------------------------------------------------------------------- gRPC glue
@@ -284,9 +501,9 @@ class PredictionServicer:
 
     Predict = _unary(lambda self, request: self.served.predict(request))
     GetModelMetadata = _unary(lambda self, request: self.served.metadata(request))
-    Classify = _unimplemented("Classify")
-    Regress = _unimplemented("Regress")
-    MultiInference = _unimplemented("MultiInference")
+    Classify = _unary(lambda self, request: self.served.classify(request))
+    Regress = _unary(lambda self, request: self.served.regress(request))
+    MultiInference = _unary(lambda self, request: self.served.multi_inference(request))
 
 
 class ModelServicer:
@@ -340,7 +557,8 @@ def _watch_stdin(stop: threading.Event) -> None:
     stop.set()
 
 
-def serve_command(path: str, port: int = 8500, model_name: str | None = None, device: str = "cpu") -> int:
+def serve_command(path: str, port: int = 8500, model_name: str | None = None, device: str = "cpu",
+                  rest_port: int = 0) -> int:
     """Serve until SIGINT/SIGTERM (exit 0). Load failure: log it, exit 1 (CheckFailed). Bind failure: exit 3."""
     _setup_logging()
     quiet_env()
@@ -350,17 +568,27 @@ def serve_command(path: str, port: int = 8500, model_name: str | None = None, de
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # no GPU memory grabbed by a CPU server
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {port}", "pass --port 8500, or --port 0 for a free one")
+    if not 0 <= rest_port <= 65535:
+        raise UsageError(f"--rest-port must be 0..65535 (0 = no REST), got {rest_port}",
+                         "pass --rest-port 8501, or leave it out for no REST API")
     location = resolve_model_path(path)
     name = model_name or location.default_name
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     served = ServedModel(location, name, device)
-    server = None
+    server = rest = None
     loader = None
     try:
         server, bound = start_grpc(served, port)
         address = f"127.0.0.1:{bound}"
+        line = ADDRESS_LINE.format(name=name, version=location.version, address=address)
+        if rest_port:
+            from exportkit.serving.rest import start_rest
+
+            rest, rest_bound = start_rest(served, rest_port)
+            line += REST_SUFFIX.format(rest_address=f"127.0.0.1:{rest_bound}")
+            log.info("REST API on 127.0.0.1:%d", rest_bound)
         log.info("listening on %s; loading model '%s' version %d from %s", address, name, location.version,
                  location.version_dir)
         if os.environ.get(WATCH_STDIN_ENV) == "1":
@@ -376,11 +604,14 @@ def serve_command(path: str, port: int = 8500, model_name: str | None = None, de
                 log.error("model '%s' version %d failed to load: %s", name, location.version, message)
                 raise CheckFailed(f"model '{name}' version {location.version} failed to load: {message}",
                                   "run `exportkit inspect` on the version directory; check custom ops and the warm-up file")
-            print(ADDRESS_LINE.format(name=name, version=location.version, address=address), flush=True)
+            print(line, flush=True)
             announced = True
         log.info("stopping")
         return 0
     finally:
+        if rest is not None:
+            rest.shutdown()
+            rest.server_close()
         if server is not None:
             server.stop(grace=2).wait(5)
         for sig, handler in previous.items():

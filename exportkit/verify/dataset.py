@@ -74,7 +74,7 @@ def _run_in_process(o, source, version_dir, specs, signature, names, devices, ex
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
     feed = Feeder(source, specs, example_key)  # before any runtime starts: a bad --data fails fast
     check = SignatureCheck(o.signature_name, signature.get("method") or "", specs, output_dtypes, {})
-    runtimes_ = _build_runtimes(o, names, devices, version_dir, check)
+    runtimes_ = _build_runtimes(o, names, devices, version_dir, check, signatures={check.name: signature})
     parsing = []  # runtimes that parse the records themselves (keras on a signature over tf.Example)
     for item in runtimes_:
         if example_key is not None and item.runtime.name == "keras":

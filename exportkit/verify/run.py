@@ -35,7 +35,7 @@ from exportkit.verify.compare import Tolerance, compare_batches, parse_tol, reso
 from exportkit.verify.report import RuntimeResult, VerifyReport
 
 _KINDS = {"trained": "recorded", "golden": "recorded", "keras": "in-process", "saved_model": "in-process",
-          "session": "subprocess", "serving": "grpc"}
+          "session": "subprocess", "serving": "grpc", "rest": "rest"}
 
 
 
@@ -45,7 +45,22 @@ def _devices(device: str) -> list[str]:
     return ["cpu", "gpu"] if device == "all" else [device]
 
 
-def _selected_runtimes(spec: str | None, serving: str, against) -> list[str]:
+PROTOCOLS = ("grpc", "rest", "both")
+
+
+def _protocol(protocol: str | None, serving: str) -> str:
+    """--serving-protocol; by default both for servers exportkit launches, gRPC for a remote one (REST port unknown)."""
+    if protocol is None:
+        return "both" if serving in ("auto", "binary", "embedded") else "grpc"
+    if protocol not in PROTOCOLS:
+        raise UsageError(f"--serving-protocol {protocol!r} is not grpc, rest or both", "pass --serving-protocol both")
+    if protocol != "grpc" and serving not in ("auto", "binary", "embedded", "none"):
+        raise UsageError(f"--serving-protocol {protocol} needs a server exportkit launches (REST port unknown for "
+                         f"{serving})", "pass --serving-protocol grpc for a remote server")
+    return protocol
+
+
+def _selected_runtimes(spec: str | None, serving: str, against, protocol: str = "grpc") -> list[str]:
     if spec:
         names = [n.strip() for n in spec.split(",") if n.strip()]
         unknown = sorted(set(names) - set(RUNTIME_NAMES))
@@ -55,7 +70,9 @@ def _selected_runtimes(spec: str | None, serving: str, against) -> list[str]:
             raise UsageError("--runtimes keras needs the training source", "pass --against SRC (and its source options)")
         return names
     names = [n for n in RUNTIME_NAMES if n != "keras" or against]  # "trained" is dropped later without a reference
-    return [n for n in names if n != "serving" or serving != "none"]
+    if serving == "none":
+        return [n for n in names if n not in ("serving", "rest")]
+    return [n for n in names if (n != "serving" or protocol != "rest") and (n != "rest" or protocol != "grpc")]
 
 
 class _Labeled:
@@ -143,7 +160,15 @@ def _tensor_batches(o: VerifyOptions, specs, lo_hi, explicit: bool) -> list:
         except UsageError:
             if explicit:
                 raise
-    return found + [("generated", b) for b in generate_batches(specs, samples=o.samples, seed=o.seed, int_range=lo_hi)]
+    generated = generate_batches(specs, samples=o.samples, seed=o.seed, int_range=lo_hi)
+    if len(generated) == 2:  # the batch of N starts with the row of the batch of 1 (batch independence)
+        single, many = generated
+        for key, value in many.items():
+            if np.ndim(value) and np.ndim(single[key]) and np.shape(value)[1:] == np.shape(single[key])[1:]:
+                many[key] = value.copy()
+                many[key][:1] = single[key]
+    # ... and the batch of 1 is sent again (determinism): verify/behaviours.py needs no other runs.
+    return found + [("generated", b) for b in generated] + [("repeat", {k: v.copy() for k, v in generated[0].items()})]
 
 
 def _plan_checks(o: VerifyOptions, signatures: dict, names: list[str], version_dir, manifest, lo_hi):
@@ -154,12 +179,15 @@ def _plan_checks(o: VerifyOptions, signatures: dict, names: list[str], version_d
     """
     if o.samples < 1:
         raise UsageError(f"--samples {o.samples} must be at least 1", "pass --samples 8 (for example)")
+    from exportkit.examples import input_specs
+    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+
+    meta_graph = select_meta_graph(read_saved_model_proto(version_dir))
     entries = signature_entries(manifest)
     checks = []
     for name in names:
         signature = signatures[name]
-        specs = [InputSpec(key=k, dtype=v["dtype"], shape=v["shape"] if v["shape"] is not None else [-1])
-                 for k, v in signature["inputs"].items()]
+        specs = input_specs(meta_graph, name, signature, version_dir)  # with ExampleSpecs for tf.Example inputs
         check = SignatureCheck(name, signature.get("method") or "", specs,
                                {k: v["dtype"] for k, v in signature["outputs"].items()}, entries.get(name, {}))
         check.golden = read_golden(version_dir, name, manifest) if manifest else (None, None)
@@ -267,10 +295,40 @@ def _verify_data(o: VerifyOptions, report, version_dir, proto, signatures, selec
     return verify_data(o, report, version_dir, proto, signature, specs, names, devices, tolerance)
 
 
+class InputsRejected(Exception):
+    """A runtime rejected inputs exportkit generated: the inputs were wrong for the model, not the model."""
+
+
+def _rejects_inputs(err: Exception) -> bool:
+    text = f"{type(err).__name__} {err}"
+    return "InvalidArgument" in text or "INVALID_ARGUMENT" in text
+
+
+def _one_line(err: Exception, limit: int = 300) -> str:
+    text = " ".join(str(getattr(err, "message", None) or err).split())
+    return (text[:limit] + "...") if len(text) > limit else text or type(err).__name__
+
+
 def _run_all(runtime, batches) -> list:
+    """Outputs per batch. Generated batches the model rejects as invalid arguments are the inputs' fault: they
+    get None (not compared) when real inputs (golden, reference or --inputs) exist, else InputsRejected says so."""
     if not runtime.loaded:
         runtime.load()
-    return [runtime.run(batch) for _, batch in batches]
+    has_real = any(origin in ("golden", "reference", "file") for origin, _ in batches)
+    results = []
+    for origin, batch in batches:
+        try:
+            results.append(runtime.run(batch))
+        except InfraError:
+            raise
+        except Exception as err:
+            if origin not in ("generated", "repeat") or not _rejects_inputs(err):
+                raise
+            if not has_real:
+                raise InputsRejected(_one_line(err)) from err
+            runtime.rejected_generated = _one_line(err)
+            results.append(None)
+    return results
 
 
 def verify_command(options: VerifyOptions) -> int:
@@ -279,8 +337,8 @@ def verify_command(options: VerifyOptions) -> int:
     if o.data and o.tf_versions:
         raise UsageError("--tf runs on the generated/golden batches, not on --data records (not supported yet)",
                          "run `exportkit verify PATH --tf X.Y` and `exportkit verify PATH --data GLOB` separately")
-    names = _selected_runtimes(o.runtimes, o.serving, o.against)
-    if "serving" in names:
+    names = _selected_runtimes(o.runtimes, o.serving, o.against, _protocol(o.serving_protocol, o.serving))
+    if "serving" in names or "rest" in names:
         from exportkit.serving.launcher import check_serving_mode
 
         check_serving_mode(o.serving)
@@ -339,18 +397,22 @@ def verify_command(options: VerifyOptions) -> int:
     trained_check, trained = _trained_check(o, manifest, version_dir, checks)
     if trained is None and "trained" in names:
         names.remove("trained")
-    origins = sorted({origin for c in checks for origin, _ in c.batches},
+    origins = sorted({origin for c in checks for origin, _ in c.batches if origin != "repeat"},
                      key=["golden", "reference", "file", "generated"].index)
     report.inputs = {"source": "+".join(origins), "batch_sizes": [_rows(b) for _, b in checks[0].batches],
                      "seed": o.seed}
     if trained is not None:
         report.inputs["reference"] = trained[3]
+    examples = {f"{c.name}.{s.key}" if len(checks) > 1 else s.key: f"serialized tf.Example ({s.examples.parse_op}: "
+                f"{s.examples.describe()})" for c in checks for s in c.specs if s.examples is not None}
+    if examples:
+        report.inputs["examples"] = examples
     if o.save_inputs:
         for c in checks:
             _save(o.save_inputs, "inputs" if len(checks) == 1 else f"inputs.{c.name}", [b for _, b in c.batches])
 
     # Subprocess runtimes first: they import TensorFlow while we work here.
-    runtimes_ = _build_runtimes(o, names, devices, version_dir, checks[0], trained_check, trained,
+    runtimes_ = _build_runtimes(o, names, devices, version_dir, checks[0], trained_check, trained, signatures,
                                 (manifest or {}).get("output_names"))
     runtimes_ += versioned_sessions(versioned, version_dir, checks[0].name)
     outputs: dict[str, dict[str, list]] = {c.name: {} for c in checks}
@@ -369,6 +431,12 @@ def verify_command(options: VerifyOptions) -> int:
                     if result is not None:
                         results[check.name].append(result)
         _serving_checks(runtimes_, signatures, selected, version_dir, results, report, infra)
+        rejected = [(item.label, item.runtime.rejected_generated) for item in runtimes_
+                    if getattr(item.runtime, "rejected_generated", None)]
+        if rejected:
+            report.findings.append(Finding("warning", "generated-inputs-rejected", (
+                f"the model rejects exportkit's generated inputs ({rejected[0][0]}: {rejected[0][1]}); they were "
+                f"left out and only the golden/--inputs batches compared. The inputs were wrong, not the model")))
     finally:
         _close_all(runtimes_)
 
@@ -376,6 +444,13 @@ def verify_command(options: VerifyOptions) -> int:
     for check in checks:
         sub = VerifyReport(path=report.path, signature=check.name, reference="", runtimes=results[check.name])
         tolerance = _per_output_tolerances(o.atol, o.rtol, per_output, check.entry)
+        noisy = _behaviours(report, outputs[check.name], check.batches, tolerance, o.allow_nondeterministic,
+                            check.output_dtypes, check.name if len(checks) > 1 else None)
+        if noisy and o.allow_nondeterministic:
+            for per_batch in outputs[check.name].values():
+                for out in per_batch:
+                    for key in noisy & set(out or {}):
+                        del out[key]
         _compare_all(sub, outputs[check.name], check.batches, tolerance, devices)
         for result in sub.runtimes:
             result.signature = check.name
@@ -491,7 +566,7 @@ def _baseline_findings(o: VerifyOptions, signatures: dict, selected: list[str]) 
 
 
 def _build_runtimes(o: VerifyOptions, names, devices, version_dir, first: SignatureCheck,
-                    trained_check: SignatureCheck | None = None, trained=None,
+                    trained_check: SignatureCheck | None = None, trained=None, signatures=None,
                     output_names: list[str] | None = None) -> list[_Labeled]:
     """Every runtime once; each is pointed at one signature after the other (one worker, one server, one load)."""
     from exportkit.runtimes.local import GoldenRuntime, KerasRuntime, SavedModelRuntime
@@ -509,13 +584,17 @@ def _build_runtimes(o: VerifyOptions, names, devices, version_dir, first: Signat
         for dev in devices:
             built.append(_Labeled(SessionRuntime(str(version_dir), first.name, device=dev, allow_tf32=o.allow_tf32),
                                   label("session", dev)))
-    if "serving" in names:
-        from exportkit.runtimes.serving import ServingRuntime
+    if "serving" in names or "rest" in names:
+        from exportkit.runtimes.serving import RestRuntime, ServingRuntime
 
         runtime = ServingRuntime(str(version_dir), mode=o.serving, signature_name=first.name,
                                  model_name=o.model_name, model_version=o.model_version, binary=o.model_server_bin,
-                                 load_timeout=o.load_timeout, device=devices[-1])
-        built.append(_Labeled(runtime, "serving"))
+                                 load_timeout=o.load_timeout, device=devices[-1], signatures=signatures,
+                                 rest="rest" in names)
+        if "serving" in names:
+            built.append(_Labeled(runtime, "serving"))
+        if "rest" in names:
+            built.append(_Labeled(RestRuntime(runtime, owns="serving" not in names), "rest"))
     if "golden" in names:
         built.insert(0, _Labeled(GoldenRuntime([], []), "golden"))
     if "trained" in names:  # recorded as float32 where the model computed in half precision: as the signature has it
@@ -584,6 +663,10 @@ def _execute(item: _Labeled, check: SignatureCheck, outputs, infra: list | None 
             result.status, result.error = "skipped", skip
         else:
             outputs[item.label] = _run_all(runtime, check.batches)
+    except InputsRejected as err:  # our inputs were wrong: say so instead of blaming the model
+        result.status = "error"
+        result.error = (f"the generated inputs are not valid for this model ({err}): the inputs were wrong, not "
+                        f"the model; pass real inputs with --inputs (.npz, .json, or a .tfrecord of tf.Example)")
     except CheckFailed as err:  # the model cannot load or run here: the model's failure
         result.status, result.error = "error", _error_text(err)
     except InfraError as err:  # not the model's fault: shown in the table, exit 3 once the report is out
@@ -624,6 +707,32 @@ def _serving_checks(runtimes_, signatures, selected, version_dir, results, repor
                     if r.name == item.label:
                         r.status, r.error = "error", _error_text(err)
             infra.append(err)
+
+
+def _behaviours(report: VerifyReport, outputs: dict[str, list], batches, tolerance, allow_nondeterministic: bool,
+                output_dtypes: dict[str, str], signature: str | None = None) -> set[str]:
+    """Batch independence and determinism in every runtime, REST against gRPC; returns nondeterministic keys."""
+    from exportkit.verify.behaviours import behaviour_findings, json_findings
+
+    def index(origin, many=False):
+        return next((i for i, (o, b) in enumerate(batches) if o == origin and (_rows(b) > 1) == many), None)
+
+    single, repeat, many = index("generated"), index("repeat"), index("generated", many=True)
+    noisy: set[str] = set()
+    found = []
+    if single is not None and repeat is not None:
+        per_runtime = {label: (per_batch[single], per_batch[repeat], per_batch[many] if many is not None else None)
+                       for label, per_batch in outputs.items()}
+        more, noisy = behaviour_findings(per_runtime, 1, tolerance, allow_nondeterministic)
+        found += more
+    if "serving" in outputs and "rest" in outputs:
+        strip = [{k: v for k, v in (o or {}).items() if k not in noisy} if o is not None else None
+                 for o in outputs["serving"]]
+        found += json_findings(strip, outputs["rest"], output_dtypes)
+    if signature:  # several signatures: say which
+        found = [Finding(f.severity, f.code, f"signature '{signature}': {f.message}") for f in found]
+    report.findings += found
+    return noisy
 
 
 def _compare_all(report: VerifyReport, outputs: dict[str, list], batches, tolerance, devices) -> None:

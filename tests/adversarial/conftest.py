@@ -77,8 +77,8 @@ def warmup_logs(tf):
 
 @pytest.fixture(scope="session")
 def third_party(tf, tmp_path_factory) -> dict[str, Path]:
-    """Base directories: `plain` (no warm-up file), `mixed_warmup` (predict + multi_inference records, which
-    TF Serving replays but exportkit does not yet)."""
+    """Base directories: `plain` (no warm-up file), `mixed_warmup` (a predict record, then multi_inference
+    records without tasks, which TF Serving's warm-up refuses)."""
     root = tmp_path_factory.mktemp("third_party")
     out = {}
     module = _plain_module(tf)

@@ -69,7 +69,7 @@ def test_verify_refuses_before_anything_runs(io_models, tmp_path, name):
     io = [f for f in report["findings"] if f["code"] == "io-op"]
     assert io and io[0]["severity"] == "error" and op in io[0]["message"]
     assert {r["name"]: r["status"] for r in report["runtimes"]} == {
-        "saved_model": "skipped", "session": "skipped", "serving": "skipped"}
+        "saved_model": "skipped", "session": "skipped", "serving": "skipped", "rest": "skipped"}
     assert not marker.exists(), "a server was started before the static verdict"
     if name == "write_file":
         assert not touched.exists(), "verify executed the graph: the file was written"

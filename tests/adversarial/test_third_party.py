@@ -20,19 +20,20 @@ def test_plain_module_without_warmup_passes_with_an_info(third_party, tmp_path):
 
 
 @pytest.mark.slow
-def test_warmup_kinds_not_replayed_are_a_warning_not_an_error(third_party, tmp_path):
+def test_a_multi_inference_warmup_record_is_replayed_like_tf_serving(third_party, tmp_path):
+    """TF Serving replays MultiInference warm-up records too; one without tasks fails the version's load there, so
+    the embedded server refuses it the same way and the report names the record."""
     proc = invoke("verify", third_party["mixed_warmup"], "--serving", "embedded", "--runtimes", "saved_model,serving",
                   "--json", tmp_path / "r.json")
     report = json.loads((tmp_path / "r.json").read_text())
-    assert proc.returncode == 0, proc.stdout + proc.stderr  # the embedded server loaded it, as TF Serving would
-    skipped = [f for f in report["findings"] if f["code"] == "serving-warmup-not-replayed"]
-    assert len(skipped) == 1 and skipped[0]["severity"] == "warning"
-    assert "2 warm-up record(s)" in skipped[0]["message"] and "2 multi_inference_log" in skipped[0]["message"]
-    assert not [f for f in report["findings"] if f["severity"] == "error"]
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    serving = next(r for r in report["runtimes"] if r["name"] == "serving")
+    assert serving["status"] == "error" and "warm-up record 1" in serving["error"], serving
+    assert next(r for r in report["runtimes"] if r["name"] == "saved_model")["status"] == "ok"
 
 
 def test_reading_every_log_kind(tf, warmup_logs, tmp_path):
-    from exportkit.serving.warmup import log_kind, read_warmup_logs, read_warmup_records
+    from exportkit.serving.warmup import read_warmup_records
 
     path = tmp_path / "assets.extra" / "tf_serving_warmup_requests"
     path.parent.mkdir()
@@ -40,7 +41,8 @@ def test_reading_every_log_kind(tf, warmup_logs, tmp_path):
     with tf.io.TFRecordWriter(str(path)) as writer:
         for record in warmup_logs(kinds):
             writer.write(record)
-    assert [log_kind(log) for log in read_warmup_logs(str(tmp_path))] == [f"{k}_log" for k in kinds]
-    assert len(read_warmup_records(str(tmp_path))) == 3  # the kinds exportkit replays
+    requests = read_warmup_records(str(tmp_path))  # every kind, each replayed through its own API
+    assert [type(r).__name__ for r in requests] == ["PredictRequest", "ClassificationRequest", "RegressionRequest",
+                                                    "MultiInferenceRequest"]
     with pytest.raises(FileNotFoundError):
-        read_warmup_logs(str(tmp_path / "nowhere"))
+        read_warmup_records(str(tmp_path / "nowhere"))
