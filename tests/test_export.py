@@ -124,10 +124,9 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample, tmp_
 @pytest.mark.parametrize("name", list(CASES))
 def test_warmup_records_are_the_golden_inputs_with_the_signature_keys_and_dtypes(exported, name):
     """One PredictionLog per golden batch, holding exactly that batch under the signature's keys and dtypes."""
-    from exportkit.serving.warmup import read_warmup_records, tensor_proto_to_ndarray
-    from exportkit.verify.inputs import load_batches
-
+    from exportkit.batches import load_batches
     from exportkit.savedmodel import read_saved_model_proto, select_meta_graph, signatures_of
+    from exportkit.serving.warmup import read_warmup_records, tensor_proto_to_ndarray
 
     version_dir = exported(name).path
     manifest = json.loads((version_dir / "assets.extra/exportkit/manifest.json").read_text())
