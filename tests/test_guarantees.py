@@ -25,7 +25,7 @@ from conftest import invoke, tree_snapshot
 pytestmark = pytest.mark.slow
 
 RECORDER = """\
-import os, sys
+import json, os, sys
 with open({log!r}, "a") as fh:
     fh.write(json.dumps({{"pid": os.getpid(), "module": __name__, "argv": sys.argv}}) + "\\n")
 """
@@ -35,7 +35,7 @@ def _user_project(folder: Path, log: Path) -> Path:
     """A user's project: a custom-objects module and a sitecustomize.py, both recording every process that imports
     them. sitecustomize runs at start-up in any Python process whose start-up path holds the project."""
     folder.mkdir()
-    record = "import json\n" + RECORDER.format(log=str(log))
+    record = RECORDER.format(log=str(log))
     (folder / "sitecustomize.py").write_text(record)
     (folder / "recorded_layers.py").write_text(record + textwrap.dedent("""
         import keras
@@ -48,11 +48,13 @@ def _user_project(folder: Path, log: Path) -> Path:
     return folder
 
 
-def _run_watching_children(args, cwd: Path, env: dict) -> tuple[subprocess.CompletedProcess, int, list[dict]]:
+def _run_watching_children(args, cwd: Path, env: dict, logs: Path) -> tuple[subprocess.CompletedProcess, int, list]:
     """Run the CLI; meanwhile note every descendant process: its pid, command line, working directory, and
-    whether PYTHONPATH is in its environment (as last seen)."""
-    proc = subprocess.Popen([sys.executable, "-m", "exportkit", *map(str, args)], cwd=cwd, env={**os.environ, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    whether PYTHONPATH is in its environment (as last seen). Output goes to files: no pipe can fill up."""
+    out, err = logs.with_suffix(".out"), logs.with_suffix(".err")
+    argv = [sys.executable, "-m", "exportkit", *map(str, args)]
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, stdout=stdout, stderr=stderr, text=True)
     seen: dict[int, dict] = {}
     parent = psutil.Process(proc.pid)
     while proc.poll() is None:
@@ -60,15 +62,18 @@ def _run_watching_children(args, cwd: Path, env: dict) -> tuple[subprocess.Compl
             children = parent.children(recursive=True)
         except psutil.NoSuchProcess:
             break
-        for child in children:  # sampled again on every round: a child just forked still shows our state
+        for child in children:  # sampled on every round: a child not yet exec'd still shows the CLI's state
             try:
-                seen[child.pid] = {"pid": child.pid, "cmdline": child.cmdline(), "cwd": child.cwd(),
-                                   "pythonpath": "PYTHONPATH" in child.environ()}
+                snapshot = {"pid": child.pid, "cmdline": child.cmdline(), "cwd": child.cwd(),
+                            "pythonpath": "PYTHONPATH" in child.environ()}
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                pass
+                continue
+            if snapshot["cmdline"] != argv:
+                seen[child.pid] = snapshot
         time.sleep(0.1)
-    out, err = proc.communicate(timeout=300)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), proc.pid, list(seen.values())
+    proc.wait()
+    completed = subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
+    return completed, proc.pid, list(seen.values())
 
 
 @pytest.mark.serving
@@ -92,11 +97,11 @@ def test_user_code_is_imported_only_by_the_cli_process(tmp_path):
     # A fresh op-registry cache: verify's registry probe (a child process) runs too and is checked with the rest.
     env = {"PYTHONPATH": str(project), "EXPORTKIT_CACHE_DIR": str(tmp_path / "cache")}
     export, export_pid, export_children = _run_watching_children(
-        ["export", "model.keras", "-o", tmp_path / "models", *user], project, env)
+        ["export", "model.keras", "-o", tmp_path / "models", *user], project, env, tmp_path / "export")
     assert export.returncode == 0, export.stderr
     verify, verify_pid, verify_children = _run_watching_children(
         ["verify", tmp_path / "models", "--against", "model.keras", *user, "--serving", "embedded",
-         "--json", tmp_path / "report.json"], project, env)
+         "--json", tmp_path / "report.json"], project, env, tmp_path / "verify")
     assert verify.returncode == 0, verify.stdout + verify.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert {r["name"] for r in report["runtimes"] if r["outputs"]} >= {"keras", "session", "serving"}
