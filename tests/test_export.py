@@ -209,6 +209,7 @@ def existing_base(sample, tmp_path):
     return base
 
 
+@pytest.mark.slow  # a real CLI process (its own TensorFlow import)
 def test_missing_unregistered_custom_object_in_h5(sample, existing_base):
     before = tree_snapshot(existing_base)
     proc = run_cli("export", sample("mixed_functional.h5")["path"], "-o", existing_base)
