@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import psutil
@@ -189,11 +190,14 @@ def test_export_self_check_rejects_what_only_tf2_loading_accepts(keras3_saved_wi
     from exportkit.runtimes.session import SessionRuntime
 
     path, inputs, expected = keras3_saved_with_tf_saved_model
+    # _self_check reads only these fields of the golden record and the manifest.
+    record = SimpleNamespace(plan=SimpleNamespace(name="serving_default"), inputs=inputs, outputs=expected)
     tolerances = {key: {"atol": 1e-5, "rtol": 1e-5} for key in expected[0]}
+    manifest = {"signatures": {"serving_default": {"tolerances": tolerances}}}
     session = SessionRuntime(str(path))
     try:
         with pytest.raises(CheckFailed, match="TF1 loader.*find variable"):
-            _self_check(session, inputs, expected, tolerances)
+            _self_check(session, SimpleNamespace(signatures=[record]), manifest)
     finally:
         session.close()
 
