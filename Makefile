@@ -8,7 +8,7 @@ DEMO   := build/demo
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 export PYTHONWARNINGS ?= ignore
 
-.PHONY: install samples demo test bench clean
+.PHONY: install samples demo test test-fast test-samples bench clean
 
 install: $(STAMP)
 
@@ -32,6 +32,14 @@ demo: samples
 
 test: install
 	$(PY) -m pytest -q tests
+
+# The quick loop while developing: everything but the tests marked slow (exports, servers, extra processes).
+test-fast: install
+	$(PY) -m pytest -q tests -m "not slow"
+
+# The sample builders' own tests (sample_models/tests), not part of exportkit's suite.
+test-samples: install
+	$(PY) -m pytest -q sample_models/tests
 
 bench: samples
 	$(PY) benchmarks/bench.py $(BENCH_ARGS)

@@ -20,6 +20,7 @@ from typing import Iterable, Iterator
 from exportkit.dtypes import HALF_DTYPES
 from exportkit.findings import Finding
 from exportkit.savedmodel import DEFAULT_SIGNATURE, SERVE_TAG, dtype_name, select_meta_graph, shape_list, signature_names
+from exportkit.tfenv import child_env
 
 # Ops that run Python in the exporting process: TF Serving (C++) cannot run them.
 PY_FUNC_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
@@ -262,11 +263,10 @@ sys.stdout.write(json.dumps({"tensorflow_version": tf.__version__, "ops": names}
 
 def compute_registered_ops() -> dict:
     """Ask a fresh Python with TensorFlow for its op registry: {"tensorflow_version", "ops": [names]}."""
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "")
-    proc = subprocess.run([sys.executable, "-c", _REGISTRY_SCRIPT], capture_output=True, text=True, env=env,
-                          timeout=_REGISTRY_TIMEOUT_S)
+    # Isolated (-I, no PYTHON* variables) like the serving-equivalent workers: a user's sitecustomize or PYTHONPATH
+    # could load custom op libraries and hide an op TF Serving does not have.
+    proc = subprocess.run([sys.executable, "-I", "-c", _REGISTRY_SCRIPT], capture_output=True, text=True,
+                          env=child_env("cpu"), timeout=_REGISTRY_TIMEOUT_S)
     if proc.returncode != 0:
         tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"listing TensorFlow's ops failed (exit {proc.returncode}): {tail[0]}")

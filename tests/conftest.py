@@ -1,4 +1,10 @@
-"""Shared fixtures: sample models built once per session, and a CLI runner that runs the real program."""
+"""Shared fixtures: one sample build and one export of each sample per session, one way to run the CLI, and one
+check that no test leaves a process behind.
+
+Markers (registered in pyproject.toml): `slow` (more than a few seconds: exports, servers, extra processes),
+`serving` (starts a gRPC server), `gpu` (needs a GPU to mean anything), `compat` (other TensorFlow versions).
+`pytest -m "not slow"` is the quick loop (README, Development).
+"""
 from __future__ import annotations
 
 import os
@@ -7,6 +13,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -16,7 +23,7 @@ if str(REPO) not in sys.path:
 
 
 def run_cli(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProcess:
-    """`python -m exportkit ARGS` in a subprocess, as a user or CI runs it."""
+    """`python -m exportkit ARGS` in a subprocess, as a user or CI runs it; `env` is added to this environment."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "exportkit", *map(str, args)], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
@@ -32,6 +39,13 @@ def invoke(*args) -> SimpleNamespace:
     return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
 
 
+def has_gpu() -> bool:
+    from exportkit.tfenv import import_tf
+
+    return bool(import_tf().config.list_physical_devices("GPU"))
+
+
+# ------------------------------------------------------------------------------------------------ samples
 @pytest.fixture(scope="session")
 def samples_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("samples")
@@ -39,7 +53,7 @@ def samples_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def sample(samples_dir):
-    """sample(name) -> its samples.json entry, building it on first use."""
+    """sample(name) -> its samples.json entry, building it on first use (the only sample build of the suite)."""
     from sample_models import build_samples
 
     built: dict[str, dict] = {}
@@ -52,9 +66,49 @@ def sample(samples_dir):
     return get
 
 
+@pytest.fixture(scope="session")
+def exported(sample, tmp_path_factory):
+    """exported(name) -> the sample exported once per session by the CLI (self-check included):
+    `.proc` (exit code, stdout, stderr), `.base` (the model base directory), `.path` (its version 1).
+
+    Tests must not change these directories; copy them first (shutil.copytree)."""
+    root = tmp_path_factory.mktemp("exported")
+    done: dict[str, SimpleNamespace] = {}
+
+    def get(name: str) -> SimpleNamespace:
+        if name not in done:
+            entry = sample(name)
+            base = root / name.replace(".", "_")
+            proc = invoke("export", entry["path"], "-o", base, *entry["export_args"])
+            done[name] = SimpleNamespace(proc=proc, base=base, path=base / "1")
+        return done[name]
+
+    return get
+
+
 def tree_snapshot(path: Path) -> dict:
     """Every file below `path` with its bytes: equal snapshots mean the directory was left untouched."""
     if not path.exists():
         return {}
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()} | {
         str(p.relative_to(path)) + "/": b"" for p in sorted(path.rglob("*")) if p.is_dir()}
+
+
+# ------------------------------------------------------------------------------------------------ processes
+SESSION_CHILDREN: set[int] = set()  # pids of session-scoped servers: allowed to outlive the test that started them
+
+
+@pytest.fixture(autouse=True)
+def no_children_left():
+    """Every process a test starts (workers, servers, stand-ins) is gone when it ends, on success and failure."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before | SESSION_CHILDREN]
+    _, alive = psutil.wait_procs(new, timeout=15)
+    left = []
+    for process in alive:
+        try:
+            left.append((process.pid, process.cmdline()))
+        except psutil.NoSuchProcess:
+            pass
+    assert not left, f"child processes left behind: {left}"

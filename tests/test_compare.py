@@ -1,10 +1,13 @@
 """Pure comparison functions (no TensorFlow)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -41,10 +44,27 @@ def test_no_tensorflow_imported():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def _readme_defaults() -> dict[str, Tolerance]:
+    """The default tolerances as the README documents them (section `exportkit verify PATH`): one value per dtype,
+    used as both atol and rtol; integers, bools and strings exact."""
+    text = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    documented = re.search(r"Default tolerances \(atol, rtol\) by the dtype the output was computed in: (.*?), "
+                           r"integers, bools and strings exact;", text)
+    assert documented, "README no longer documents the default tolerances"
+    pairs = [item.split() for item in documented.group(1).split(", ")]
+    return {name: Tolerance(float(value), float(value)) for name, value in pairs}
+
+
+README_DEFAULTS = _readme_defaults()
+
+
+def test_readme_documents_every_float_dtype():
+    assert set(README_DEFAULTS) == {"float16", "bfloat16", "float32", "float64"}
+
+
 @pytest.mark.parametrize("name,expected", [
-    ("float64", Tolerance(1e-10, 1e-10)), ("float32", Tolerance(1e-5, 1e-5)), ("float16", Tolerance(1e-2, 1e-2)),
-    ("bfloat16", Tolerance(5e-2, 5e-2)), ("int32", EXACT), ("int64", EXACT), ("uint8", EXACT), ("bool", EXACT),
-    ("string", EXACT), ("half", Tolerance(1e-2, 1e-2)), ("double", Tolerance(1e-10, 1e-10)),
+    *README_DEFAULTS.items(), ("half", README_DEFAULTS["float16"]), ("double", README_DEFAULTS["float64"]),
+    *[(name, Tolerance(0.0, 0.0)) for name in ("int8", "int32", "int64", "uint8", "bool", "string")],
 ])
 def test_default_tolerance(name, expected):
     assert default_tolerance(name) == expected
@@ -57,8 +77,9 @@ def test_default_tolerances_are_ordered_by_precision():
 
 
 def test_tolerance_is_frozen():
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         T.atol = 1.0  # type: ignore[misc]
+    assert T == Tolerance(1e-5, 1e-5)
 
 
 @pytest.mark.parametrize("spec,key,tol", [
@@ -372,8 +393,11 @@ def test_strings_mismatch():
 
 
 def test_strings_non_utf8_bytes_are_json_safe():
+    """Bytes that are not UTF-8 reach the JSON report as visible escapes, the valid ones as themselves."""
     c = compare_arrays("s", np.array([b"\xff\x00"], object), np.array([b"\xfe"], object), EXACT)
-    json.dumps(c.to_dict())
+    d = json.loads(json.dumps(c.to_dict(), ensure_ascii=False).encode("utf-8"))
+    assert d["worst_expected"] == "\\xff\x00" and d["worst_actual"] == "\\xfe"
+    assert d["passed"] is False and d["mismatched"] == 1
 
 
 def test_string_trailing_nul_is_significant_in_object_arrays():

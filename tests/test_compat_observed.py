@@ -11,7 +11,7 @@ import pytest
 
 from conftest import invoke, run_cli
 
-pytestmark = pytest.mark.compat
+pytestmark = [pytest.mark.compat, pytest.mark.slow]  # a managed TF 2.12 environment: never in the quick loop
 VERSIONS = ("2.12", "2.21")
 
 

@@ -9,15 +9,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, has_gpu, run_cli
 
 
-def _has_gpu() -> bool:
-    import tensorflow as tf
-
-    return bool(tf.config.list_physical_devices("GPU"))
-
-
+@pytest.mark.slow
 def test_runtimes_run_on_the_device_they_are_given_and_report_it(tmp_path):
     """Two logical CPUs stand in for two devices: placement must follow the runtime's device string."""
     script = textwrap.dedent(f"""
@@ -48,8 +43,9 @@ def test_runtimes_run_on_the_device_they_are_given_and_report_it(tmp_path):
     assert placed == {"/CPU:0": "cpu:0", "/CPU:1": "cpu:1"}
 
 
+@pytest.mark.gpu
 def test_gpu_without_gpu_is_an_infrastructure_failure():
-    if _has_gpu():
+    if has_gpu():
         pytest.skip("this machine has a GPU")
     from exportkit.errors import InfraError
     from exportkit.runtimes.local import tf_device
@@ -97,15 +93,13 @@ def test_tf32_and_dtype_policy_are_restored():
     assert keras.config.dtype_policy().name == policy
 
 
-def test_verify_on_gpu_and_all(sample, tmp_path):
-    from conftest import run_cli
-
-    if not _has_gpu():
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_verify_on_gpu_and_all(exported, tmp_path):
+    if not has_gpu():
         pytest.skip("needs a GPU")
-    entry = sample("multi_io.keras")
-    assert run_cli("export", entry["path"], "-o", tmp_path / "m").returncode == 0
     for device in ("gpu", "all"):
-        proc = run_cli("verify", tmp_path / "m", "--device", device, "--json", tmp_path / f"{device}.json")
+        proc = run_cli("verify", exported("multi_io.keras").base, "--device", device, "--json", tmp_path / f"{device}.json")
         report = json.loads((tmp_path / f"{device}.json").read_text())
         assert proc.returncode == 0, report["verdict"]
         assert report["tf32"] is False

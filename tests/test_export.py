@@ -9,9 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import REPO, invoke, run_cli, tree_snapshot
-
-CUSTOM = ["--custom-objects", "sample_models.custom_layers", "--python-path", str(REPO)]
+from conftest import invoke, run_cli, tree_snapshot
 
 # sample name -> (extra export args, expected input keys, expected output keys, expected policy)
 CASES = {
@@ -31,22 +29,10 @@ def export_args(entry, out, *extra):
     return ["export", entry["path"], "-o", str(out), *entry["export_args"], *extra]
 
 
-@pytest.fixture(scope="session")
-def exported(sample, tmp_path_factory):
-    """Every sample exported once by the real CLI (self-check included): name -> version dir."""
-    base = tmp_path_factory.mktemp("exported")
-    results = {}
-    for name in CASES:
-        entry = sample(name)
-        out = base / name.replace(".", "_")
-        proc = invoke(*export_args(entry, out, *CASES[name][0]))
-        results[name] = (proc, out / "1")
-    return results
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_source_format_exports_a_serving_ready_version(exported, name):
-    proc, version_dir = exported[name]
+    proc, version_dir = exported(name).proc, exported(name).path
     assert proc.returncode == 0, proc.stderr
     for stage in ("load", "build", "trace", "write", "check"):
         assert f"  {stage}" in proc.stderr
@@ -70,11 +56,12 @@ def test_every_source_format_exports_a_serving_ready_version(exported, name):
     assert manifest["exportkit_version"] and manifest["tensorflow_version"] and manifest["keras_version"]
 
 
+@pytest.mark.slow
 def test_signature_as_tf_serving_sees_it(exported):
     """saved_model.pb itself (not our manifest) carries the names, dtypes and the free batch dimension."""
     from exportkit.savedmodel import read_saved_model_proto, select_meta_graph, signatures_of
 
-    _, version_dir = exported["mixed_functional.keras"]
+    version_dir = exported("mixed_functional.keras").path
     signature = signatures_of(select_meta_graph(read_saved_model_proto(version_dir)))["serving_default"]
     assert signature["inputs"]["features"]["dtype"] == "float32"
     assert signature["inputs"]["features"]["shape"] == [-1, 8]
@@ -83,7 +70,8 @@ def test_signature_as_tf_serving_sees_it(exported):
     assert signature["method"] == "tensorflow/serving/predict"
 
 
-def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample):
+@pytest.mark.slow
+def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample, tmp_path):
     """Load every export the way TF Serving does, in a process where sample_models cannot be imported,
     and compare with eager Keras computed here from the original source files."""
     import keras
@@ -105,14 +93,15 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample):
             batches = load_batches(version_dir + "/assets.extra/exportkit", "golden_inputs")
             save_batches(out_dir, [model.run("serving_default", b) for b in batches], "tf1")
     """)
-    jobs = [(str(vd), str(vd.parent / "tf1_out")) for name, (proc, vd) in exported.items() if proc.returncode == 0]
+    exports = {name: exported(name) for name in CASES}
+    jobs = [(str(e.path), str(tmp_path / name)) for name, e in exports.items() if e.proc.returncode == 0]
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("PYTHON")}
     proc = subprocess.run([sys.executable, "-I", "-c", script, json.dumps(jobs)], cwd="/", env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(jobs) == len(CASES)
-    for name, (_, version_dir) in exported.items():
-        entry = sample(name)
+    for name, export in exports.items():
+        version_dir, entry = export.path, sample(name)
         flags = dict(zip(entry["export_args"][::2], entry["export_args"][1::2]))
         options = source_options(entry["path"], custom_objects=[flags["--custom-objects"]] if "--custom-objects" in flags else [],
                                  python_path=[flags["--python-path"]] if "--python-path" in flags else [],
@@ -120,7 +109,7 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample):
         model = load_source(options).model
         manifest = json.loads((version_dir / "assets.extra/exportkit/manifest.json").read_text())
         inputs = load_batches(version_dir / "assets.extra/exportkit", "golden_inputs")
-        served = load_batches(version_dir.parent / "tf1_out", "tf1")
+        served = load_batches(tmp_path / name, "tf1")
         for batch, served_outputs in zip(inputs, served):
             raw = keyed_outputs(model, feed_model(model, {k: tf.constant(v) for k, v in batch.items()}))
             eager = {k: np.asarray(keras.ops.cast(v, "float32")) for k, v in raw.items()}
@@ -131,26 +120,38 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample):
             assert all(r.passed for r in results), (name, [(r.key, r.reason) for r in results if not r.passed])
 
 
-def test_warmup_records_have_exactly_the_signature_keys_and_dtypes(exported):
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_warmup_records_are_the_golden_inputs_with_the_signature_keys_and_dtypes(exported, name):
+    """One PredictionLog per golden batch, holding exactly that batch under the signature's keys and dtypes."""
+    from exportkit.batches import load_batches
+    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph, signatures_of
     from exportkit.serving.tensors import to_ndarray
     from exportkit.serving.warmup import read_warmup_records
 
-    for name in ("mixed_functional.keras", "text.keras", "multi_io.keras"):
-        _, version_dir = exported[name]
-        manifest = json.loads((version_dir / "assets.extra/exportkit/manifest.json").read_text())
-        requests = read_warmup_records(str(version_dir))
-        assert 1 <= len(requests) <= 1000
-        for request in requests:
-            assert sorted(request.inputs) == sorted(manifest["signature"]["inputs"])
-            for key, proto in request.inputs.items():
-                array = to_ndarray(proto)
-                want = manifest["signature"]["inputs"][key]["dtype"]
-                got = "string" if array.dtype.kind in "OS" else array.dtype.name
-                assert got == want, (name, key)
+    version_dir = exported(name).path
+    manifest = json.loads((version_dir / "assets.extra/exportkit/manifest.json").read_text())
+    signature_name = manifest["signature_name"]
+    signature = signatures_of(select_meta_graph(read_saved_model_proto(version_dir)))[signature_name]["inputs"]
+    golden = load_batches(version_dir / "assets.extra/exportkit", "golden_inputs")
+    requests = read_warmup_records(str(version_dir))
+    assert len(golden) == len(manifest["golden"]["batch_sizes"]) >= 2  # batch 1 and a larger one
+    assert len(requests) == len(golden)
+    as_bytes = lambda a: [v.encode() if isinstance(v, str) else v for v in np.ravel(a).tolist()]  # noqa: E731
+    for request, batch in zip(requests, golden):
+        assert request.model_spec.name == exported(name).base.name
+        assert request.model_spec.signature_name == signature_name
+        assert sorted(request.inputs) == sorted(signature)
+        for key, proto in request.inputs.items():
+            array = to_ndarray(proto)
+            got = "string" if array.dtype.kind in "OS" else array.dtype.name
+            assert got == signature[key]["dtype"], (key, got)
+            assert array.shape == batch[key].shape and as_bytes(array) == as_bytes(batch[key]), key
 
 
+@pytest.mark.slow
 def test_checkpoint_exports_from_its_toml_alone_with_assets(exported):
-    proc, version_dir = exported["ranker_ckpt"]
+    proc, version_dir = exported("ranker_ckpt").proc, exported("ranker_ckpt").path
     assert proc.returncode == 0
     assert (version_dir / "assets" / "vocab.txt").is_file()
     from exportkit.savedmodel import read_saved_model_proto
@@ -159,6 +160,7 @@ def test_checkpoint_exports_from_its_toml_alone_with_assets(exported):
     assert "vocab.txt" in text  # tracked by the graph (asset_file_def / object graph), not just copied
 
 
+@pytest.mark.slow
 def test_keep_output_dtype_and_version_numbering(sample, tmp_path):
     entry = sample("mixed_functional.keras")
     base = tmp_path / "ranker"
@@ -178,6 +180,7 @@ def test_keep_output_dtype_and_version_numbering(sample, tmp_path):
     assert "self-check: skipped" in first.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
 def test_checkpoint_rebuilt_under_another_policy(sample, tmp_path, policy):
     entry = sample("ranker_ckpt")
@@ -207,6 +210,7 @@ def existing_base(sample, tmp_path):
     return base
 
 
+@pytest.mark.slow  # a real CLI process (its own TensorFlow import)
 def test_missing_unregistered_custom_object_in_h5(sample, existing_base):
     before = tree_snapshot(existing_base)
     proc = run_cli("export", sample("mixed_functional.h5")["path"], "-o", existing_base)
@@ -267,6 +271,7 @@ def test_bad_flags(sample, tmp_path, flag, needle):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_model_that_differs_between_eager_and_graph_fails_the_export(tmp_path):
     """A layer that computes something else when traced: the self-check must catch it (exit 1, nothing kept)."""
     (tmp_path / "sneaky.py").write_text(textwrap.dedent("""
@@ -294,6 +299,7 @@ def test_a_model_that_differs_between_eager_and_graph_fails_the_export(tmp_path)
     assert list(base.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_lambda_layers_need_unsafe(tmp_path):
     script = textwrap.dedent(f"""
         import keras
@@ -310,6 +316,7 @@ def test_lambda_layers_need_unsafe(tmp_path):
     assert (tmp_path / "unsafe" / "1" / "saved_model.pb").is_file()
 
 
+@pytest.mark.slow
 def test_interrupted_export_leaves_nothing(sample, existing_base):
     """Ctrl-C in the middle of an export: the staging directory goes, the base directory is as it was."""
     import signal
@@ -327,6 +334,7 @@ def test_interrupted_export_leaves_nothing(sample, existing_base):
     assert tree_snapshot(existing_base) == before
 
 
+@pytest.mark.slow
 def test_integer_inputs_outside_the_vocabulary_ask_for_int_range(tmp_path):
     script = textwrap.dedent(f"""
         import keras
@@ -366,6 +374,7 @@ def plain_keras_models(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,inputs,outputs", [("seq.h5", {"inputs": "float32"}, ["output"]),
                                                  ("tv.keras", {"sentence": "string"}, ["p"])])
 def test_sequential_and_text_vectorization(plain_keras_models, name, inputs, outputs):

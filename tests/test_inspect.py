@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import run_cli
+
 UNKNOWN_OP = "NoSuchOpXyz"
 
 
@@ -23,15 +24,8 @@ def cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def env(cache_dir) -> dict:
-    e = dict(os.environ)
-    e.update(TF_CPP_MIN_LOG_LEVEL="3", EXPORTKIT_CACHE_DIR=str(cache_dir), PYTHONWARNINGS="ignore")
-    e["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [e.get("PYTHONPATH")] if p])
-    return e
-
-
-def run_cli(env, *args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "exportkit", "inspect", *map(str, args)], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=timeout)
+    """Added to the environment of the CLI runs: a cache directory of the session's own."""
+    return {"EXPORTKIT_CACHE_DIR": str(cache_dir), "PYTHONWARNINGS": "ignore"}
 
 
 @pytest.fixture(scope="session")
@@ -128,7 +122,7 @@ def models(tf, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def multi_json(models, env) -> dict:
     """`inspect --json` of the multi-signature model; the first CLI run fills the op-registry cache."""
-    proc = run_cli(env, models["multi"], "--json")
+    proc = run_cli("inspect", models["multi"], "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -180,23 +174,24 @@ def test_op_registry_cache_filled_once(multi_json, cache_dir, models, env):
     assert len(ops) > 1000
     assert [p.name for p in cache_dir.iterdir()] == [cached.name]  # no temp files left behind
     before = cached.stat().st_mtime_ns
-    assert run_cli(env, models["multi"], "--json").returncode == 0
+    assert run_cli("inspect", models["multi"], "--json", env=env).returncode == 0
     assert cached.stat().st_mtime_ns == before
 
 
+@pytest.mark.slow
 def test_corrupt_op_cache_is_rebuilt(models, env, tmp_path):
     from exportkit.lint import tensorflow_version
 
     cached = tmp_path / f"ops-{tensorflow_version()}.json"
     cached.write_text("{not json")
-    proc = run_cli({**env, "EXPORTKIT_CACHE_DIR": str(tmp_path)}, models["unknown_op"], "--json")
+    proc = run_cli("inspect", models["unknown_op"], "--json", env={**env, "EXPORTKIT_CACHE_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     assert "unknown-op" in codes(json.loads(proc.stdout)["findings"])
     assert "MatMul" in json.loads(cached.read_text())["ops"]
 
 
 def test_manifest_and_assets_extra(models, env, multi_json):
-    proc = run_cli(env, models["manifest"], "--json")
+    proc = run_cli("inspect", models["manifest"], "--json", env=env)
     doc = json.loads(proc.stdout)
     assert doc["manifest"] == {"exportkit_version": "0.1.0", "source": {"path": "ckpt/", "format": "checkpoint"}}
     assert doc["assets"] == ["assets.extra/exportkit/manifest.json", "assets/vocab.txt"]
@@ -204,40 +199,40 @@ def test_manifest_and_assets_extra(models, env, multi_json):
 
 # --------------------------------------------------------------------------------------------------- human
 def test_human_output(models, env, multi_json):
-    proc = run_cli(env, models["multi"])
+    proc = run_cli("inspect", models["multi"], env=env)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert out.index("signature_def['parse']") < out.index("signature_def['serving_default']")
     assert "serving_default_x:0" in out and "(-1, 3)" in out and "float32" in out
     assert "method name: tensorflow/serving/predict" in out
     assert "assets/vocab.txt" in out and "MatMul" in out and "manifest: none" in out
-    proc = run_cli(env, models["manifest"])
+    proc = run_cli("inspect", models["manifest"], env=env)
     assert "exportkit_version" in proc.stdout and "0.1.0" in proc.stdout
 
 
 # ------------------------------------------------------------------------------------------------ findings
 def test_py_func_is_an_error(models, env, multi_json):
-    proc = run_cli(env, models["pyfunc"], "--json")
+    proc = run_cli("inspect", models["pyfunc"], "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     findings = json.loads(proc.stdout)["findings"]
     py = [f for f in findings if f["code"] == "py-func"]
     assert py and py[0]["severity"] == "error" and "EagerPyFunc" in py[0]["message"]
-    assert run_cli(env, models["pyfunc"], "--strict").returncode == 1
+    assert run_cli("inspect", models["pyfunc"], "--strict", env=env).returncode == 1
 
 
 def test_unknown_op_is_an_error(models, env, multi_json):
-    proc = run_cli(env, models["unknown_op"], "--json", "--strict")
+    proc = run_cli("inspect", models["unknown_op"], "--json", "--strict", env=env)
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)  # still exactly one JSON document
     unknown = [f for f in doc["findings"] if f["code"] == "unknown-op"]
     assert len(unknown) == 1 and unknown[0]["severity"] == "error"
     assert UNKNOWN_OP in unknown[0]["message"] and "__inference_predict" in unknown[0]["message"]
     # Function calls (StatefulPartitionedCall) and other registered ops are not reported.
-    assert run_cli(env, models["multi"], "--strict").returncode == 0
+    assert run_cli("inspect", models["multi"], "--strict", env=env).returncode == 0
 
 
 def test_warnings(models, env, multi_json):
-    doc = json.loads(run_cli(env, models["smelly"], "--json").stdout)
+    doc = json.loads(run_cli("inspect", models["smelly"], "--json", env=env).stdout)
     by_code = {}
     for f in doc["findings"]:
         by_code.setdefault(f["code"], []).append(f)
@@ -270,7 +265,7 @@ def test_base_dir_resolves_to_highest_version(models, env, multi_json):
     from exportkit.savedmodel import resolve_savedmodel_dir
 
     assert resolve_savedmodel_dir(models["base"]) == models["base"] / "10"
-    proc = run_cli(env, models["base"], "--json")
+    proc = run_cli("inspect", models["base"], "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["path"] == os.path.abspath(models["base"] / "10")
 
@@ -285,7 +280,7 @@ def test_unreadable_input_exits_2(kind, tmp_path, env):
         target.write_text("hello")
     elif kind == "only_bad_versions":
         (target / "1").mkdir(parents=True)
-    proc = run_cli(env, target, "--json")
+    proc = run_cli("inspect", target, "--json", env=env)
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "Traceback" not in proc.stderr
@@ -297,11 +292,12 @@ def test_unreadable_input_exits_2(kind, tmp_path, env):
 def test_damaged_saved_model_pb_exits_2(tmp_path, env):
     (tmp_path / "1").mkdir()
     (tmp_path / "1" / "saved_model.pb").write_bytes(b"\xff\xfe not a protobuf \x00" * 10)
-    proc = run_cli(env, tmp_path)
+    proc = run_cli("inspect", tmp_path, env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "cannot parse" in proc.stderr
 
 
 # ------------------------------------------------------------------------------------------- no TF import
+@pytest.mark.slow
 def test_reading_does_not_import_tensorflow_and_tf_still_works_after(models, env, multi_json):
     script = textwrap.dedent(f"""
         import sys
@@ -323,14 +319,14 @@ def test_reading_does_not_import_tensorflow_and_tf_still_works_after(models, env
         assert y.numpy().tolist() == [[3.0, 3.0]]
         print("ok")
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
 
 
 def test_cli_inspect_path_never_imports_tensorflow(models, env, multi_json):
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "exportkit", "inspect", str(models["multi"])],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+                          capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     imported = [ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")]
     assert "tensorflow.core.protobuf.meta_graph_pb2" in imported  # the fast path ran

@@ -90,8 +90,15 @@ def test_failed_by_lint_error_only():
     assert verdict_line(r).startswith("FAILED: lint py-func:")
 
 
-def test_warning_finding_does_not_fail():
-    assert _report(warning=True).passed
+def test_warning_finding_does_not_fail_but_is_reported():
+    """The same finding decides the verdict as an error and only informs as a warning."""
+    warned, clean = _report(skipped=False, warning=True), _report(skipped=False, warning=False)
+    assert warned.passed and verdict_line(warned) == verdict_line(clean)
+    assert "warning  fixed-batch" in render_text(warned) and "fixed-batch" not in render_text(clean)
+    assert [(f["severity"], f["code"]) for f in to_json(warned)["findings"]] == [("warning", "fixed-batch")]
+    as_error = _report(skipped=False, warning=False)
+    as_error.findings.append(Finding("error", "fixed-batch", "input 'x' has a fixed batch dim 8"))
+    assert not as_error.passed and verdict_line(as_error).startswith("FAILED: lint fixed-batch:")
 
 
 def test_nothing_compared():

@@ -1,7 +1,12 @@
 """The serving path end to end, over real gRPC with TF Serving's official stubs (no mocks).
 
 One embedded `exportkit serve` per session (spawning one costs the TF import, ~5 s); tests that need a server
-of their own say so. After every test no child process may be left except that session server.
+of their own say so. After every test no child process may be left except that session server (conftest).
+
+The embedded server computes with `Tf1SavedModel` (the TF1 loader), the same class as the `reference` fixture:
+comparing the two proves the protocol (request and response conversion, names, dtypes, shapes), not the
+numbers. For the numbers, Predict is also compared with TF2's own `tf.saved_model.load` runtime
+(`tf2_reference`), which shares no code with the server.
 """
 from __future__ import annotations
 
@@ -14,11 +19,12 @@ import textwrap
 
 import grpc
 import numpy as np
-import psutil
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import exportkit  # noqa: E402
+from conftest import SESSION_CHILDREN  # noqa: E402
 from exportkit.errors import CheckFailed, InfraError  # noqa: E402
 from exportkit.tfenv import import_tf  # noqa: E402
 
@@ -40,32 +46,13 @@ from exportkit.serving.tensors import to_ndarray, to_tensor_proto  # noqa: E402
 from exportkit.serving.warmup import read_warmup_records, write_warmup_records  # noqa: E402
 from exportkit.tf1_loader import Tf1SavedModel  # noqa: E402
 
+pytestmark = [pytest.mark.slow, pytest.mark.serving]
 MODEL = "ranker"
-SESSION_PIDS: set[int] = set()  # the session server: allowed to outlive a single test
 
 
 def _inputs(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {"x": rng.normal(size=(n, 3)).astype(np.float32), "k": rng.integers(0, 10, size=(n,)).astype(np.int32)}
-
-
-def _living_children() -> list[psutil.Process]:
-    out = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE and child.pid not in SESSION_PIDS:
-                out.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-@pytest.fixture(autouse=True)
-def no_orphans():
-    """Every launched server is stopped by the code under test, on success and on failure alike."""
-    yield
-    left = _living_children()
-    assert not left, f"child processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
@@ -107,14 +94,25 @@ def reference(model_base):
 
 
 @pytest.fixture(scope="session")
+def tf2_reference(model_base):
+    """TF2's own runtime (`tf.saved_model.load`), independent of the server's TF1 loader: run(signature, inputs)."""
+    loaded = tf.saved_model.load(str(model_base / "3"))
+
+    def run(signature_name: str, inputs: dict) -> dict[str, np.ndarray]:
+        outputs = loaded.signatures[signature_name](**{k: tf.constant(v) for k, v in inputs.items()})
+        return {k: v.numpy() for k, v in outputs.items()}
+
+    return run
+
+
+@pytest.fixture(scope="session")
 def embedded(model_base):
     handle = launcher.launch_embedded(str(model_base), MODEL, load_timeout=120)
-    SESSION_PIDS.add(handle.process.pid)
+    SESSION_CHILDREN.add(handle.process.pid)
     yield handle
     handle.stop()
     assert handle.process.returncode == 0, "SIGTERM must stop `exportkit serve` cleanly (exit 0)"
-    SESSION_PIDS.discard(handle.process.pid)
-    assert not _living_children()
+    SESSION_CHILDREN.discard(handle.process.pid)
 
 
 @pytest.fixture(scope="session")
@@ -157,7 +155,8 @@ def test_embedded_server_describes_itself(embedded):
     assert embedded.description["kind"] == "embedded"
     assert embedded.address.startswith("127.0.0.1:")
     assert embedded.model_version == 3  # highest integer version of the base dir
-    assert "TF Serving" not in embedded.description["version"]
+    # Says what it is: exportkit's server on this TensorFlow, never passed off as TF Serving.
+    assert embedded.description["version"] == f"exportkit {exportkit.__version__} serve (TensorFlow {tf.__version__})"
 
 
 def test_status_available_and_not_found(model_stub):
@@ -194,26 +193,30 @@ def test_metadata_is_a_packed_signature_def_map(predict_stub, reference):
 
 
 @pytest.mark.parametrize("batch", [1, 5])
-def test_predict_equals_tf1_loader(predict_stub, reference, batch):
+def test_predict_equals_tf1_loader_and_tf2_runtime(predict_stub, reference, tf2_reference, batch):
     inputs = _inputs(batch, seed=batch)
     response = predict_stub.Predict(_request(inputs), timeout=10)
     assert response.model_spec.name == MODEL
     assert response.model_spec.version.value == 3
     assert response.model_spec.signature_name == "serving_default"  # filled in although not sent
     expected = reference.run("serving_default", inputs)
-    assert set(response.outputs) == set(expected)
+    independent = tf2_reference("serving_default", inputs)
+    assert set(response.outputs) == set(expected) == set(independent)
     for key, value in expected.items():
         got = tf.make_ndarray(response.outputs[key])
         assert got.shape == value.shape and got.dtype == value.dtype
         np.testing.assert_allclose(got, value, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(got, independent[key], rtol=1e-5, atol=1e-6)
 
 
-def test_predict_second_signature_and_output_filter(predict_stub, reference):
+def test_predict_second_signature_and_output_filter(predict_stub, reference, tf2_reference):
     inputs = _inputs(2)
     response = predict_stub.Predict(_request({"x": inputs["x"]}, signature="dense_only"), timeout=10)
     assert response.model_spec.signature_name == "dense_only"
     np.testing.assert_allclose(tf.make_ndarray(response.outputs["h"]),
                                reference.run("dense_only", {"x": inputs["x"]})["h"], rtol=1e-6)
+    np.testing.assert_allclose(tf.make_ndarray(response.outputs["h"]),
+                               tf2_reference("dense_only", {"x": inputs["x"]})["h"], rtol=1e-5, atol=1e-6)
 
     request = _request(inputs)
     request.output_filter.append("total")
