@@ -367,3 +367,16 @@ def test_inspect_requests_are_ready_to_send(server, models, tmp_path):
             if shutil.which("curl"):
                 answer = json.loads(curl.stdout)
                 assert "error" not in answer and ("results" in answer or "predictions" in answer)
+
+
+def test_rest_client_keeps_trailing_nul_bytes_of_binary_strings():
+    """Serialized tf.Examples often end with a 0 byte (an int64 feature whose last value is 0); numpy bytes
+    scalars drop trailing NULs, which corrupted such Examples on their way into a REST request."""
+    import base64
+
+    from exportkit.serving.rest import to_json_value
+
+    values = np.array([b"\n\x04\x00\x01\x00", b"ab\x00\x00", b"plain"], dtype=object)
+    sent = to_json_value(values)
+    assert [base64.b64decode(v["b64"]) for v in sent] == list(values)
+    assert base64.b64decode(to_json_value(b"x\x00")["b64"]) == b"x\x00"

@@ -632,13 +632,15 @@ class RestClient:
 
 def to_json_value(value):
     """An ndarray (or element) as JSON-ready Python values; strings as {"b64": ...} (binary-safe)."""
+    if isinstance(value, (bytes, str)):  # before np.asarray: a numpy bytes scalar drops trailing NUL bytes
+        raw = value.encode("utf-8") if isinstance(value, str) else value
+        return {"b64": base64.b64encode(raw).decode("ascii")}
     arr = np.asarray(value)
     if arr.ndim:
         return [to_json_value(v) for v in arr]
     item = arr[()]
     if isinstance(item, (bytes, np.bytes_, str)):
-        raw = item.encode("utf-8") if isinstance(item, str) else bytes(item)
-        return {"b64": base64.b64encode(raw).decode("ascii")}
+        return to_json_value(item if isinstance(item, str) else bytes(item))
     if arr.dtype.kind == "f" and arr.dtype.itemsize < 8:
         return float(str(item))  # the shortest text that reads back as the same float32/float16, as clients send
     if arr.dtype.kind == "f" or arr.dtype.kind == "V":
