@@ -28,7 +28,6 @@ import numpy as np
 from exportkit.batches import InputSpec, cast_input, load_inputs
 from exportkit.dtypes import is_float, is_string
 from exportkit.errors import UsageError
-from exportkit.examples import PARSE_OPS
 from exportkit.runtimes import Runtime
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -199,17 +198,6 @@ def _tfrecord_records(path: str) -> Iterator[tuple[int, int, bytes, int]]:
 
 
 # --------------------------------------------------------------------------------------------- tf.Example
-
-
-def example_input_key(meta_graph, signature: dict) -> str | None:
-    """The input of a signature over serialized tf.Example (one string input, a ParseExample op in the graph),
-    or None for a tensor signature."""
-    inputs = signature["inputs"]
-    if len(inputs) != 1 or not is_string(next(iter(inputs.values()))["dtype"]):
-        return None
-    graph = meta_graph.graph_def
-    ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
-    return next(iter(inputs)) if ops & PARSE_OPS else None
 
 
 def _feature_kind(spec: InputSpec) -> str:

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from exportkit.data.records import DataSource, ExampleParsing, Feeder, FailureWriter, example_input_key
+from exportkit.data.records import DataSource, ExampleParsing, Feeder, FailureWriter
 from exportkit.data.stats import OutputStats, compare_into
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.spec import VerifyOptions
@@ -41,12 +41,12 @@ def check_data_options(o: VerifyOptions, devices: list[str]) -> None:
 
 def verify_data(o: VerifyOptions, report: VerifyReport, version_dir, proto, signature, specs, names, devices,
                 tolerance) -> int:
-    from exportkit.savedmodel import select_meta_graph
     from exportkit.verify.run import _finish
 
     check_data_options(o, devices)
     source = DataSource(o.data, specs, batch_size=o.batch_size, sample=o.sample, seed=o.seed, limit=o.limit)
-    example_key = example_input_key(select_meta_graph(proto), signature)
+    # A signature over serialized tf.Example takes the records as they are.
+    example_key = specs[0].key if len(specs) == 1 and specs[0].examples else None
     names = [n for n in names if n not in ("golden", "trained")]  # recorded outputs exist only for their inputs
     tolerances = {k: _tol(tolerance(k, v["dtype"])) for k, v in signature["outputs"].items()}
     report.inputs = {"source": "data", "path": o.data, "files": len(source.files), "batch_size": o.batch_size,

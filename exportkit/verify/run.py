@@ -27,15 +27,13 @@ from exportkit.dtypes import HALF_DTYPES, numpy_dtype
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.findings import Finding
 from exportkit.layout import read_golden, read_manifest, signature_entries
-from exportkit.runtimes import RUNTIME_NAMES
+from exportkit.runtimes import RUNTIME_KINDS, RUNTIME_NAMES
 from exportkit.spec import VerifyOptions
 from exportkit.verify.baseline import served_signature_findings
 from exportkit.tfexample import encode_examples, from_manifest, lossless
 from exportkit.verify.compare import Tolerance, compare_batches, parse_tol, resolve_tolerance
 from exportkit.verify.report import RuntimeResult, VerifyReport
 
-_KINDS = {"trained": "recorded", "golden": "recorded", "keras": "in-process", "saved_model": "in-process",
-          "session": "subprocess", "serving": "grpc", "rest": "rest"}
 
 
 
@@ -289,8 +287,10 @@ def _verify_data(o: VerifyOptions, report, version_dir, proto, signatures, selec
     o = dataclasses.replace(o, signature_name=name)
     report.signature, report.signatures = name, [name]
     signature = signatures[name]
-    specs = [InputSpec(key=k, dtype=v["dtype"], shape=v["shape"] if v["shape"] is not None else [-1])
-             for k, v in signature["inputs"].items()]
+    from exportkit.examples import input_specs
+    from exportkit.savedmodel import select_meta_graph
+
+    specs = input_specs(select_meta_graph(proto), name, signature, version_dir)  # tf.Example inputs found here
     tolerance = _per_output_tolerances(o.atol, o.rtol, per_output, signature_entries(manifest).get(name))
     return verify_data(o, report, version_dir, proto, signature, specs, names, devices, tolerance)
 
@@ -378,7 +378,7 @@ def verify_command(options: VerifyOptions) -> int:
         for name in names:
             if (name == "trained" and not maybe_reference) or (name == "golden" and manifest is None):
                 continue  # nothing recorded to look for (dropped the same way below)
-            report.runtimes.append(RuntimeResult(name=name, kind=_KINDS[name], status="skipped",
+            report.runtimes.append(RuntimeResult(name=name, kind=RUNTIME_KINDS[name], status="skipped",
                                                  error="not run: the graph reaches I/O ops (see findings)"))
         _finish(report, o.json_out, o.junit)
         raise CheckFailed("verify did not execute the model: its signatures reach ops that touch files, the network "
