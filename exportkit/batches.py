@@ -15,14 +15,16 @@ No TensorFlow here. Conventions:
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 import re
+import struct
 import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -309,10 +311,7 @@ def _load_tfrecord_examples(p: Path, specs: list[InputSpec]) -> dict[str, np.nda
                          f"input (inputs: {', '.join(s.key for s in specs)})",
                          "pass --inputs as .npz or .json keyed by input name")
     spec = example_specs[0]
-    try:
-        records = read_tfrecord(p)
-    except ValueError as e:
-        raise UsageError(f"cannot read {p} as TFRecord: {e}", "write it with tf.io.TFRecordWriter") from None
+    records = [data for _, _, data, _ in tfrecord_records(str(p))]
     if not records:
         raise UsageError(f"{p} holds no records", "write at least one serialized tf.Example")
     values = np.empty(len(records), dtype=object)
@@ -325,25 +324,30 @@ def _load_tfrecord_examples(p: Path, specs: list[InputSpec]) -> dict[str, np.nda
     return {spec.key: values.reshape([len(records)] + [1] * (len(shape) - 1))}
 
 
-def read_tfrecord(path: str | os.PathLike) -> list[bytes]:
-    """The records of a TFRecord file (gzip detected by its magic bytes). Lengths are checked, CRCs are not."""
-    import gzip
-    import struct
-
-    data = Path(path).read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    records, offset = [], 0
-    while offset < len(data):
-        if offset + 12 > len(data):
-            raise ValueError(f"truncated record header at byte {offset}")
-        (length,) = struct.unpack("<Q", data[offset:offset + 8])
-        start = offset + 12
-        if start + length + 4 > len(data):
-            raise ValueError(f"truncated record at byte {offset} (length {length})")
-        records.append(data[start:start + length])
-        offset = start + length + 4
-    return records
+def tfrecord_records(path: str) -> Iterator[tuple[int, int, bytes, int]]:
+    """(index, offset, data, compressed position after it) for every record of a TFRecord file, streamed; GZIP is
+    detected by its magic bytes. Lengths are checked, CRCs are not (the standard library has no CRC-32C)."""
+    with open(path, "rb") as raw:
+        gzipped = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
+        offset, index = 0, 0
+        try:
+            while True:
+                header = stream.read(12)
+                if not header:
+                    return
+                (length,) = struct.unpack("<Q", header[:8]) if len(header) == 12 else (-1,)
+                data = stream.read(length) if 0 <= length < (1 << 40) else b""
+                if len(header) < 12 or len(data) != length or len(stream.read(4)) != 4:
+                    raise UsageError(f"{path}: record {index} at byte {offset} is truncated or not TFRecord framing",
+                                     "pass TFRecord files (tf.io.TFRecordWriter), uncompressed or GZIP, or .npz shards")
+                yield index, offset, data, raw.tell()
+                offset += 16 + length
+                index += 1
+        except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+            raise UsageError(f"{path}: cannot read record {index}: {err}",
+                             "pass TFRecord files, uncompressed or GZIP (other compressions are not supported)") from None
 
 
 # --------------------------------------------------------------------------------------------- save / load

@@ -23,7 +23,7 @@ from exportkit.dtypes import canonical, is_float, is_string
 from exportkit.errors import UsageError
 
 STORAGE = ("float32", "int64", "string")  # the three value lists a tf.Example feature can hold
-_LIST = {"float32": "float_list", "int64": "int64_list", "string": "bytes_list"}
+FEATURE_LISTS = {"float32": "float_list", "int64": "int64_list", "string": "bytes_list"}
 
 
 @dataclass
@@ -123,7 +123,7 @@ def encode_examples(batch: dict[str, np.ndarray], features: list[ExampleFeature]
         example = example_cls()
         for f in features:
             values = rows[f.input][i]
-            target = getattr(example.features.feature[f.feature], _LIST[f.storage]).value
+            target = getattr(example.features.feature[f.feature], FEATURE_LISTS[f.storage]).value
             if f.storage == "string":
                 target.extend(v if isinstance(v, bytes) else str(v).encode("utf-8") for v in values)
             elif f.storage == "float32":

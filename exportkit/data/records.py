@@ -13,11 +13,9 @@ records are written back with TensorFlow's own TFRecordWriter, so the CRCs in wh
 from __future__ import annotations
 
 import glob as globlib
-import gzip
 import json
 import math
 import os
-import struct
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +23,12 @@ from typing import Iterator
 
 import numpy as np
 
-from exportkit.batches import InputSpec, cast_input, load_inputs
-from exportkit.dtypes import is_float, is_string
+from exportkit.batches import InputSpec, cast_input, load_inputs, tfrecord_records
+from exportkit.dtypes import is_string
 from exportkit.errors import UsageError
+from exportkit.tfexample import FEATURE_LISTS, storage_of
 from exportkit.runtimes import Runtime
 
-GZIP_MAGIC = b"\x1f\x8b"
 DEFAULT_BATCH_SIZE = 256
 _READ_CHUNK = 1024  # records read (and sample draws made) at a time; results do not depend on it
 
@@ -100,7 +98,7 @@ class DataSource:
             return
         pending_i, pending_o, pending_r = [], [], []
         last_pos, done = 0, False
-        for chunk in _chunks(_tfrecord_records(path), _READ_CHUNK):
+        for chunk in _chunks(tfrecord_records(path), _READ_CHUNK):
             keep = self._sampled(rng, len(chunk))
             for (index, offset, data, _), k in zip(chunk, keep):
                 if not k:
@@ -172,38 +170,7 @@ def _chunks(items, n: int):
         yield chunk
 
 
-def _tfrecord_records(path: str) -> Iterator[tuple[int, int, bytes, int]]:
-    """(index, offset, data, compressed position after it) for every record of a TFRecord file."""
-    with open(path, "rb") as raw:
-        gzipped = raw.read(2) == GZIP_MAGIC
-        raw.seek(0)
-        stream = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
-        offset, index = 0, 0
-        try:
-            while True:
-                header = stream.read(12)
-                if not header:
-                    return
-                (length,) = struct.unpack("<Q", header[:8]) if len(header) == 12 else (-1,)
-                data = stream.read(length) if 0 <= length < (1 << 40) else b""
-                if len(header) < 12 or len(data) != length or len(stream.read(4)) != 4:
-                    raise UsageError(f"{path}: record {index} at byte {offset} is truncated or not TFRecord framing",
-                                     "pass TFRecord files (tf.io.TFRecordWriter), uncompressed or GZIP, or .npz shards")
-                yield index, offset, data, raw.tell()
-                offset += 16 + length
-                index += 1
-        except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
-            raise UsageError(f"{path}: cannot read record {index}: {err}",
-                             "pass TFRecord files, uncompressed or GZIP (other compressions are not supported)") from None
-
-
 # --------------------------------------------------------------------------------------------- tf.Example
-
-
-def _feature_kind(spec: InputSpec) -> str:
-    if is_string(spec.dtype):
-        return "bytes_list"
-    return "float_list" if is_float(spec.dtype) else "int64_list"
 
 
 class ExampleParser:
@@ -220,7 +187,7 @@ class ExampleParser:
                 raise UsageError(f"input {s.key!r} has shape {s.shape}: tf.Example features need a batch dimension "
                                  "and known other dimensions",
                                  "pass .npz shards keyed by input name, or export with a fixed shape")
-            kind = {"bytes_list": tf.string, "float_list": tf.float32, "int64_list": tf.int64}[_feature_kind(s)]
+            kind = tf.as_dtype(storage_of(s.dtype))  # the dtype the Example stores this input in
             features[s.key] = tf.io.FixedLenFeature(list(s.shape[1:]), kind)
         self._parse = tf.function(lambda records: tf.io.parse_example(records, features),
                                   input_signature=[tf.TensorSpec([None], tf.string)])
@@ -236,7 +203,7 @@ class ExampleParser:
                 if problem:
                     raise UsageError(f"record {name_record(row)}: {problem}",
                                      "every record needs a feature per input, of its type and size: "
-                                     + ", ".join(f"{s.key} ({_feature_kind(s)}, "
+                                     + ", ".join(f"{s.key} ({FEATURE_LISTS[storage_of(s.dtype)]}, "
                                                  f"{math.prod(s.shape[1:])} value(s))" for s in self.specs)) from None
             raise
 
@@ -250,7 +217,7 @@ class ExampleParser:
         except DecodeError:
             return "not a serialized tf.Example"
         for s in self.specs:
-            want = _feature_kind(s)
+            want = FEATURE_LISTS[storage_of(s.dtype)]
             if s.key not in features:
                 return f"feature {s.key!r} is missing"
             kind = features[s.key].WhichOneof("kind")

@@ -230,27 +230,26 @@ class ServedModel:
     def classify(self, request, warmup: bool = False):
         from tensorflow_serving.apis import classification_pb2
 
-        if not warmup:
-            self._check_spec(request.model_spec)
-        _, signature = self._example_signature(request.model_spec, preprocess_classification)
-        outputs = classification_output_names(signature)
-        n, values = self._run_examples(request.input, [signature.inputs[CLASSIFY_INPUTS].name], outputs)
-        response = classification_pb2.ClassificationResponse()
-        self._model_spec(response.model_spec, request.model_spec.signature_name)
-        postprocess_classification(signature, n, values, response.result)
-        return response
+        return self._example_method(request, warmup, classification_pb2.ClassificationResponse(),
+                                    preprocess_classification, classification_output_names,
+                                    CLASSIFY_INPUTS, postprocess_classification)
 
     def regress(self, request, warmup: bool = False):
         from tensorflow_serving.apis import regression_pb2
 
+        return self._example_method(request, warmup, regression_pb2.RegressionResponse(), preprocess_regression,
+                                    lambda signature: [signature.outputs[REGRESS_OUTPUTS].name],
+                                    REGRESS_INPUTS, postprocess_regression)
+
+    def _example_method(self, request, warmup, response, preprocess, output_names, input_key, postprocess):
+        """Classify and Regress (classifier.cc, regressor.cc): check the signature, feed the Examples to its one
+        input, run once, and turn the outputs into the method's result."""
         if not warmup:
             self._check_spec(request.model_spec)
-        _, signature = self._example_signature(request.model_spec, preprocess_regression)
-        outputs = [signature.outputs[REGRESS_OUTPUTS].name]
-        n, values = self._run_examples(request.input, [signature.inputs[REGRESS_INPUTS].name], outputs)
-        response = regression_pb2.RegressionResponse()
+        _, signature = self._example_signature(request.model_spec, preprocess)
+        n, values = self._run_examples(request.input, [signature.inputs[input_key].name], output_names(signature))
         self._model_spec(response.model_spec, request.model_spec.signature_name)
-        postprocess_regression(signature, n, values, response.result)
+        postprocess(signature, n, values, response.result)
         return response
 
     def multi_inference(self, request, warmup: bool = False):
