@@ -250,7 +250,17 @@ def _archive(model, golden: GoldenRecord, options: ExportOptions, assets: list[P
         fn, input_signature = sig.make_signature_fn(model, plan, golden.specs, golden.keys, options.keep_output_dtype,
                                                     record.features, labels)
         archive.add_endpoint(plan.name, fn, input_signature=input_signature)
+    _track_each_variable_once(archive)
     return archive
+
+
+def _track_each_variable_once(archive) -> None:
+    """Keras 3's ExportArchive tracks each Keras Variable *and* the tf.Variable inside it, and the checkpoint
+    writes both: every weight is stored twice, so every loader (TF Serving included) reads and holds it twice.
+    Tracking the tf.Variables alone writes each once; the loaded `.variables` lists are tf.Variables either way."""
+    trackable = archive._tf_trackable
+    for name in ("variables", "trainable_variables", "non_trainable_variables"):
+        setattr(trackable, name, [getattr(v, "value", v) for v in getattr(trackable, name)])
 
 
 def _label_table(path: Path):
