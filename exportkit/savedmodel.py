@@ -38,6 +38,7 @@ _PROTO_MODULES = {
     "graph": "tensorflow.core.framework.graph_pb2",
     "op_def": "tensorflow.core.framework.op_def_pb2",
     "example": "tensorflow.core.example.example_pb2",
+    "tensor": "tensorflow.core.framework.tensor_pb2",
 }
 
 
@@ -53,17 +54,19 @@ def _tensorflow_module_lock():
         return contextlib.nullcontext()
 
 
-def _import_protos_without_tf() -> None:
-    """Import the *_pb2 modules with a temporary stand-in for the `tensorflow` package (see module doc)."""
+def _import_without_tf(names: list[str]) -> list[types.ModuleType]:
+    """Import modules that need only TensorFlow's generated protobuf modules (its *_pb2, TF Serving's APIs) with a
+    temporary stand-in for the `tensorflow` package (see module doc)."""
+    real = sys.modules.get("tensorflow")
+    if (real is not None and not getattr(real, "__exportkit_stub__", False)) or all(n in sys.modules for n in names):
+        return [importlib.import_module(name) for name in names]  # TensorFlow (or the modules) already there: free
     spec = importlib.util.find_spec("tensorflow")  # locates the package without executing its __init__
     if spec is None or not spec.submodule_search_locations:
         raise UsageError("TensorFlow is not installed in this Python environment; it is needed to read SavedModels",
                          "pip install tensorflow")
     with _tensorflow_module_lock():
         if "tensorflow" in sys.modules:  # another thread imported the real one meanwhile
-            for key, name in _PROTO_MODULES.items():
-                _protos[key] = importlib.import_module(name)
-            return
+            return [importlib.import_module(name) for name in names]
         stub = types.ModuleType("tensorflow")
         stub.__path__ = list(spec.submodule_search_locations)
         stub.__exportkit_stub__ = True
@@ -80,8 +83,7 @@ def _import_protos_without_tf() -> None:
         stub.__getattr__ = __getattr__
         sys.modules["tensorflow"] = stub
         try:
-            for key, name in _PROTO_MODULES.items():
-                _protos[key] = importlib.import_module(name)
+            return [importlib.import_module(name) for name in names]
         finally:
             # Only the stand-in goes. `tensorflow.core*` are the real (empty) packages and the *_pb2 modules the
             # real modules: a later `import tensorflow` runs the real __init__ and reuses them (same classes).
@@ -94,17 +96,22 @@ def protos() -> dict[str, types.ModuleType]:
     if len(_protos) == len(_PROTO_MODULES):
         return _protos
     with _lock:
-        if len(_protos) == len(_PROTO_MODULES):
-            return _protos
-        tf = sys.modules.get("tensorflow")
-        already = all(name in sys.modules for name in _PROTO_MODULES.values())
-        if (tf is not None and not getattr(tf, "__exportkit_stub__", False)) or already:
-            # TensorFlow (or the modules themselves) are already there: importing is free.
-            for key, name in _PROTO_MODULES.items():
-                _protos[key] = importlib.import_module(name)
-        else:
-            _import_protos_without_tf()
+        if len(_protos) != len(_PROTO_MODULES):
+            _protos.update(zip(_PROTO_MODULES, _import_without_tf(list(_PROTO_MODULES.values()))))
     return _protos
+
+
+_SERVING_APIS = ("classification_pb2", "get_model_metadata_pb2", "get_model_status_pb2", "inference_pb2",
+                 "model_pb2", "model_service_pb2_grpc", "predict_pb2", "prediction_log_pb2",
+                 "prediction_service_pb2_grpc", "regression_pb2")
+
+
+def serving_apis() -> types.SimpleNamespace:
+    """TF Serving's API modules (`tensorflow_serving.apis.*`), imported without TensorFlow: a client needs only
+    protobuf and gRPC."""
+    with _lock:
+        modules = _import_without_tf([f"tensorflow_serving.apis.{name}" for name in _SERVING_APIS])
+    return types.SimpleNamespace(**dict(zip(_SERVING_APIS, modules)))
 
 
 def read_saved_model_proto(path: str | Path):

@@ -47,6 +47,20 @@ def child_env(device: str | None) -> dict:
     return env
 
 
+def installed_tf_version() -> str:
+    """This environment's TensorFlow version, without importing it."""
+    if "tensorflow" in sys.modules and hasattr(sys.modules["tensorflow"], "__version__"):
+        return sys.modules["tensorflow"].__version__
+    from importlib import metadata
+
+    for distribution in ("tensorflow", "tensorflow-cpu"):
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            pass
+    return "?"
+
+
 def import_tf():
     """Import TensorFlow once, without its start-up chatter."""
     if "tensorflow" in sys.modules and hasattr(sys.modules["tensorflow"], "function"):

@@ -17,7 +17,7 @@ import numpy as np
 # Every runtime verify knows, in order of preference for the reference (`trained`: the training-time reference).
 RUNTIME_NAMES = ("trained", "golden", "keras", "saved_model", "session", "serving", "rest")
 # How each one computes (its class's `kind`), for reports about runtimes that were not started.
-RUNTIME_KINDS = {"trained": "recorded", "golden": "recorded", "keras": "in-process", "saved_model": "in-process",
+RUNTIME_KINDS = {"trained": "recorded", "golden": "recorded", "keras": "in-process", "saved_model": "subprocess",
                  "session": "subprocess", "serving": "grpc", "rest": "rest"}
 
 

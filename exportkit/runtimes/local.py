@@ -1,4 +1,5 @@
-"""In-process runtimes: the golden record, eager Keras from the training source, and tf.saved_model.load."""
+"""In-process runtimes: the golden record, eager Keras from the training source, and tf.saved_model.load (which
+verify runs in the TensorFlow worker process, exportkit.runtimes.session_worker)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -72,6 +73,11 @@ class SavedModelRuntime(Runtime):
         self._fn = None
 
     def load(self) -> None:
+        self.load_model()
+        self._select()
+
+    def load_model(self) -> None:
+        """Load, without choosing a signature yet (the worker loads before it is told which one)."""
         import tensorflow as tf
 
         with tf.device(tf_device(self.device)):
@@ -81,7 +87,6 @@ class SavedModelRuntime(Runtime):
                 raise CheckFailed(f"tf.saved_model.load failed: {type(err).__name__}: {str(err).splitlines()[0]}",
                                   "the SavedModel is damaged or needs ops this TensorFlow lacks") from err
         self.loaded = True
-        self._select()
 
     def _select(self) -> None:
         if self.signature_name not in self._loaded.signatures:

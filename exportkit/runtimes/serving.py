@@ -22,8 +22,9 @@ class ServingRuntime(Runtime):
     def __init__(self, path: str | None, mode: str = "auto", *, model_name: str | None = None,
                  model_version: int | None = None, signature_name: str = DEFAULT_SIGNATURE,
                  binary: str | None = None, device: str = "cpu", load_timeout: float = 120.0,
-                 timeout: float = 30.0, signatures: dict | None = None, rest: bool = False):
-        """`mode`: auto | binary | embedded | HOST:PORT (see serving.launcher.start).
+                 timeout: float = 30.0, signatures: dict | None = None, rest: bool = False, worker=None):
+        """`mode`: auto | binary | embedded | HOST:PORT (see serving.launcher.start). `worker`: a
+        runtimes.session.TfWorker for the model; the embedded server then runs in it, on its session loader's load.
 
         `signatures` ({name: savedmodel.signatures_of's form}) pick the API of the signature in use: Classify or
         Regress for signatures with
@@ -31,6 +32,9 @@ class ServingRuntime(Runtime):
         server also serves the REST API (for a RestRuntime on top of this one).
         """
         self.rest = rest
+        self.worker = worker
+        if worker is not None:
+            worker.attach()
         self.signatures = signatures or {}
         self.path = path
         self.mode = mode
@@ -51,12 +55,16 @@ class ServingRuntime(Runtime):
 
     def start(self) -> None:
         """Spawn the server now (cheap) so its TF import and model load overlap other runtimes' work."""
-        from exportkit.serving.launcher import start
+        from exportkit.serving.launcher import find_binary, start
 
-        if self._pending is None and self._handle is None:
-            self._pending = start(self.mode, self.path, model_name=self.model_name, model_version=self.model_version,
-                                  binary=self.binary, device=self._device, load_timeout=self.load_timeout,
-                                  rest=self.rest)
+        if self._pending is not None or self._handle is not None:
+            return
+        embedded = self.mode == "embedded" or (self.mode == "auto" and not find_binary(self.binary))
+        if embedded and self.worker is not None:
+            self._pending = _serve_in_worker(self.worker, self.model_name, self.rest, self._device)
+            return
+        self._pending = start(self.mode, self.path, model_name=self.model_name, model_version=self.model_version,
+                              binary=self.binary, device=self._device, load_timeout=self.load_timeout, rest=self.rest)
 
     def load(self) -> None:
         """Wait for a server with the model AVAILABLE (CheckFailed if it fails to load, InfraError if no server)."""
@@ -135,6 +143,9 @@ class ServingRuntime(Runtime):
         if self._handle is not None:
             self._handle.stop()
             self._handle = None
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker.detach()
 
     # -- what only a server shows -----------------------------------------------------------------------------
     def served_signatures(self) -> dict:
@@ -184,6 +195,31 @@ class ServingRuntime(Runtime):
                 findings.append(Finding("error", "serving-warmup", f"warm-up record {i} ({type(request).__name__}): "
                                                                    f"{err.code}: {err.message}"))
         return findings
+
+
+def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str):
+    """The embedded server inside the TensorFlow worker: TF Serving's APIs over the session loader's graph and
+    session, started (warm-up replayed first) when waited for, so `session` runs before the warm-up, as a fresh
+    TF Serving load would answer them."""
+    from exportkit import __version__
+    from exportkit.savedmodel import resolve_model_path
+    from exportkit.serving.launcher import PendingServer, ServerHandle
+
+    name = model_name or resolve_model_path(worker.path).default_name
+
+    def finish() -> ServerHandle:
+        reply = worker.request(op="serve", path=worker.path, model_name=name, rest=rest, device=device)
+        if not reply.get("ok"):
+            error = InfraError if reply.get("kind") == "infra" else CheckFailed
+            raise error(f"embedded server: {reply.get('message', '')}",
+                        reply.get("remedy") or "the message says why the model did not load")
+        description = {"kind": "embedded", "version": f"exportkit {__version__} serve (TensorFlow {worker.tf_version})",
+                       "address": reply["address"], "binary": None, "model_name": name,
+                       "model_version": reply["version"], "process": "the worker of the session runtime, same load"}
+        return ServerHandle(reply["address"], description, name, reply["version"], None, worker.process,
+                            worker.log_tail, rest_address=reply.get("rest"))
+
+    return PendingServer(finish)
 
 
 class RestRuntime(Runtime):

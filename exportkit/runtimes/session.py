@@ -1,4 +1,10 @@
-"""The `session` runtime: TF1 loader + Session.run in a separate process, as TF Serving loads models."""
+"""Runtimes in the TensorFlow worker process (exportkit.runtimes.session_worker): `session` (TF1 loader +
+Session.run, as TF Serving loads models) and `saved_model` (tf.saved_model.load, the TF2 way).
+
+One `TfWorker` process holds every load verify needs: one TensorFlow import, both loaders loading at the same time
+on two cores, and the embedded server answering from the session loader's graph (serving.ServingRuntime asks the
+worker to serve). The verify process itself then never imports TensorFlow (unless eager Keras runs there).
+"""
 from __future__ import annotations
 
 import json
@@ -6,7 +12,9 @@ import select
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -14,102 +22,138 @@ import numpy as np
 from exportkit.batches import load_batches, save_batches
 from exportkit.errors import CheckFailed, InfraError
 from exportkit.runtimes import Runtime
-from exportkit.tfenv import child_env
 from exportkit.savedmodel import DEFAULT_SIGNATURE
+from exportkit.tfenv import child_env
 
 REPLY_TIMEOUT = 600.0
 
 
-class SessionRuntime(Runtime):
-    """`start()` spawns the worker, so its TensorFlow import overlaps with whatever the caller does next.
+class TfWorker:
+    """The worker process and its request/reply channel. `start()` spawns it (its TensorFlow import overlaps the
+    caller's work); `begin_load()` sends a load without waiting, so loads overlap each other too.
 
-    By default the worker is `exportkit.runtimes.session_worker` on this Python. `python` and `worker` run
-    another interpreter and a standalone script speaking the same protocol instead (a managed TF X.Y
-    environment, see exportkit.compat.envs); `tf_version` then says which TensorFlow answered.
+    By default the worker is `exportkit.runtimes.session_worker` on this Python. `python` and `worker` run another
+    interpreter and a standalone script speaking the same protocol instead (a managed TF X.Y environment, see
+    exportkit.compat.envs); `tf_version` then says which TensorFlow answered.
     """
 
-    name = "session"
-    kind = "subprocess"
-
-    def __init__(self, path: str, signature_name: str = DEFAULT_SIGNATURE, device: str | None = "cpu",
-                 allow_tf32: bool = False, *, python: str | None = None, worker: str | None = None,
+    def __init__(self, path: str, device: str | None = "cpu", allow_tf32: bool = False, *, python: str | None = None,
+                 worker: str | None = None,
                  broken_remedy: str = "check that exportkit is installed in this Python environment"):
         self.path = str(Path(path).resolve())
+        self.device = device
+        self.allow_tf32 = allow_tf32
         self.tf_version: str | None = None
         self._command = [python or sys.executable, "-I"] + (
             [worker] if worker else ["-m", "exportkit.runtimes.session_worker"])
         self._broken_remedy = broken_remedy
-        self.allow_tf32 = allow_tf32
-        self.signature_name = signature_name
-        self.device = device
         self._proc = None
         self._ready = False
+        self._next_id = 0
+        self._pending: deque[int] = deque()  # ids sent and not yet answered, oldest first
+        self._replies: dict[int, dict] = {}
+        self._loads: dict[str, int] = {}  # loader -> id of its load request
         self._runs = 0
+        self._users = 0
+        self._users_lock = threading.Lock()
+
+    def attach(self) -> None:
+        """One more runtime uses this worker; it stays up until the last one detaches."""
+        with self._users_lock:
+            self._users += 1
+
+    def detach(self) -> None:
+        with self._users_lock:
+            self._users -= 1
+            last = self._users <= 0
+        if last:
+            self.close()
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return self._proc
 
     def start(self) -> None:
         if self._proc is not None:
             return
-        self._dir = tempfile.TemporaryDirectory(prefix="exportkit-session-")
-        self._log = open(Path(self._dir.name) / "worker.log", "w+")
-        self._proc = subprocess.Popen(
-            self._command,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=self._dir.name,
-            env=child_env(self.device), text=True, start_new_session=True)
+        self.dir = tempfile.TemporaryDirectory(prefix="exportkit-worker-")
+        self._log = open(Path(self.dir.name) / "worker.log", "w+")
+        self._proc = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                      cwd=self.dir.name, env=child_env(self.device), text=True, start_new_session=True)
 
-    def _log_tail(self, lines: int = 15) -> str:
+    def log_tail(self, lines: int = 15) -> str:
         self._log.flush()
         self._log.seek(0)
         tail = [line.rstrip() for line in self._log.read().splitlines() if line.strip()][-lines:]
         return "\n".join(tail)
 
-    def _receive(self) -> dict:
+    # -- the channel ----------------------------------------------------------------------------------------------
+    def _read_reply(self) -> dict:
         deadline = time.monotonic() + REPLY_TIMEOUT
         while True:
             ready, _, _ = select.select([self._proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
-                raise InfraError(f"the session worker did not answer within {REPLY_TIMEOUT:.0f} s", "re-run with --debug")
+                raise InfraError(f"the TensorFlow worker did not answer within {REPLY_TIMEOUT:.0f} s", "re-run with --debug")
             line = self._proc.stdout.readline()
             if not line:
-                raise InfraError(f"the session worker died (exit {self._proc.poll()}): {self._log_tail()}",
+                raise InfraError(f"the TensorFlow worker died (exit {self._proc.poll()}): {self.log_tail()}",
                                  self._broken_remedy)
             if line.startswith("{"):
                 return json.loads(line)
 
-    def _request(self, **payload) -> dict:
-        if not self._ready:
-            ready = self._receive()  # the "ready" line, sent once TensorFlow is imported
-            self.tf_version = ready.get("tf")
-            self._ready = True
+    def send(self, **payload) -> int:
+        """Send a request; returns its id for `wait`."""
+        self.start()
+        self._next_id += 1
+        payload["id"] = self._next_id
         try:
             self._proc.stdin.write(json.dumps(payload) + "\n")
             self._proc.stdin.flush()
         except BrokenPipeError as err:
-            raise InfraError(f"the session worker died: {self._log_tail()}", "re-run with --debug") from err
-        reply = self._receive()
-        if not reply.get("ok"):
-            message = reply.get("message", "")
-            remedy = ("export with `exportkit export` (keras.export.ExportArchive tracks every variable the signature "
-                      "uses; tf.saved_model.save of a Keras 3 model does not)" if "find variable" in message else
-                      "this SavedModel will fail the same way in TF Serving; see the message, re-run with --debug")
-            raise CheckFailed(f"TF1 loader (as TF Serving loads models): {message}", remedy)
+            raise InfraError(f"the TensorFlow worker died: {self.log_tail()}", "re-run with --debug") from err
+        self._pending.append(self._next_id)
+        return self._next_id
+
+    def wait(self, request_id: int) -> dict:
+        """The reply to `request_id`. Replies without an id (a standalone worker answering in order) go to the oldest
+        request still waiting."""
+        if not self._ready:
+            ready = self._read_reply()  # the "ready" line, sent once TensorFlow is imported
+            self.tf_version = ready.get("tf")
+            self._ready = True
+        while request_id not in self._replies:
+            reply = self._read_reply()
+            answered = reply.get("id", self._pending[0] if self._pending else None)
+            if answered in self._pending:
+                self._pending.remove(answered)
+            self._replies[answered] = reply
+        return self._replies.pop(request_id)
+
+    def request(self, **payload) -> dict:
+        return self.wait(self.send(**payload))
+
+    # -- what the runtimes ask ------------------------------------------------------------------------------------
+    def begin_load(self, loader: str, signature: str) -> None:
+        if loader not in self._loads:
+            self._loads[loader] = self.send(op="load", loader=loader, path=self.path, signature=signature,
+                                            device=self.device, allow_tf32=self.allow_tf32)
+
+    def load(self, loader: str, signature: str) -> dict:
+        self.begin_load(loader, signature)
+        request_id = self._loads[loader]
+        reply = self._replies.get(request_id) or self.wait(request_id)
+        self._replies[request_id] = reply  # every later load() of this loader gets the same answer
         return reply
 
-    def load(self) -> None:
-        self.start()
-        self._request(op="load", path=self.path, signature=self.signature_name, device=self.device,
-                      allow_tf32=self.allow_tf32)
-        self.loaded = True
-
-    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, loader: str, signature: str, inputs: dict[str, np.ndarray], input_dtypes: dict[str, str]) -> tuple[dict, dict]:
         self._runs += 1
         inputs_prefix, outputs_prefix = f"in{self._runs}", f"out{self._runs}"
-        save_batches(self._dir.name, [inputs], inputs_prefix)
-        self._request(op="run", dir=self._dir.name, inputs=inputs_prefix, outputs=outputs_prefix,
-                      signature=self.signature_name)
-        return load_batches(self._dir.name, outputs_prefix)[0]
+        save_batches(self.dir.name, [inputs], inputs_prefix)
+        reply = self.request(op="run", loader=loader, dir=self.dir.name, inputs=inputs_prefix, outputs=outputs_prefix,
+                             signature=signature, input_dtypes=input_dtypes)
+        return reply, (load_batches(self.dir.name, outputs_prefix)[0] if reply.get("ok") else {})
 
     def close(self) -> None:
-        self.loaded = False
         if self._proc is None:
             return
         if self._proc.poll() is None:
@@ -122,4 +166,85 @@ class SessionRuntime(Runtime):
         if self._proc.stdout:
             self._proc.stdout.close()
         self._log.close()
-        self._dir.cleanup()
+        self.dir.cleanup()
+        self._proc = None
+
+
+class WorkerRuntime(Runtime):
+    """One loader of a TfWorker; several runtimes share one worker (the last to close stops it)."""
+
+    kind = "subprocess"
+
+    def __init__(self, worker: TfWorker, loader: str, signature_name: str = DEFAULT_SIGNATURE, preload: bool = False,
+                 input_dtypes: dict[str, str] | None = None):
+        """`preload`: start() sends the load at once (the SavedModel must exist by then). `input_dtypes`: the
+        signature's ({key: dtype}), which tf.saved_model.load's functions need their inputs cast to."""
+        self.worker = worker
+        worker.attach()
+        self._attached = True
+        self.preload = preload
+        self.name = loader
+        self.signature_name = signature_name
+        self.device = worker.device
+        self.input_dtypes = dict(input_dtypes or {})
+
+    @property
+    def tf_version(self) -> str | None:
+        return self.worker.tf_version
+
+    def start(self) -> None:
+        self.worker.start()
+        if self.preload:
+            self.worker.begin_load(self.name, self.signature_name)
+
+    def use_signature(self, name: str, input_dtypes: dict[str, str]) -> None:
+        self.signature_name, self.input_dtypes = name, input_dtypes
+
+    def _raise(self, reply: dict):
+        message, remedy = reply.get("message", ""), reply.get("remedy")
+        if reply.get("kind") == "infra":
+            raise InfraError(message, remedy)
+        if self.name == "saved_model":
+            raise CheckFailed(message, remedy or "see the message, re-run with --debug")
+        remedy = ("export with `exportkit export` (keras.export.ExportArchive tracks every variable the signature "
+                  "uses; tf.saved_model.save of a Keras 3 model does not)" if "find variable" in message else
+                  remedy or "this SavedModel will fail the same way in TF Serving; see the message, re-run with --debug")
+        raise CheckFailed(f"TF1 loader (as TF Serving loads models): {message}", remedy)
+
+    def load(self) -> None:
+        self.start()
+        reply = self.worker.load(self.name, self.signature_name)
+        if not reply.get("ok"):
+            self._raise(reply)
+        self.loaded = True
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        reply, outputs = self.worker.run(self.name, self.signature_name, inputs, self.input_dtypes)
+        if not reply.get("ok"):
+            self._raise(reply)
+        self.placed_on = reply.get("placed_on")
+        return outputs
+
+    def close(self) -> None:
+        self.loaded = False
+        attached, self._attached = self._attached, False
+        if attached:
+            self.worker.detach()
+
+
+class SessionRuntime(WorkerRuntime):
+    """The `session` runtime in a worker of its own (export's self-check, managed TF X.Y environments, Beam)."""
+
+    def __init__(self, path: str, signature_name: str = DEFAULT_SIGNATURE, device: str | None = "cpu",
+                 allow_tf32: bool = False, *, python: str | None = None, worker: str | None = None,
+                 broken_remedy: str = "check that exportkit is installed in this Python environment"):
+        super().__init__(TfWorker(path, device, allow_tf32, python=python, worker=worker, broken_remedy=broken_remedy),
+                         "session", signature_name)
+
+    @property
+    def path(self) -> str:
+        return self.worker.path
+
+    @path.setter
+    def path(self, value: str) -> None:  # export points it at the staging dir once the version is written
+        self.worker.path = str(Path(value).resolve())

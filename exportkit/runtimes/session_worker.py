@@ -1,26 +1,165 @@
-"""The serving-equivalent runtime's process: TF1 loader + Session.run, with no user code importable.
+"""The TensorFlow worker process: the SavedModel loaded the ways TF Serving and TF2 users load it, and the embedded
+server on top of the TF1 load, in one process with no user code importable.
 
 Started as `python -I -m exportkit.runtimes.session_worker` from a neutral working directory, so neither the
 caller's cwd nor PYTHONPATH is on sys.path. It imports TensorFlow at once (so the import overlaps with the
-caller's work) and then answers one JSON request per line on stdin:
+caller's work), says {"ok": true, "ready": true, "tf": VERSION}, then answers one JSON request per line on stdin.
+Every reply carries the request's "id" (when it had one):
 
-    {"op": "load", "path": DIR, "signature": NAME}        -> {"ok": true}
-    {"op": "run", "dir": DIR, "inputs": PREFIX, "outputs": PREFIX, "signature": NAME} -> {"ok": true}
-                                                          (batch files: exportkit.batches; signature: the loaded one
-                                                          unless given)
-    failures                                              -> {"ok": false, "kind": "model"|"infra", "message": ...}
+    {"op": "load", "loader": "session"|"saved_model", "path": DIR, "signature": NAME, "device": "cpu"}
+        -> {"ok": true}; loads run in threads, so both loaders load at the same time (replies come when done)
+    {"op": "run", "loader": ..., "dir": DIR, "inputs": PREFIX, "outputs": PREFIX, "signature": NAME,
+     "input_dtypes": {...}}                          -> {"ok": true, "placed_on": "cpu:0"|null}
+    {"op": "serve", "model_name": NAME, "rest": bool} -> {"ok": true, "address": ..., "rest": ..., "version": N}
+        TF Serving's gRPC (and REST) API over the session loader's graph and session, after replaying the warm-up
+        records as TF Serving does before AVAILABLE. So `session` answers by a direct Session.run on the state
+        before warm-up, and the server through its request handling: one load, two different paths.
+    failures -> {"ok": false, "kind": "model"|"infra", "message": ..., "remedy": ...}
+
+"loader" defaults to "session" (the protocol of exportkit/compat/worker.py for other TensorFlow versions).
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import threading
 import traceback
+from concurrent.futures import Future
 
 
-def _reply(stream, **payload) -> None:
-    stream.write(json.dumps(payload) + "\n")
-    stream.flush()
+class Worker:
+    def __init__(self, channel):
+        self.channel = channel
+        self.lock = threading.Lock()
+        self.loads: dict[str, Future] = {}  # loader -> its loaded model (Tf1SavedModel | SavedModelRuntime)
+        self.signature: dict[str, str] = {}  # loader -> the signature it answers unless told otherwise
+        self.servers = []
+
+    def reply(self, request: dict, **payload) -> None:
+        if "id" in request:
+            payload["id"] = request["id"]
+        with self.lock:
+            self.channel.write(json.dumps(payload) + "\n")
+            self.channel.flush()
+
+    def fail(self, request: dict, err: BaseException) -> None:
+        from exportkit.errors import ExportkitError, InfraError
+
+        if isinstance(err, ExportkitError):
+            self.reply(request, ok=False, kind="infra" if isinstance(err, InfraError) else "model",
+                       message=err.message, remedy=err.remedy)
+        else:
+            self.reply(request, ok=False, kind="model", message=f"{type(err).__name__}: {' '.join(str(err).split())[:500]}",
+                       detail=traceback.format_exc()[-4000:])
+
+    # -- ops ------------------------------------------------------------------------------------------------------
+    def load(self, request: dict) -> None:
+        loader = request.get("loader", "session")
+        future = self._start_load(loader, request)
+
+        def done(f: Future) -> None:
+            err = f.exception()
+            if err is not None:
+                self.fail(request, err)
+                return
+            try:
+                self._check_signature(loader, request["signature"])
+                self.reply(request, ok=True)
+            except Exception as e:  # noqa: BLE001
+                self.fail(request, e)
+
+        future.add_done_callback(done)
+
+    def _start_load(self, loader: str, request: dict) -> Future:
+        with self.lock:
+            if loader in self.loads:
+                return self.loads[loader]
+            future: Future = Future()
+            self.loads[loader] = future
+            self.signature[loader] = request["signature"]
+
+        def work() -> None:
+            try:
+                future.set_result(_load(loader, request))
+            except BaseException as err:  # noqa: BLE001 — reported to whoever waits for this load
+                future.set_exception(err)
+
+        threading.Thread(target=work, daemon=True, name=f"load-{loader}").start()
+        return future
+
+    def _check_signature(self, loader: str, name: str) -> None:
+        from exportkit.errors import CheckFailed
+        from exportkit.savedmodel import signature_names
+
+        model = self.loads[loader].result()
+        if loader == "saved_model":
+            model.use_signature(name, {})
+        elif name not in model.signatures:
+            raise CheckFailed(f"no signature {name!r} (available: {', '.join(signature_names(model.signatures)) or 'none'})",
+                              "pass --signature with one of them")
+
+    def run(self, request: dict) -> None:
+        from exportkit.batches import load_batches, save_batches
+
+        loader = request.get("loader", "session")
+        name = request.get("signature") or self.signature[loader]
+        model = self.loads[loader].result()
+        self._check_signature(loader, name)
+        batches = load_batches(request["dir"], request["inputs"])
+        placed_on = None
+        if loader == "saved_model":
+            model.use_signature(name, request.get("input_dtypes") or {})
+            outputs = [model.run(batch) for batch in batches]
+            placed_on = model.placed_on
+        else:
+            outputs = [model.run(name, batch) for batch in batches]
+        save_batches(request["dir"], outputs, request["outputs"])
+        self.reply(request, ok=True, placed_on=placed_on)
+
+    def serve(self, request: dict) -> None:
+        """TF Serving's APIs over the session loader's model: warm-up first, as TF Serving does before AVAILABLE."""
+        from exportkit.errors import CheckFailed
+        from exportkit.savedmodel import resolve_model_path
+        from exportkit.serving.server import ServedModel, start_grpc
+
+        model = self._start_load("session", dict(request, signature=request.get("signature", ""))).result()
+        location = resolve_model_path(request["path"])
+        served = ServedModel(location, request["model_name"], request.get("device") or "cpu")
+        served.load(model)
+        if served.state != "AVAILABLE":
+            raise CheckFailed(f"model '{served.name}' version {served.version} failed to load: {served.error[1]}",
+                              "the warm-up record or the model is at fault; `exportkit inspect` shows both")
+        server, port = start_grpc(served, 0)
+        self.servers.append(server)
+        reply = {"address": f"127.0.0.1:{port}", "version": served.version}
+        if request.get("rest"):
+            from exportkit.serving.rest import start_rest
+
+            rest, rest_port = start_rest(served, 0)
+            self.servers.append(rest)
+            reply["rest"] = f"127.0.0.1:{rest_port}"
+        self.reply(request, ok=True, **reply)
+
+
+def _load(loader: str, request: dict):
+    from exportkit.errors import CheckFailed
+    from exportkit.tfenv import import_tf
+
+    tf = import_tf()
+    # TensorFloat-32 would make GPU float32 results differ from CPU by ~1e-3: off unless allowed.
+    tf.config.experimental.enable_tensor_float_32_execution(bool(request.get("allow_tf32")))
+    if loader == "saved_model":
+        from exportkit.runtimes.local import SavedModelRuntime
+
+        runtime = SavedModelRuntime(request["path"], request["signature"], {}, device=request.get("device"))
+        runtime.load_model()
+        return runtime
+    if loader == "session":
+        from exportkit.tf1_loader import Tf1SavedModel
+
+        return Tf1SavedModel(request["path"], device=request.get("device"))
+    raise CheckFailed(f"unknown loader {loader!r}", "this is a bug in exportkit")
 
 
 def main() -> int:
@@ -30,39 +169,15 @@ def main() -> int:
     from exportkit.tfenv import import_tf
 
     tf = import_tf()
-    from exportkit.savedmodel import signature_names
-    from exportkit.tf1_loader import Tf1SavedModel
-    from exportkit.batches import load_batches, save_batches
-
-    _reply(channel, ok=True, ready=True, tf=tf.__version__)
-    model = signature = None
+    worker = Worker(channel)
+    worker.reply({}, ok=True, ready=True, tf=tf.__version__)
+    ops = {"load": worker.load, "run": worker.run, "serve": worker.serve}
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            if request["op"] == "load":
-                signature = request["signature"]
-                # TensorFloat-32 would make GPU float32 results differ from CPU by ~1e-3: off unless allowed.
-                tf.config.experimental.enable_tensor_float_32_execution(bool(request.get("allow_tf32")))
-                model = Tf1SavedModel(request["path"], device=request.get("device"))
-                if signature not in model.signatures:
-                    _reply(channel, ok=False, kind="model",
-                           message=f"no signature {signature!r} (available: "
-                                   f"{', '.join(signature_names(model.signatures)) or 'none'})")
-                    continue
-                _reply(channel, ok=True)
-            elif request["op"] == "run":
-                name = request.get("signature") or signature
-                if name not in model.signatures:
-                    _reply(channel, ok=False, kind="model",
-                           message=f"no signature {name!r} (available: {', '.join(sorted(model.signatures))})")
-                    continue
-                batches = load_batches(request["dir"], request["inputs"])
-                outputs = [model.run(name, batch) for batch in batches]
-                save_batches(request["dir"], outputs, request["outputs"])
-                _reply(channel, ok=True)
+            ops[request["op"]](request)
         except Exception as err:  # the model's failure: report it, stay alive for the caller to close
-            message = f"{type(err).__name__}: {' '.join(str(err).split())[:500]}"
-            _reply(channel, ok=False, kind="model", message=message, detail=traceback.format_exc()[-4000:])
+            worker.fail(request, err)
     return 0
 
 

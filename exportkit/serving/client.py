@@ -15,8 +15,7 @@ import numpy as np
 
 from exportkit.errors import CheckFailed, ExportkitError, InfraError
 from exportkit.serving.tensors import np_to_datatype, to_ndarray, to_tensor_proto
-from exportkit.tfenv import import_tf
-from exportkit.savedmodel import DEFAULT_SIGNATURE
+from exportkit.savedmodel import DEFAULT_SIGNATURE, serving_apis
 
 GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 _RETRY_WHILE_STARTING = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -80,8 +79,9 @@ class ServingClient:
 
     def __init__(self, address: str, model_name: str, version: int | None = None,
                  signature_name: str = DEFAULT_SIGNATURE, timeout: float = 30.0):
-        import_tf()  # the serving protos import TF; do it quietly first
-        from tensorflow_serving.apis import model_pb2, model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc
+        apis = serving_apis()
+        model_pb2, predict_pb2 = apis.model_pb2, apis.predict_pb2
+        model_service_pb2_grpc, prediction_service_pb2_grpc = apis.model_service_pb2_grpc, apis.prediction_service_pb2_grpc
 
         self.address = address
         self.model_name = model_name
@@ -105,7 +105,7 @@ class ServingClient:
     # -- status -------------------------------------------------------------------------------------------------
     def status(self, timeout: float | None = None):
         """The raw GetModelStatusResponse for this model (and version, if one was given)."""
-        from tensorflow_serving.apis import get_model_status_pb2
+        get_model_status_pb2 = serving_apis().get_model_status_pb2
 
         request = get_model_status_pb2.GetModelStatusRequest()
         request.model_spec.name = self.model_name
@@ -124,7 +124,7 @@ class ServingClient:
         status (e.g. NOT_FOUND: wrong model name). `check` is called each round; a launcher uses it to raise as
         soon as its server process died.
         """
-        from tensorflow_serving.apis import get_model_status_pb2
+        get_model_status_pb2 = serving_apis().get_model_status_pb2
 
         states = get_model_status_pb2.ModelVersionStatus.State
         end = time.monotonic() + deadline_seconds
@@ -160,7 +160,7 @@ class ServingClient:
     # -- metadata -----------------------------------------------------------------------------------------------
     def metadata(self) -> dict:
         """{signature_name: SignatureDef} from GetModelMetadata(metadata_field=["signature_def"])."""
-        from tensorflow_serving.apis import get_model_metadata_pb2
+        get_model_metadata_pb2 = serving_apis().get_model_metadata_pb2
 
         request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
         request.model_spec.name = self.model_name
@@ -228,7 +228,7 @@ class ServingClient:
 
     def example_request(self, kind: str, examples, signature_name: str | None = None, context: bytes | None = None):
         """A ClassificationRequest (kind "classify") or RegressionRequest ("regress") over serialized Examples."""
-        from tensorflow_serving.apis import classification_pb2, regression_pb2
+        classification_pb2, regression_pb2 = serving_apis().classification_pb2, serving_apis().regression_pb2
 
         request = (classification_pb2.ClassificationRequest() if kind == "classify"
                    else regression_pb2.RegressionRequest())

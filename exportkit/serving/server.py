@@ -70,14 +70,15 @@ class ServedModel:
         self.model = None
 
     # -- loading ------------------------------------------------------------------------------------------------
-    def load(self) -> None:
-        """Load like TF Serving, then replay warm-up through Predict; any failure = the version failed to load."""
+    def load(self, model=None) -> None:
+        """Load like TF Serving, then replay warm-up through Predict; any failure = the version failed to load.
+        `model`: a Tf1SavedModel already loaded from this version (verify's worker shares its session's load)."""
         from exportkit.tf1_loader import Tf1SavedModel
 
         tf = import_tf()
         started = time.monotonic()
         try:
-            self.model = Tf1SavedModel(self.location.version_dir, device=self.device)
+            self.model = model or Tf1SavedModel(self.location.version_dir, device=self.device)
             count = self._warm_up()
         except RpcError as err:
             self._fail(err.code.value[0], err.message)

@@ -1,7 +1,8 @@
 """TensorProto <-> ndarray: the one conversion used by the warm-up writer, the gRPC client and the server.
 
-Numeric arrays take a fast path (one `tensor_content` copy, what `tf.make_tensor_proto` produces too) because the
-client converts every request; everything else goes through TensorFlow's own `make_tensor_proto`/`make_ndarray`.
+Numeric arrays (one `tensor_content` copy, what `tf.make_tensor_proto` produces too) and strings take paths that
+need only the protos, so a client process never imports TensorFlow for them; anything else goes through
+TensorFlow's own `make_tensor_proto`/`make_ndarray`.
 """
 from __future__ import annotations
 
@@ -9,19 +10,23 @@ import numpy as np
 
 from exportkit.tfenv import import_tf
 
-# numpy dtype -> DataType enum, for the fast path (tensor_content). Built lazily: needs TF's protos.
-_NP_TO_DT: dict | None = None
+_NUMERIC = {"DT_HALF": "float16", "DT_FLOAT": "float32", "DT_DOUBLE": "float64", "DT_INT8": "int8",
+            "DT_INT16": "int16", "DT_INT32": "int32", "DT_INT64": "int64", "DT_UINT8": "uint8", "DT_UINT16": "uint16",
+            "DT_UINT32": "uint32", "DT_UINT64": "uint64", "DT_BOOL": "bool", "DT_COMPLEX64": "complex64",
+            "DT_COMPLEX128": "complex128", "DT_BFLOAT16": "bfloat16"}
+_NP_TO_DT: dict | None = None  # numpy dtype -> DataType enum, built lazily from the protos
 
 
 def np_to_datatype() -> dict:
     global _NP_TO_DT
     if _NP_TO_DT is None:
-        tf = import_tf()
-        table = {}
-        for tf_dtype in (tf.float16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8,
-                         tf.uint16, tf.uint32, tf.uint64, tf.bool, tf.complex64, tf.complex128, tf.bfloat16):
-            table[np.dtype(tf_dtype.as_numpy_dtype)] = tf_dtype.as_datatype_enum
-        _NP_TO_DT = table
+        import ml_dtypes  # TensorFlow's own bfloat16 numpy type (a TensorFlow dependency)
+
+        from exportkit.savedmodel import protos
+
+        data_type = protos()["types"].DataType
+        _NP_TO_DT = {np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name): data_type.Value(enum)
+                     for enum, name in _NUMERIC.items()}
     return _NP_TO_DT
 
 
@@ -35,37 +40,53 @@ def _dt_to_np() -> dict:
     return _DT_TO_NP
 
 
+def _enum(dtype) -> int | None:
+    """A DataType enum from an enum, a tf.DType or None."""
+    if dtype is None or isinstance(dtype, int):
+        return dtype
+    return dtype.as_datatype_enum
+
+
 def to_tensor_proto(array, dtype=None):
     """An ndarray (strings: object array of bytes/str) as a TensorProto.
 
-    Numeric arrays take a fast path (one `tensor_content` copy, what `tf.make_tensor_proto` produces too) because
-    the serving client calls this on every request; everything else goes through `tf.make_tensor_proto`.
     `dtype` (a tf.DType or DataType enum) forces the proto dtype, e.g. the signature's.
     """
-    tf = import_tf()
-    arr = np.asarray(array)
-    enum = np_to_datatype().get(arr.dtype) if arr.dtype.kind not in "OSU" else None
-    if enum is not None and (dtype is None or tf.as_dtype(dtype).as_datatype_enum == enum):
-        from tensorflow.core.framework import tensor_pb2
+    from exportkit.savedmodel import protos
 
+    arr = np.asarray(array)
+    want = _enum(dtype)
+    tensor_pb2 = protos()["tensor"]
+    enum = np_to_datatype().get(arr.dtype) if arr.dtype.kind not in "OSU" else None
+    string = protos()["types"].DataType.Value("DT_STRING")
+    if enum is not None and want in (None, enum):
         proto = tensor_pb2.TensorProto(dtype=enum, tensor_content=np.ascontiguousarray(arr).tobytes())
-        dims = proto.tensor_shape.dim
-        for d in arr.shape:
-            dims.add(size=int(d))
-        return proto
-    if arr.dtype.kind in "OSU" and dtype is None:
-        dtype = tf.string
-    if arr.dtype.kind == "U":
-        arr = np.vectorize(lambda s: s.encode("utf-8"), otypes=[object])(arr) if arr.size else arr.astype(object)
-    return tf.make_tensor_proto(arr, dtype=dtype, shape=arr.shape)
+    elif arr.dtype.kind in "OSU" and want in (None, string) and all(isinstance(v, (bytes, str)) for v in arr.flat):
+        proto = tensor_pb2.TensorProto(dtype=string)
+        proto.string_val.extend(v.encode("utf-8") if isinstance(v, str) else v for v in arr.flat)
+    else:
+        tf = import_tf()
+        if arr.dtype.kind == "U":
+            arr = arr.astype(object)
+        return tf.make_tensor_proto(arr, dtype=dtype, shape=arr.shape)
+    dims = proto.tensor_shape.dim
+    for d in arr.shape:
+        dims.add(size=int(d))
+    return proto
 
 
 def to_ndarray(proto) -> np.ndarray:
     """A TensorProto as an ndarray (strings come back as an object array of bytes)."""
-    tf = import_tf()
-    if proto.tensor_content:
-        np_dtype = _dt_to_np().get(proto.dtype)
-        if np_dtype is not None:
-            shape = tuple(d.size for d in proto.tensor_shape.dim)
-            return np.frombuffer(proto.tensor_content, dtype=np_dtype).reshape(shape).copy()
-    return tf.make_ndarray(proto)
+    from exportkit.savedmodel import protos
+
+    shape = tuple(d.size for d in proto.tensor_shape.dim)
+    np_dtype = _dt_to_np().get(proto.dtype)
+    if proto.tensor_content and np_dtype is not None:
+        return np.frombuffer(proto.tensor_content, dtype=np_dtype).reshape(shape).copy()
+    size = int(np.prod(shape, dtype=np.int64))
+    if proto.dtype == protos()["types"].DataType.Value("DT_STRING") and len(proto.string_val) == size:
+        values = np.empty(size, dtype=object)
+        values[:] = list(proto.string_val)
+        return values.reshape(shape)
+    return import_tf().make_ndarray(proto)
+

@@ -18,11 +18,10 @@ MAX_WARMUP_RECORDS = 1000  # TF Serving refuses more (saved_model_warmup_util.cc
 
 
 def _apis():
-    """Import the serving protos after TF (they import TF themselves, loudly)."""
-    import_tf()
-    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+    from exportkit.savedmodel import serving_apis
 
-    return predict_pb2, prediction_log_pb2
+    apis = serving_apis()
+    return apis.predict_pb2, apis.prediction_log_pb2
 
 
 def _signature_of(version_dir: str | None, signature_name: str):
@@ -136,14 +135,13 @@ def read_warmup_records(path: str) -> list:
     replays them (saved_model_warmup.cc). Raises ValueError for a record TF Serving refuses (session_run or
     predict_streamed logs, unparsable bytes) or for more than 1000 records.
     """
-    tf = import_tf()
     _, prediction_log_pb2 = _apis()
     if os.path.isdir(path):
         path = str(warmup_path(path))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no warm-up file {path}")
     requests = []
-    for i, raw in enumerate(tf.data.TFRecordDataset(path).as_numpy_iterator()):
+    for i, raw in enumerate(_records(path)):
         if i >= MAX_WARMUP_RECORDS:
             raise ValueError(f"{path}: more than {MAX_WARMUP_RECORDS} warm-up records (TF Serving refuses to load)")
         log = prediction_log_pb2.PredictionLog()
@@ -154,3 +152,24 @@ def read_warmup_records(path: str) -> list:
                              f"{', '.join(REPLAYED_LOGS)} records (Unsupported log_type for warmup)")
         requests.append(getattr(log, kind).request)
     return requests
+
+
+def _records(path: str):
+    """The file's records, read as TF Serving reads them: uncompressed TFRecord. With TensorFlow loaded (the server)
+    its reader, which also checks the CRCs; else exportkit's own (a client: the server has read the file already)."""
+    import sys
+
+    with open(path, "rb") as fh:
+        if fh.read(2) == b"\x1f\x8b":
+            raise ValueError(f"{path} is GZIP-compressed; TF Serving reads the warm-up file as uncompressed TFRecord")
+    if "tensorflow" in sys.modules and hasattr(sys.modules["tensorflow"], "data"):
+        yield from sys.modules["tensorflow"].data.TFRecordDataset(path).as_numpy_iterator()
+        return
+    from exportkit.batches import tfrecord_records
+    from exportkit.errors import UsageError
+
+    try:
+        for _, _, data, _ in tfrecord_records(path):
+            yield data
+    except UsageError as err:
+        raise ValueError(err.message) from None
