@@ -61,6 +61,7 @@ class ServingRuntime(Runtime):
             return
         embedded = self.mode == "embedded" or (self.mode == "auto" and not find_binary(self.binary))
         if embedded and self.worker is not None:
+            self.worker.start()  # its TensorFlow import overlaps the other runtimes' work
             self._pending = _serve_in_worker(self.worker, self.model_name, self.rest, self._device)
             return
         self._pending = start(self.mode, self.path, model_name=self.model_name, model_version=self.model_version,

@@ -8,12 +8,11 @@ worker to serve). The verify process itself then never imports TensorFlow (unles
 from __future__ import annotations
 
 import json
-import select
+import queue
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections import deque
 from pathlib import Path
 
@@ -80,6 +79,9 @@ class TfWorker:
         self._log = open(Path(self.dir.name) / "worker.log", "w+")
         self._proc = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                       cwd=self.dir.name, env=child_env(self.device), text=True, start_new_session=True)
+        self._lines: queue.Queue = queue.Queue()
+        self._reader = threading.Thread(target=self._read_lines, daemon=True, name="worker-replies")
+        self._reader.start()
 
     def log_tail(self, lines: int = 15) -> str:
         self._log.flush()
@@ -88,18 +90,26 @@ class TfWorker:
         return "\n".join(tail)
 
     # -- the channel ----------------------------------------------------------------------------------------------
-    def _read_reply(self) -> dict:
-        deadline = time.monotonic() + REPLY_TIMEOUT
-        while True:
-            ready, _, _ = select.select([self._proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise InfraError(f"the TensorFlow worker did not answer within {REPLY_TIMEOUT:.0f} s", "re-run with --debug")
-            line = self._proc.stdout.readline()
-            if not line:
-                raise InfraError(f"the TensorFlow worker died (exit {self._proc.poll()}): {self.log_tail()}",
-                                 self._broken_remedy)
+    def _read_lines(self) -> None:
+        """The reader thread: the worker's stdout lines into a queue (None at EOF), so no reply waits in a buffer
+        that select() cannot see."""
+        for line in self._proc.stdout:
             if line.startswith("{"):
-                return json.loads(line)
+                self._lines.put(line)
+        self._lines.put(None)
+
+    def _read_reply(self) -> dict:
+        try:
+            line = self._lines.get(timeout=REPLY_TIMEOUT)
+        except queue.Empty:
+            raise InfraError(f"the TensorFlow worker did not answer within {REPLY_TIMEOUT:.0f} s",
+                             "re-run with --debug") from None
+        if line is None:
+            self._lines.put(None)  # every later read sees the end too
+            self._proc.wait()
+            raise InfraError(f"the TensorFlow worker died (exit {self._proc.poll()}): {self.log_tail()}",
+                             self._broken_remedy)
+        return json.loads(line)
 
     def send(self, **payload) -> int:
         """Send a request; returns its id for `wait`."""
@@ -163,7 +173,8 @@ class TfWorker:
             except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
                 self._proc.kill()
                 self._proc.wait()
-        if self._proc.stdout:
+        self._reader.join(timeout=5)  # it ends at the worker's EOF; then its pipe can close
+        if self._proc.stdout and not self._reader.is_alive():
             self._proc.stdout.close()
         self._log.close()
         self.dir.cleanup()
