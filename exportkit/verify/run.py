@@ -2,8 +2,8 @@
 
 Order of work: every flag is checked and the SavedModel is read and linted first (pure protobuf, no TensorFlow
 import, nothing started), so a graph verify refuses to execute (I/O ops) is refused before any process starts.
-Then the subprocess runtimes (session worker, embedded server) are started and import TensorFlow while this
-process runs the in-process runtimes.
+Then the TensorFlow worker starts (saved_model, session and the embedded server, one import, both loads at once)
+while this process plans the batches; this process imports TensorFlow only for eager Keras (--against).
 
 Every signature is checked (or the one --signature names) through every runtime; each runtime is started and
 loaded once and is pointed at one signature after the other. A tf.Example signature exportkit exported is fed
@@ -411,7 +411,7 @@ def verify_command(options: VerifyOptions) -> int:
         for c in checks:
             _save(o.save_inputs, "inputs" if len(checks) == 1 else f"inputs.{c.name}", [b for _, b in c.batches])
 
-    # Subprocess runtimes first: they import TensorFlow while we work here.
+    # The worker first: it imports TensorFlow while we work here.
     runtimes_ = _build_runtimes(o, names, devices, version_dir, checks[0], trained_check, trained, signatures,
                                 (manifest or {}).get("output_names"))
     runtimes_ += versioned_sessions(versioned, version_dir, checks[0].name)
