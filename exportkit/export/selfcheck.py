@@ -52,8 +52,8 @@ def static_check(path: str | Path, version: str) -> None:
             unknown.setdefault(node.op, set()).add(lint._where(function))
     if unknown:
         listed = "; ".join(f"'{op}' (in {lint._few(sorted(places))})" for op, places in sorted(unknown.items()))
-        raise CheckFailed(f"ops not registered in stock TensorFlow {registry.release}: {listed}; this process knows "
-                          f"them (a custom op library was loaded), TF Serving does not",
+        raise CheckFailed(f"ops not registered in stock TensorFlow {registry.release}: {listed}; only a custom op "
+                          f"library (tf.load_op_library) registers them, and TF Serving does not load it",
                           REFUSED + "build TF Serving with the op's kernel library linked in and export with "
                           "--no-verify, or replace the op with stock TensorFlow ops")
 
