@@ -2,12 +2,18 @@
 
 Used by the `session` runtime and by `exportkit serve`. Both run it in a process that never imports user code,
 so a SavedModel that only works when the training code is importable fails here as it would in TF Serving.
+export's self-check runs it in the exporting process, after static checks of what that process could hide
+(exportkit/export/selfcheck.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from exportkit.errors import CheckFailed
 from exportkit.tfenv import import_tf
+
+MISSING_VARIABLE_REMEDY = ("export with `exportkit export` (keras.export.ExportArchive tracks every variable the "
+                           "signature uses; tf.saved_model.save of a Keras 3 model does not)")
 
 
 class Tf1SavedModel:
@@ -37,3 +43,16 @@ class Tf1SavedModel:
 
     def close(self) -> None:
         self.session.close()
+
+
+def failure_message(err: BaseException) -> str:
+    """One line for a load or run failure: the exception's type and its first 500 characters."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:500]}"
+
+
+def load_failure(err: BaseException) -> CheckFailed:
+    """The model's failure in the TF1 loader, with the remedy for the known causes."""
+    message = failure_message(err)
+    remedy = (MISSING_VARIABLE_REMEDY if "find variable" in message else
+              "this SavedModel will fail the same way in TF Serving; see the message, re-run with --debug")
+    return CheckFailed(f"TF1 loader (as TF Serving loads models): {message}", remedy)

@@ -1,9 +1,14 @@
 """The README's three promises, each checked from the outside, so that breaking one fails a test:
 
 1. the serving-equivalent processes (session worker, embedded server) see no user code;
-2. export's self-check and verify's `session` runtime load the SavedModel the way TF Serving does (TF1 loader,
-   fresh process), not with TF2 loading in the exporting process;
+2. export's self-check and verify's `session` runtime load the SavedModel the way TF Serving does (TF1 loader),
+   not with TF2 loading. verify's runs in a fresh process. export's runs in the exporting process, where user code
+   is imported, so what a fresh process would have caught is refused statically first: a py_function reachable
+   from a signature, an op that stock TensorFlow of this version does not register (exportkit/export/selfcheck.py);
+   without a shipped op registry for the installed TensorFlow it falls back to the fresh process;
 3. an unexpected failure exits 3 with one "unexpected" line, and `--debug` shows the traceback.
+
+Each test's docstring says which mutation of the code it catches.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -79,8 +85,10 @@ def _run_watching_children(args, cwd: Path, env: dict, logs: Path) -> tuple[subp
 
 @pytest.mark.serving
 def test_user_code_is_imported_only_by_the_cli_process(tmp_path):
-    """Export (self-check worker) and verify (session worker, embedded server, keras runtime) with the user's
-    project as working directory, on PYTHONPATH and on --python-path: only the CLI process may import from it."""
+    """Export (self-check in the CLI process) and verify (session worker, embedded server, keras runtime) with the
+    user's project as working directory, on PYTHONPATH and on --python-path: only the CLI process may import from it.
+    Catches: a worker or server started without -I or with the user's cwd/PYTHONPATH; export starting a worker
+    again although the in-process check applies."""
     import keras
 
     log = tmp_path / "imports.jsonl"
@@ -118,7 +126,7 @@ def test_user_code_is_imported_only_by_the_cli_process(tmp_path):
     # The serving-equivalent processes were seen; none runs in the user's directory or with the user's PYTHONPATH
     # (stricter than needed under `python -I`, and what keeps the guarantee if a flag is lost).
     workers = [c for c in export_children + verify_children if any("exportkit" in part for part in c["cmdline"])]
-    assert any("session_worker" in " ".join(c["cmdline"]) for c in export_children), export_children
+    assert not [c for c in export_children if any("exportkit" in part for part in c["cmdline"])], export_children
     # verify's one TensorFlow worker holds the session runtime and the embedded server.
     assert any("session_worker" in " ".join(c["cmdline"]) for c in verify_children), verify_children
     for child in workers:
@@ -141,9 +149,10 @@ class NumpyDouble(keras.layers.Layer):
 """
 
 
-def test_export_self_check_runs_the_model_where_user_code_is_absent(tmp_path):
-    """A SavedModel that TF2 loading runs in the exporting process (its Python function is registered there) but
-    the TF1 loader in a fresh process cannot: the export fails and writes nothing."""
+def test_export_self_check_refuses_python_code_tf_serving_cannot_run(tmp_path):
+    """A model whose signature runs a tf.py_function: the exporting process has its Python callback registered, so
+    loading and running it here (TF2 or TF1 loader) passes; TF Serving cannot run it. The export fails (exit 1) and
+    writes nothing. Catches: the static py_function check dropped or not walking into the function library."""
     import keras
 
     (tmp_path / "pyfunc_layers.py").write_text(PY_FUNC_LAYER)
@@ -159,7 +168,8 @@ def test_export_self_check_runs_the_model_where_user_code_is_absent(tmp_path):
     proc = invoke("export", tmp_path / "pyfunc.keras", "-o", base, "--custom-objects", "pyfunc_layers",
                   "--python-path", tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "TF1 loader" in proc.stderr and "pyfunc" in proc.stderr.lower(), proc.stderr
+    assert "EagerPyFunc" in proc.stderr and "TF Serving cannot run it" in proc.stderr, proc.stderr
+    assert "fix:" in proc.stderr and "Traceback" not in proc.stderr
     assert list(base.iterdir()) == []
 
 
@@ -184,10 +194,14 @@ def keras3_saved_with_tf_saved_model(tmp_path_factory):
     return path, inputs, expected
 
 
-def test_export_self_check_rejects_what_only_tf2_loading_accepts(keras3_saved_with_tf_saved_model):
-    """The self-check function itself, given that SavedModel and outputs TF2 loading would reproduce exactly."""
+@pytest.mark.parametrize("where", ["in_process", "fresh_process"])
+def test_export_self_check_rejects_what_only_tf2_loading_accepts(keras3_saved_with_tf_saved_model, where):
+    """The self-check function itself, given that SavedModel and outputs TF2 loading would reproduce exactly, with
+    either session it uses: the TF1 loader in this process (which has imported Keras and the model's code) and the
+    fallback worker. Catches: the check loading with tf.saved_model.load, or swallowing load failures."""
     from exportkit.errors import CheckFailed
     from exportkit.export.pipeline import _self_check
+    from exportkit.export.selfcheck import InProcessSession
     from exportkit.runtimes.session import SessionRuntime
 
     path, inputs, expected = keras3_saved_with_tf_saved_model
@@ -195,12 +209,70 @@ def test_export_self_check_rejects_what_only_tf2_loading_accepts(keras3_saved_wi
     record = SimpleNamespace(plan=SimpleNamespace(name="serving_default"), inputs=inputs, outputs=expected)
     tolerances = {key: {"atol": 1e-5, "rtol": 1e-5} for key in expected[0]}
     manifest = {"signatures": {"serving_default": {"tolerances": tolerances}}}
-    session = SessionRuntime(str(path))
+    session = InProcessSession(str(path)) if where == "in_process" else SessionRuntime(str(path))
     try:
         with pytest.raises(CheckFailed, match="TF1 loader.*find variable"):
             _self_check(session, SimpleNamespace(signatures=[record]), manifest)
     finally:
         session.close()
+
+
+def _stock_version():
+    from exportkit.export.selfcheck import stock_version
+    from exportkit.lint import tensorflow_version
+
+    version = stock_version(tensorflow_version())
+    if version is None:
+        pytest.skip(f"no op registry ships for TensorFlow {tensorflow_version()}: export checks in a fresh process")
+    return version
+
+
+UNREGISTERED_OP = "ExportkitUnregisteredOp"
+
+
+def test_export_self_check_refuses_ops_stock_tensorflow_lacks(exported, tmp_path):
+    """An op that only the exporting process knows (a custom op library loaded by the user's code) loads and runs
+    there, but not in TF Serving. Built honestly: an exported SavedModel whose function library names an op type the
+    registry lacks. The static check refuses it by name, the unedited copy passes, and a fresh process's TF1 loader
+    (what the static check stands in for) fails on it too. Catches: the registry check dropped, or skipping the
+    function library (where Keras exports put every op)."""
+    from exportkit.errors import CheckFailed
+    from exportkit.export.selfcheck import static_check
+    from exportkit.runtimes.session import SessionRuntime
+    from exportkit.savedmodel import read_saved_model_proto
+
+    version = _stock_version()
+    path = tmp_path / "1"
+    shutil.copytree(exported("multi_io.keras").path, path)
+    static_check(path, version)  # stock ops only: passes
+
+    proto = read_saved_model_proto(path)
+    library = proto.meta_graphs[0].graph_def.library
+    node = next(n for f in library.function for n in f.node_def if n.op == "MatMul")
+    node.op = UNREGISTERED_OP
+    (path / "saved_model.pb").write_bytes(proto.SerializeToString())
+    with pytest.raises(CheckFailed, match=f"'{UNREGISTERED_OP}'.*not register|not register.*'{UNREGISTERED_OP}'") as err:
+        static_check(path, version)
+    assert "TF Serving" in str(err.value) and err.value.remedy
+
+    fresh = SessionRuntime(str(path))
+    try:
+        with pytest.raises(CheckFailed, match=f"not registered.*{UNREGISTERED_OP}|{UNREGISTERED_OP}.*not registered"):
+            fresh.load()
+    finally:
+        fresh.close()
+
+
+def test_export_falls_back_to_a_fresh_process_without_a_registry(sample, tmp_path, monkeypatch):
+    """A TensorFlow whose stock ops exportkit does not ship cannot be checked statically: the self-check must then
+    run in the fresh worker, not in this process unguarded. Catches: the fallback lost."""
+    from exportkit.export import selfcheck
+
+    monkeypatch.setattr(selfcheck, "stock_version", lambda tf_version: None)
+    entry = sample("multi_io.keras")
+    proc = invoke("export", entry["path"], "-o", tmp_path / "models", *entry["export_args"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "self-check: passed (TF1 loader in a fresh process)" in proc.stdout
 
 
 def test_verify_session_runtime_rejects_what_only_tf2_loading_accepts(keras3_saved_with_tf_saved_model):

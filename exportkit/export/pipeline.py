@@ -3,6 +3,7 @@ with one progress line per stage."""
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import sys
 import time
@@ -11,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit import __version__, layout
+from exportkit import __version__, layout, lint
 from exportkit import reference as refs
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.dtypes import HALF_DTYPES, name_of, name_of_array
+from exportkit.export import selfcheck
 from exportkit.export import signature as sig
 from exportkit.export import writer
 from exportkit.findings import Finding, has_errors
@@ -57,6 +59,7 @@ class ExportResult:
     policy: str
     source_format: str
     checked: bool
+    checked_how: str = ""  # where and how the self-check loaded the SavedModel
     stage_seconds: dict[str, float] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)  # custom-object contracts (warnings, infos)
     reference: dict | None = None  # the manifest's "reference" entry when a training-time reference was used
@@ -372,9 +375,13 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
     # The version is reserved (and BASE_DIR proven writable) before the long stages.
     with writer.staged_version_dir(base, options.version) as staging:
         version = writer.staging_version(staging)
-        # The serving-equivalent worker starts now: its TensorFlow import overlaps with loading and tracing.
+        # The self-check runs in this process when the installed TensorFlow's stock ops ship with exportkit (to
+        # prove no op is known only here); otherwise in the serving-equivalent worker, started now so its
+        # TensorFlow import overlaps with loading and tracing.
+        stock = selfcheck.stock_version(lint.tensorflow_version()) if options.verify else None
         session = (SessionRuntime(str(base / str(version)), options.signature_name, device="cpu")
-                   if options.verify else None)
+                   if options.verify and stock is None else None)
+        checked_how = ""
         try:
             if session is not None:
                 session.start()
@@ -402,10 +409,18 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
             manifest = _manifest(loaded, golden, options, reference_entry)
             _write_version(staging, archive, loaded, golden, options, base.resolve().name, manifest, reference)
             progress.stage("write", f"{base / str(version)}")
-            if session is not None:
-                session.path = str(staging.resolve())
+            if options.verify:
+                del archive  # the traced functions hold the model's variables too
+                _drop_model(loaded, staging)
+                if session is None:
+                    selfcheck.static_check(staging, stock)
+                    session = selfcheck.InProcessSession(str(staging.resolve()))
+                    checked_how = f"TF1 loader in this process; stock TensorFlow {stock} ops, no py_function"
+                else:
+                    session.path = str(staging.resolve())
+                    checked_how = "TF1 loader in a fresh process"
                 _self_check(session, golden, manifest, reference is not None)
-                progress.stage("check", "TF1 loader in a fresh process agrees with eager Keras on the golden record"
+                progress.stage("check", f"{checked_how}: agrees with eager Keras on the golden record"
                                         + (f" ({len(names)} signatures)" if len(names) > 1 else ""))
                 if reference_entry is not None:
                     reference_entry["links"][refs.LINKS[1]] = "passed"
@@ -417,14 +432,27 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
     first = golden.signatures[0]
     return ExportResult(path=base / str(version), version=version, signature_name=first.plan.name,
                         inputs=golden.specs, outputs=first.out_dtypes, policy=loaded.policy,
-                        source_format=loaded.format, checked=options.verify, stage_seconds=progress.times,
+                        source_format=loaded.format, checked=options.verify, checked_how=checked_how,
+                        stage_seconds=progress.times,
                         findings=findings, reference=reference_entry,
                         signatures=[_summary_signature(r) for r in golden.signatures])
 
 
+FREE_WEIGHTS_BYTES = 64 << 20
+
+
+def _drop_model(loaded, staging: Path) -> None:
+    """The check needs only the written files and the golden record: the model's weights go before the
+    SavedModel's own copy is restored. Keras objects hold each other in cycles, so only a full collection frees
+    them; it costs ~0.2 s, spent only when the weights are big enough for it to matter."""
+    loaded.model = None
+    if sum(p.stat().st_size for p in (staging / "variables").glob("variables.data-*")) >= FREE_WEIGHTS_BYTES:
+        gc.collect()
+
+
 def _self_check(session, golden: GoldenRecord, manifest: dict, with_reference: bool = False) -> None:
     """The TF-Serving-equivalent load must reproduce the eager outputs, signature by signature; otherwise the
-    export fails."""
+    export fails. `session`: selfcheck.InProcessSession, or the session runtime (fresh process)."""
     session.load()
     problems = []
     for record in golden.signatures:
@@ -449,7 +477,7 @@ def render_summary(result: ExportResult) -> str:
             lines.append(f"  input   {key:<24} {spec['dtype']:<9} {spec['shape']}")
         for key, dtype in entry["outputs"].items():
             lines.append(f"  output  {key:<24} {dtype}")
-    lines.append("self-check: passed (TF1 loader, fresh process)" if result.checked else "self-check: skipped (--no-verify)")
+    lines.append(f"self-check: passed ({result.checked_how})" if result.checked else "self-check: skipped (--no-verify)")
     if result.reference:
         links = ", ".join(f"{link} {verdict}" for link, verdict in result.reference["links"].items())
         lines.append(f"training-time reference: {result.reference['path']} ({links})")
@@ -462,6 +490,7 @@ def summary_json(result: ExportResult) -> dict:
             "inputs": {s.key: {"dtype": s.dtype, "shape": s.shape} for s in result.inputs},
             "outputs": {k: {"dtype": d} for k, d in result.outputs.items()}, "dtype_policy": result.policy,
             "source_format": result.source_format, "self_check": "passed" if result.checked else "skipped",
+            "self_check_how": result.checked_how or None,
             "reference": result.reference, "findings": [f.to_dict() for f in result.findings],
             "stage_seconds": {k: round(v, 3) for k, v in result.stage_seconds.items()},
             "signatures": result.signatures}

@@ -1,0 +1,90 @@
+"""export's self-check: the written SavedModel, loaded the way TF Serving loads it, must reproduce eager Keras.
+
+It runs in the exporting process, with the TF1 loader (its own tf.Graph and Session: the graph alone decides what
+runs), so it costs no second TensorFlow import and no second process. What a fresh process without user code
+guaranteed is checked on saved_model.pb before the load:
+
+* no py_function op is reachable from a signature: here its Python callback is registered and would run;
+* every op of the graph and its function library is registered in stock TensorFlow of the installed X.Y (the
+  compat registry shipped for it): an op that only this process knows (a custom op library the user's code loaded
+  with tf.load_op_library) would load here and fail in TF Serving.
+
+Everything else (variables the serving loader cannot find, ...) fails the TF1 load itself, as in a fresh process.
+When no registry ships for the installed TensorFlow, the check runs in a fresh process instead (`stock_version`
+returns None and the pipeline falls back to the session runtime), so nothing goes unchecked.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from exportkit import lint
+from exportkit.compat import registry as registries
+from exportkit.errors import CheckFailed, ExportkitError
+from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+from exportkit.tf1_loader import Tf1SavedModel, load_failure
+
+REFUSED = "the version was not written; "
+
+
+def stock_version(tf_version: str | None) -> str | None:
+    """"X.Y" of the installed TensorFlow (`tf_version` like "2.21.0") when its registry ships, else None."""
+    version = ".".join((tf_version or "").split(".")[:2])
+    return version if version in registries.available() else None
+
+
+def static_check(path: str | Path, version: str) -> None:
+    """Refuse what an in-process load would accept but a process without user code (TF Serving) would not;
+    `version` names the registry of stock ops (`stock_version`)."""
+    registry = registries.load(version)
+    meta_graph = select_meta_graph(read_saved_model_proto(path))
+    py_funcs = sorted({f"{node.op} '{node.name}' in {lint._where(function)}"
+                       for function, node in lint.reachable_nodes(meta_graph) if node.op in lint.PY_FUNC_OPS})
+    if py_funcs:
+        raise CheckFailed(f"the signatures run Python code (tf.py_function/tf.numpy_function): {lint._few(py_funcs)}; "
+                          f"TF Serving cannot run it", REFUSED + "replace them with TensorFlow ops in the model")
+    functions = lint.library_function_names(meta_graph)
+    known = registry.names()
+    unknown: dict[str, set[str]] = {}
+    for function, node in lint.iter_nodes(meta_graph):
+        if node.op and node.op not in functions and node.op not in known:
+            unknown.setdefault(node.op, set()).add(lint._where(function))
+    if unknown:
+        listed = "; ".join(f"'{op}' (in {lint._few(sorted(places))})" for op, places in sorted(unknown.items()))
+        raise CheckFailed(f"ops not registered in stock TensorFlow {registry.release}: {listed}; only a custom op "
+                          f"library (tf.load_op_library) registers them, and TF Serving does not load it",
+                          REFUSED + "build TF Serving with the op's kernel library linked in and export with "
+                          "--no-verify, or replace the op with stock TensorFlow ops")
+
+
+class InProcessSession:
+    """Tf1SavedModel behind the calls `_self_check` makes of the session runtime: load, use_signature, run, close.
+    Load and run failures are the model's (CheckFailed), as the session worker reports them."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.signature_name = None
+        self._model = None
+
+    def load(self) -> None:
+        try:
+            self._model = Tf1SavedModel(str(self.path), device="cpu")
+        except Exception as err:  # noqa: BLE001  (whatever the loader raises, TF Serving would fail the same way)
+            raise load_failure(err) from err
+
+    def use_signature(self, name: str, input_dtypes: dict) -> None:
+        self.signature_name = name
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            return self._model.run(self.signature_name, inputs)
+        except ExportkitError:
+            raise
+        except Exception as err:  # noqa: BLE001
+            raise load_failure(err) from err
+
+    def close(self) -> None:
+        if self._model is not None:
+            self._model.close()
+            self._model = None
