@@ -30,6 +30,9 @@ FOOTER_SIZE = 48  # two BlockHandles of at most 20 bytes each, padded, then the 
 TRAILER_SIZE = 5  # compression type byte + masked crc32c of block and type
 NO_COMPRESSION, SNAPPY_COMPRESSION = 0, 1
 DUPLICATE_MIN_BYTES = 1 << 20  # smaller tensors that happen to be equal are not worth a finding
+# Keras 3's ExportArchive saves each weight under `variables/N/...` (the Keras Variable) and again under
+# `_all_variables/M/...` (the tf.Variable inside it); exportkit export writes `variables/N/...` only.
+KERAS_DUPLICATE_PREFIX = "_all_variables/"
 
 _CORRUPT_FIX = "the checkpoint is damaged or incomplete; copy or export the model again"
 
@@ -246,3 +249,13 @@ def saved_model_checkpoint(saved_model_dir: str | Path) -> Checkpoint | None:
     """The checkpoint of a SavedModel version directory; None when it has none (a model without variables)."""
     path = index_path(saved_model_dir)
     return read_checkpoint(path) if path.is_file() else None
+
+
+def format_bytes(n: int) -> str:
+    """`512 B`, `16.0 MiB (16777216 bytes)`: readable, and exact for those who compare."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit} ({n} bytes)"
+        size /= 1024
+    return f"{n} B"
