@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import struct
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from exportkit.errors import UsageError
@@ -33,6 +33,7 @@ DUPLICATE_MIN_BYTES = 1 << 20  # smaller tensors that happen to be equal are not
 # Keras 3's ExportArchive saves each weight under `variables/N/...` (the Keras Variable) and again under
 # `_all_variables/M/...` (the tf.Variable inside it); exportkit export writes `variables/N/...` only.
 KERAS_DUPLICATE_PREFIX = "_all_variables/"
+SLICE_KEY_PREFIX = b"\x00"  # keys of the slices of partitioned variables start with a 0 byte (see _slice_key_prefix)
 
 _CORRUPT_FIX = "the checkpoint is damaged or incomplete; copy or export the model again"
 
@@ -153,13 +154,15 @@ class TensorEntry:
     shape: tuple[int, ...]
     shard: int
     offset: int
-    size: int  # bytes in the data shard
-    crc32c: int  # masked crc32c of those bytes, as stored
+    size: int  # bytes in the data shard (of all its slices, for a partitioned variable)
+    crc32c: int  # masked crc32c of those bytes, as stored (0 for a partitioned variable)
+    slices: int = 0  # >0: a partitioned variable whose slices are stored under keys of their own
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """The index of a tensor bundle: its tensors (by key, sorted) and how many data shards hold them."""
+    """The index of a tensor bundle: its tensors (by key, sorted, as `tf.train.load_checkpoint` lists them) and
+    how many data shards hold them."""
 
     index: str  # the index file
     num_shards: int
@@ -167,8 +170,8 @@ class Checkpoint:
 
     @property
     def variables(self) -> list[TensorEntry]:
-        """The tensors that hold values (not the object graph, not the entries of partitioned variables)."""
-        return [t for t in self.tensors if t.name != OBJECT_GRAPH_KEY and t.size]
+        """The tensors that hold the model's values (not the object graph)."""
+        return [t for t in self.tensors if t.name != OBJECT_GRAPH_KEY]
 
     @property
     def total_bytes(self) -> int:
@@ -176,10 +179,10 @@ class Checkpoint:
 
     def duplicates(self, min_bytes: int = DUPLICATE_MIN_BYTES) -> list[list[TensorEntry]]:
         """Groups of tensors of at least `min_bytes` with the same dtype, shape, size and crc32c: the same bytes
-        stored more than once. Largest first."""
+        stored more than once. Largest first. Partitioned variables (no single crc32c) are left out."""
         groups: dict[tuple, list[TensorEntry]] = defaultdict(list)
         for t in self.variables:
-            if t.size >= min_bytes:
+            if t.size >= min_bytes and not t.slices:
                 groups[(t.dtype, t.shape, t.size, t.crc32c)].append(t)
         return sorted((g for g in groups.values() if len(g) > 1), key=lambda g: (-g[0].size, g[0].name))
 
@@ -212,20 +215,40 @@ def read_checkpoint(index: str | Path) -> Checkpoint:
         if not entries or entries[0][0] != HEADER_KEY:
             raise _Corrupt("no bundle header (the \"\" key)")
         header = pb.BundleHeaderProto.FromString(entries[0][1])
-        tensors = []
-        for key, value in entries[1:]:
-            entry = pb.BundleEntryProto.FromString(value)
-            tensors.append(TensorEntry(name=key.decode("utf-8", "backslashreplace"), dtype=dtype_name(entry.dtype),
-                                       shape=tuple(shape_list(entry.shape) or ()), shard=entry.shard_id,
-                                       offset=entry.offset, size=entry.size, crc32c=entry.crc32c))
+        parsed = [(key, pb.BundleEntryProto.FromString(value)) for key, value in entries[1:]]
     except _Corrupt as err:
         raise UsageError(f"cannot read the checkpoint index {index}: {err}", _CORRUPT_FIX) from None
     except Exception as err:  # protobuf DecodeError
         raise UsageError(f"cannot read the checkpoint index {index}: {type(err).__name__}: {err}",
                          _CORRUPT_FIX) from None
     num_shards = max(1, header.num_shards)
-    _check_shards(index, num_shards, tensors)
+    pieces = [_entry(key.decode("utf-8", "backslashreplace"), e) for key, e in parsed]
+    _check_shards(index, num_shards, pieces)
+    slices = [(key, e) for (key, _), e in zip(parsed, pieces) if key.startswith(SLICE_KEY_PREFIX)]
+    tensors = []
+    for key, entry in parsed:
+        if key.startswith(SLICE_KEY_PREFIX):
+            continue
+        tensor = _entry(key.decode("utf-8", "backslashreplace"), entry)
+        if entry.slices:
+            prefix = _slice_key_prefix(key)
+            tensor = replace(tensor, size=sum(e.size for k, e in slices if k.startswith(prefix)), crc32c=0,
+                             slices=len(entry.slices))
+        tensors.append(tensor)
     return Checkpoint(index=str(index), num_shards=num_shards, tensors=tuple(tensors))
+
+
+def _entry(name: str, entry) -> TensorEntry:
+    return TensorEntry(name=name, dtype=dtype_name(entry.dtype), shape=tuple(shape_list(entry.shape) or ()),
+                       shard=entry.shard_id, offset=entry.offset, size=entry.size, crc32c=entry.crc32c)
+
+
+def _slice_key_prefix(name: bytes) -> bytes:
+    """Slices of a partitioned variable are keyed `EncodeTensorNameSlice(name, slice)`
+    (tensorflow/core/util/saved_tensor_slice_util.cc: orderedcode number 0, then the name as an orderedcode string: 0x00 and 0xff escaped,
+    terminated by 0x00 0x01), then the slice's extents."""
+    escaped = b"".join(b"\x00\xff" if c == 0 else b"\xff\x00" if c == 0xFF else bytes([c]) for c in name)
+    return SLICE_KEY_PREFIX + escaped + b"\x00\x01"
 
 
 def _check_shards(index: Path, num_shards: int, tensors: list[TensorEntry]) -> None:
