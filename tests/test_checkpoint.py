@@ -27,7 +27,7 @@ def tf():
 def bundles(tf, tmp_path_factory) -> dict[str, Path]:
     """Checkpoint prefixes (PREFIX.index, PREFIX.data-*) of: Keras 3's `model.export` (every weight twice),
     `exportkit export` of the same model, a tf.Module saved by tf.saved_model.save, and a checkpoint written in
-    two shards with a partitioned variable."""
+    two shards with a partitioned variable, and one whose index spans several data blocks."""
     import io
 
     import keras
@@ -64,7 +64,10 @@ def bundles(tf, tmp_path_factory) -> dict[str, Path]:
     policy = tf.train.experimental.MaxShardSizePolicy(max_shard_size=100_000)
     sharded = checkpoint.write(str(root / "sharded" / "ckpt"),
                                options=tf.train.CheckpointOptions(experimental_sharding_callback=policy))
+    # Long distinct keys: an index of ~380 KB, more than one 256 KiB data block.
+    many = tf.train.Checkpoint(**{f"v{i:03d}_" + "x" * 500: tf.Variable(float(i)) for i in range(700)})
     return {"keras_export": root / "keras_export" / "variables" / "variables",
+            "many": Path(many.write(str(root / "many" / "ckpt"))),
             "exportkit": Path(exported) / "variables" / "variables",
             "module": root / "module" / "variables" / "variables",
             "sharded": Path(sharded)}
@@ -90,7 +93,7 @@ def test_crc32c_matches_the_standard_check_value():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["keras_export", "exportkit", "module", "sharded"])
+@pytest.mark.parametrize("name", ["keras_export", "exportkit", "module", "sharded", "many"])
 def test_reader_agrees_with_tensorflow(bundles, tf, name):
     from exportkit.checkpoint import crc32c, data_shard_path, unmask_crc
 
@@ -172,8 +175,8 @@ def test_verify_reports_the_same_finding(bundles):
 
 
 # ------------------------------------------------------------------------------------------ damaged files
-def _first_data_block(index: bytes) -> tuple[int, int]:
-    """(offset, size) of the first data block: the first value of the index block, found through the footer."""
+def _data_blocks(index: bytes) -> list[tuple[int, int]]:
+    """(offset, size) of each data block: the values of the index block, found through the footer."""
     from exportkit.checkpoint import FOOTER_SIZE, _block_entries, _varint
 
     footer = index[-FOOTER_SIZE:]
@@ -181,9 +184,21 @@ def _first_data_block(index: bytes) -> tuple[int, int]:
     _, pos = _varint(footer, pos, 40)
     offset, pos = _varint(footer, pos, 40)
     size, _ = _varint(footer, pos, 40)
-    _, handle = next(_block_entries(index[offset:offset + size], "index"))
-    data_offset, pos = _varint(handle, 0, len(handle))
-    return data_offset, _varint(handle, pos, len(handle))[0]
+    blocks = []
+    for _, handle in _block_entries(index[offset:offset + size], "index"):
+        data_offset, pos = _varint(handle, 0, len(handle))
+        blocks.append((data_offset, _varint(handle, pos, len(handle))[0]))
+    return blocks
+
+
+def _first_data_block(index: bytes) -> tuple[int, int]:
+    return _data_blocks(index)[0]
+
+
+@pytest.mark.slow
+def test_index_of_several_blocks(bundles):
+    assert len(_data_blocks(Path(f"{bundles['many']}.index").read_bytes())) >= 2
+    assert len(_read(bundles["many"]).variables) == 700
 
 
 def _snappy(index: bytes) -> bytes:
