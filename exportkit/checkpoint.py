@@ -12,6 +12,7 @@ stored twice (`duplicates`), without loading a byte of the data shards.
 """
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from collections import defaultdict
@@ -222,25 +223,22 @@ def read_checkpoint(index: str | Path) -> Checkpoint:
         raise UsageError(f"cannot read the checkpoint index {index}: {type(err).__name__}: {err}",
                          _CORRUPT_FIX) from None
     num_shards = max(1, header.num_shards)
-    pieces = [_entry(key.decode("utf-8", "backslashreplace"), e) for key, e in parsed]
-    _check_shards(index, num_shards, pieces)
-    slices = [(key, e) for (key, _), e in zip(parsed, pieces) if key.startswith(SLICE_KEY_PREFIX)]
+    pieces = [(key, entry, TensorEntry(
+        name=key.decode("utf-8", "backslashreplace"), dtype=_dtype_name(entry.dtype),
+        shape=tuple(shape_list(entry.shape) or ()), shard=entry.shard_id, offset=entry.offset, size=entry.size,
+        crc32c=entry.crc32c)) for key, entry in parsed]
+    _check_shards(index, num_shards, [t for _, _, t in pieces])
+    slices = [(key, t) for key, _, t in pieces if key.startswith(SLICE_KEY_PREFIX)]
     tensors = []
-    for key, entry in parsed:
+    for key, entry, tensor in pieces:
         if key.startswith(SLICE_KEY_PREFIX):
             continue
-        tensor = _entry(key.decode("utf-8", "backslashreplace"), entry)
         if entry.slices:
             prefix = _slice_key_prefix(key)
-            tensor = replace(tensor, size=sum(e.size for k, e in slices if k.startswith(prefix)), crc32c=0,
+            tensor = replace(tensor, size=sum(t.size for k, t in slices if k.startswith(prefix)), crc32c=0,
                              slices=len(entry.slices))
         tensors.append(tensor)
     return Checkpoint(index=str(index), num_shards=num_shards, tensors=tuple(tensors))
-
-
-def _entry(name: str, entry) -> TensorEntry:
-    return TensorEntry(name=name, dtype=dtype_name(entry.dtype), shape=tuple(shape_list(entry.shape) or ()),
-                       shard=entry.shard_id, offset=entry.offset, size=entry.size, crc32c=entry.crc32c)
 
 
 def _slice_key_prefix(name: bytes) -> bytes:
@@ -249,6 +247,9 @@ def _slice_key_prefix(name: bytes) -> bytes:
     terminated by 0x00 0x01), then the slice's extents."""
     escaped = b"".join(b"\x00\xff" if c == 0 else b"\xff\x00" if c == 0xFF else bytes([c]) for c in name)
     return SLICE_KEY_PREFIX + escaped + b"\x00\x01"
+
+
+_dtype_name = functools.lru_cache(maxsize=None)(dtype_name)  # a checkpoint has thousands of entries, few dtypes
 
 
 def _check_shards(index: Path, num_shards: int, tensors: list[TensorEntry]) -> None:
