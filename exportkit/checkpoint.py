@@ -31,8 +31,8 @@ FOOTER_SIZE = 48  # two BlockHandles of at most 20 bytes each, padded, then the 
 TRAILER_SIZE = 5  # compression type byte + masked crc32c of block and type
 NO_COMPRESSION, SNAPPY_COMPRESSION = 0, 1
 DUPLICATE_MIN_BYTES = 1 << 20  # smaller tensors that happen to be equal are not worth a finding
-# Keras 3's ExportArchive saves each weight under `variables/N/...` (the Keras Variable) and again under
-# `_all_variables/M/...` (the tf.Variable inside it); exportkit export writes `variables/N/...` only.
+# Keras 3's ExportArchive saves each weight twice, under `variables/N/...` and `_all_variables/M/...` (it tracks the
+# Keras Variable and the tf.Variable inside it); exportkit export writes `variables/N/...` only.
 KERAS_DUPLICATE_PREFIX = "_all_variables/"
 SLICE_KEY_PREFIX = b"\x00"  # keys of the slices of partitioned variables start with a 0 byte (see _slice_key_prefix)
 
@@ -243,8 +243,8 @@ def read_checkpoint(index: str | Path) -> Checkpoint:
 
 def _slice_key_prefix(name: bytes) -> bytes:
     """Slices of a partitioned variable are keyed `EncodeTensorNameSlice(name, slice)`
-    (tensorflow/core/util/saved_tensor_slice_util.cc: orderedcode number 0, then the name as an orderedcode string: 0x00 and 0xff escaped,
-    terminated by 0x00 0x01), then the slice's extents."""
+    (tensorflow/core/util/saved_tensor_slice_util.cc): orderedcode number 0, then the name as an orderedcode
+    string (0x00 and 0xff escaped, terminated by 0x00 0x01), then the slice's extents."""
     escaped = b"".join(b"\x00\xff" if c == 0 else b"\xff\x00" if c == 0xFF else bytes([c]) for c in name)
     return SLICE_KEY_PREFIX + escaped + b"\x00\x01"
 
