@@ -58,6 +58,9 @@ def bundles(tf, tmp_path_factory) -> dict[str, Path]:
 
     module = Module()
     tf.saved_model.save(module, str(root / "module"), signatures={"serving_default": module.serve})
+    twins = tf.Module()  # two variables that happen to hold the same 1 MiB: not Keras' doing
+    twins.a, twins.b = tf.Variable(tf.zeros([512, 512])), tf.Variable(tf.zeros([512, 512]))
+    tf.saved_model.save(twins, str(root / "twins"))
 
     checkpoint = tf.train.Checkpoint(a=tf.Variable(tf.reshape(tf.range(30000, dtype=tf.float32), [300, 100])),
                                      b=tf.Variable(tf.range(5000)), c=tf.Variable(["x", "yy"]))
@@ -70,6 +73,7 @@ def bundles(tf, tmp_path_factory) -> dict[str, Path]:
             "many": Path(many.write(str(root / "many" / "ckpt"))),
             "exportkit": Path(exported) / "variables" / "variables",
             "module": root / "module" / "variables" / "variables",
+            "twins": root / "twins" / "variables" / "variables",
             "sharded": Path(sharded)}
 
 
@@ -163,6 +167,15 @@ def test_inspect_warns_about_duplicates_and_shows_sizes(bundles):
     line = next(l for l in mine.stdout.splitlines() if l.startswith("variables:"))
     assert line.startswith(f"variables: 3 tensors, 1.0 MiB ({EMBEDDING_BYTES + 192 * 2 * 4 + 2 * 4} bytes) in 1 shard")
     assert "duplicated" not in line
+
+
+@pytest.mark.slow
+def test_equal_variables_not_written_by_keras(bundles):
+    from exportkit.lint import checkpoint_findings
+
+    [finding] = checkpoint_findings(_saved_model(bundles["twins"]))
+    assert finding.code == "duplicate-variables" and "a/.ATTRIBUTES/VARIABLE_VALUE = b/" in finding.message
+    assert "Keras" not in finding.message and "several names" in finding.message
 
 
 @pytest.mark.slow
