@@ -28,7 +28,8 @@ class SavedModelInfo:
     signatures: dict  # see exportkit.savedmodel.signatures_of
     ops: dict[str, int]  # op type -> node count, graph + function library
     assets: list[str]  # paths relative to `path`, under assets/ and assets.extra/
-    variables_bytes: int
+    variables_bytes: int  # bytes of the files under variables/
+    variables: dict | None  # the checkpoint's tensors (see `_variables_summary`); None without a readable one
     manifest: dict | None  # assets.extra/exportkit/manifest.json, when present and valid
     findings: list[Finding] = field(default_factory=list)
     oldest_tf_serving: str | None = None  # oldest TF (Serving) version the static compat analysis accepts, CPU
@@ -42,6 +43,7 @@ class SavedModelInfo:
             "ops": dict(self.ops),
             "assets": list(self.assets),
             "variables_bytes": self.variables_bytes,
+            "variables": self.variables,
             "manifest": self.manifest,
             "findings": [f.to_dict() for f in self.findings],
             "oldest_tf_serving": self.oldest_tf_serving,
@@ -68,6 +70,27 @@ def _dir_bytes(root: Path) -> int:
     return total
 
 
+LARGEST_SHOWN = 5
+
+
+def _variables_summary(directory: Path) -> dict | None:
+    """Tensor count, bytes, shards, duplicated bytes and the largest tensors of the checkpoint (read from its
+    index, no TensorFlow); None when there is none or it cannot be read (a `checkpoint-unreadable` finding says why)."""
+    from exportkit.checkpoint import saved_model_checkpoint
+
+    try:
+        checkpoint = saved_model_checkpoint(directory)
+    except UsageError:
+        return None
+    if checkpoint is None:
+        return None
+    tensors = checkpoint.variables
+    largest = sorted(tensors, key=lambda t: (-t.size, t.name))[:LARGEST_SHOWN]
+    return {"tensors": len(tensors), "bytes": checkpoint.total_bytes, "shards": checkpoint.num_shards,
+            "duplicate_bytes": checkpoint.duplicate_bytes(),
+            "largest": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.size} for t in largest]}
+
+
 def read_info(path: str | Path, *, signature_name: str | None = None, check_registry: bool = True) -> SavedModelInfo:
     """Everything `inspect` shows about the SavedModel at `path` (version or base directory). No TF import.
 
@@ -92,6 +115,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
         ops=op_counts(meta_graph),
         assets=assets,
         variables_bytes=_dir_bytes(directory / "variables"),
+        variables=_variables_summary(directory),
         manifest=manifest,
         findings=findings,
         oldest_tf_serving=oldest_accepted(meta_graph),
@@ -103,15 +127,6 @@ def _fmt_shape(shape) -> str:
     if shape is None:
         return "unknown rank"
     return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
-
-
-def _fmt_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{size:.1f} {unit} ({n} bytes)"
-        size /= 1024
-    return f"{n} B"
 
 
 def _table(rows: list[tuple[str, ...]], indent: str) -> list[str]:
@@ -129,6 +144,22 @@ def _summary(value) -> str:
     if isinstance(value, list):
         return f"[{len(value)} items]"
     return str(value)
+
+
+def _render_variables(info: SavedModelInfo) -> list[str]:
+    from exportkit.checkpoint import format_bytes
+
+    v = info.variables
+    if v is None:
+        return [f"variables: {format_bytes(info.variables_bytes)} on disk"]
+    out = [f"variables: {v['tensors']} tensor{'s' if v['tensors'] != 1 else ''}, {format_bytes(v['bytes'])} in "
+           f"{v['shards']} shard{'s' if v['shards'] != 1 else ''}"
+           + (f"; duplicated: {format_bytes(v['duplicate_bytes'])}" if v["duplicate_bytes"] else "")
+           + f"; on disk: {format_bytes(info.variables_bytes)}"]
+    if v["largest"]:
+        out += _table([(t["name"], t["dtype"], _fmt_shape(t["shape"]), format_bytes(t["bytes"]).split(" (")[0])
+                       for t in v["largest"]], "  ")
+    return out
 
 
 def render_text(info: SavedModelInfo) -> str:
@@ -163,7 +194,7 @@ def render_text(info: SavedModelInfo) -> str:
     out.append("")
     out.append(f"assets: {len(info.assets)}")
     out += [f"  {a}" for a in info.assets]
-    out.append(f"variables: {_fmt_bytes(info.variables_bytes)}")
+    out += _render_variables(info)
     from exportkit.compat import RANGE
 
     out.append("TF Serving (static, CPU): " + (f"{info.oldest_tf_serving} and newer" if info.oldest_tf_serving else

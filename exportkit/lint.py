@@ -17,7 +17,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from exportkit.checkpoint import KERAS_DUPLICATE_PREFIX, format_bytes, saved_model_checkpoint
 from exportkit.dtypes import HALF_DTYPES
+from exportkit.errors import UsageError
 from exportkit.findings import Finding
 from exportkit.savedmodel import DEFAULT_SIGNATURE, SERVE_TAG, dtype_name, select_meta_graph, shape_list, signature_names
 from exportkit.tfenv import child_env
@@ -436,8 +438,13 @@ def _signature_findings(meta_graph, prefix: str, names: Iterable[str]) -> list[F
 
 
 def asset_findings(directory: str | Path) -> list[Finding]:
-    """Symlinks under assets/ or assets.extra/ that point outside the SavedModel: a server reading the asset reads
-    whatever the link names on its machine (or nothing, when the model is copied)."""
+    """Findings on the files beside saved_model.pb: symlinks under assets/ or assets.extra/ that point outside the
+    SavedModel (a server reading the asset reads whatever the link names on its machine, or nothing when the model
+    is copied), and the checkpoint in variables/ (see `checkpoint_findings`)."""
+    return _symlink_findings(directory) + checkpoint_findings(directory)
+
+
+def _symlink_findings(directory: str | Path) -> list[Finding]:
     root = os.path.realpath(directory)
     findings = []
     for sub in ("assets", "assets.extra"):
@@ -455,6 +462,34 @@ def asset_findings(directory: str | Path) -> list[Finding]:
                                             f"copy of the model loses it and a server reads whatever that path holds "
                                             f"on its machine; copy the file into {sub}/ instead"))
     return findings
+
+
+def checkpoint_findings(directory: str | Path) -> list[Finding]:
+    """An unreadable checkpoint index (error), and tensors of at least 1 MiB stored more than once (warning):
+    Keras 3's `model.export` / ExportArchive tracks each Keras Variable and the tf.Variable inside it and the
+    checkpoint writes both, so every loader reads and holds every weight twice."""
+    try:
+        checkpoint = saved_model_checkpoint(directory)
+    except UsageError as err:
+        return [Finding("error", "checkpoint-unreadable", f"{err.message}; fix: {err.remedy}")]
+    groups = checkpoint.duplicates() if checkpoint else []
+    if not groups:
+        return []
+    duplicated = checkpoint.duplicate_bytes()
+    copies = sum(len(g) - 1 for g in groups)
+    example = " = ".join(t.name for t in groups[0][:2])
+    what = (f"the checkpoint stores {copies} tensor{'s' if copies != 1 else ''} of at least 1 MiB more than once: "
+            f"{format_bytes(duplicated)} of {format_bytes(checkpoint.total_bytes)} are duplicates (e.g. {example})")
+    if any(t.name.startswith(KERAS_DUPLICATE_PREFIX) for g in groups for t in g):
+        why = ("Keras 3's model.export / ExportArchive tracks each Keras Variable and the tf.Variable inside it, "
+               "and writes each weight twice")
+        fix = "re-export with `exportkit export`, which writes each variable once"
+    else:
+        why = "the same values are saved under several names (a variable tracked twice, or tied weights copied)"
+        fix = "track each variable once when saving, or re-export with `exportkit export`"
+    return [Finding("warning", "duplicate-variables",
+                    f"{what}. Why: {why}. Cost: every loader, TF Serving included, reads and holds every copy; "
+                    f"fix: {fix}")]
 
 
 def lint_meta_graph(meta_graph, signature_name: str | None = None, prefix: str = "",

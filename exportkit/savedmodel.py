@@ -39,6 +39,7 @@ _PROTO_MODULES = {
     "op_def": "tensorflow.core.framework.op_def_pb2",
     "example": "tensorflow.core.example.example_pb2",
     "tensor": "tensorflow.core.framework.tensor_pb2",
+    "tensor_bundle": "tensorflow.core.protobuf.tensor_bundle_pb2",
 }
 
 

@@ -135,7 +135,7 @@ def codes(findings) -> list[str]:
 def test_json_schema(multi_json, models, tf):
     doc = multi_json
     assert set(doc) == {"path", "tags", "tensorflow_version", "signatures", "ops", "assets", "variables_bytes",
-                        "manifest", "findings", "oldest_tf_serving"}
+                        "variables", "manifest", "findings", "oldest_tf_serving"}
     assert doc["path"] == os.path.abspath(models["multi"])
     assert doc["tags"] == ["serve"]
     assert doc["tensorflow_version"] == tf.__version__
@@ -157,6 +157,9 @@ def test_json_schema(multi_json, models, tf):
     assert doc["ops"]["MatMul"] == 1 and "StringLength" in doc["ops"]  # StringLength lives in a function body
     assert doc["assets"] == ["assets/vocab.txt"]
     assert isinstance(doc["variables_bytes"], int) and doc["variables_bytes"] > 0
+    assert doc["variables"] == {"tensors": 1, "bytes": 24, "shards": 1, "duplicate_bytes": 0,  # w: 3x2 float32
+                                "largest": [{"name": "w/.ATTRIBUTES/VARIABLE_VALUE", "dtype": "float32",
+                                             "shape": [3, 2], "bytes": 24}]}
     assert doc["manifest"] is None
     assert isinstance(doc["findings"], list)
     for f in doc["findings"]:
