@@ -199,10 +199,10 @@ def io_op_nodes(meta_graph) -> dict[str, list[str]]:
         if op in _PROTO_DESCRIPTOR_OPS and "descriptor_source" in node.attr:
             source = node.attr["descriptor_source"].s.decode("utf-8", "replace")
             if source and not source.startswith(("local://", "bytes://")):
-                found.setdefault(op, []).append(f"'{node.name}' in {_where(function)} (descriptor file {source})")
+                found.setdefault(op, []).append(f"'{node.name}' in {function_label(function)} (descriptor file {source})")
             continue
         if op in IO_OP_CATEGORY:
-            found.setdefault(op, []).append(f"'{node.name}' in {_where(function)}")
+            found.setdefault(op, []).append(f"'{node.name}' in {function_label(function)}")
     return dict(sorted(found.items()))
 
 
@@ -210,7 +210,7 @@ def io_op_finding(found: dict[str, list[str]], prefix: str = "") -> Finding | No
     """One error naming every reachable I/O op (`io_op_nodes`) and where it is; None when there is none."""
     if not found:
         return None
-    parts = [f"{op} ({IO_OP_CATEGORY.get(op, 'file system')}) at {_few(places)}" for op, places in found.items()]
+    parts = [f"{op} ({IO_OP_CATEGORY.get(op, 'file system')}) at {few(places)}" for op, places in found.items()]
     return Finding("error", "io-op",
                    f"{prefix}the signatures reach ops that touch files, the network or the console: "
                    f"{'; '.join(parts)}." + IO_OP_REFUSAL)
@@ -333,7 +333,7 @@ def registered_ops() -> frozenset[str] | None:
 
 
 # ------------------------------------------------------------------------------------------------ checks
-def _where(function: str | None) -> str:
+def function_label(function: str | None) -> str:
     return f"function '{function}'" if function else "the top-level graph"
 
 
@@ -349,7 +349,7 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]
     unknown: dict[str, list[str]] = {}
     for function, node in iter_nodes(meta_graph):
         op = node.op
-        where = _where(function)
+        where = function_label(function)
         if op in PY_FUNC_OPS:
             py_funcs.setdefault(op, []).append(f"{node.name} in {where}")
         if op in DENYLIST_OPS and op not in reached:  # reached ones are io-op errors
@@ -360,12 +360,12 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]
     for op, places in sorted(py_funcs.items()):
         findings.append(Finding(
             "error", "py-func",
-            f"{prefix}op {op} ({_few(places)}) runs Python code; TF Serving cannot run it: replace "
+            f"{prefix}op {op} ({few(places)}) runs Python code; TF Serving cannot run it: replace "
             f"tf.py_function/tf.numpy_function with TensorFlow ops"))
     for op, places in sorted(denylisted.items()):
         findings.append(Finding(
             "warning", "denylisted-op",
-            f"{prefix}op {op} (in {_few(sorted(set(places)))}) is on saved_model_cli scan's denylist: it touches the "
+            f"{prefix}op {op} (in {few(sorted(set(places)))}) is on saved_model_cli scan's denylist: it touches the "
             f"file system or prints on the server (no signature reaches it now)"))
 
     if check_registry:
@@ -382,12 +382,12 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]
                     continue
                 findings.append(Finding(
                     "error", "unknown-op",
-                    f"{prefix}op '{op}' (in {_few(sorted(set(places)))}) is not registered in TensorFlow {version}: "
+                    f"{prefix}op '{op}' (in {few(sorted(set(places)))}) is not registered in TensorFlow {version}: "
                     f"TF Serving fails to load the model unless the op's kernel library is linked into the server"))
     return findings
 
 
-def _few(items: list[str], limit: int = 3) -> str:
+def few(items: list[str], limit: int = 3) -> str:
     shown = ", ".join(items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
