@@ -22,7 +22,7 @@ from exportkit.dtypes import HALF_DTYPES
 from exportkit.errors import UsageError
 from exportkit.findings import Finding
 from exportkit.savedmodel import DEFAULT_SIGNATURE, SERVE_TAG, dtype_name, select_meta_graph, shape_list, signature_names
-from exportkit.tfenv import child_env
+from exportkit.tfenv import child_env, tensorflow_version
 
 # Ops that run Python in the exporting process: TF Serving (C++) cannot run them.
 PY_FUNC_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
@@ -217,19 +217,6 @@ def io_op_finding(found: dict[str, list[str]], prefix: str = "") -> Finding | No
 
 
 # ------------------------------------------------------------------------------------- op registry cache
-def tensorflow_version() -> str | None:
-    """The installed TensorFlow's version, from package metadata (does not import TensorFlow)."""
-    from importlib import metadata
-
-    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos", "tf-nightly",
-                 "tf-nightly-cpu", "tensorflow-aarch64"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def cache_dir() -> Path:
     """`$EXPORTKIT_CACHE_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/exportkit`."""
     override = os.environ.get(OP_CACHE_ENV)

@@ -47,18 +47,17 @@ def child_env(device: str | None) -> dict:
     return env
 
 
-def installed_tf_version() -> str:
-    """This environment's TensorFlow version, without importing it."""
-    if "tensorflow" in sys.modules and hasattr(sys.modules["tensorflow"], "__version__"):
-        return sys.modules["tensorflow"].__version__
+def tensorflow_version() -> str | None:
+    """The installed TensorFlow's version, from package metadata (does not import TensorFlow)."""
     from importlib import metadata
 
-    for distribution in ("tensorflow", "tensorflow-cpu"):
+    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos", "tf-nightly",
+                 "tf-nightly-cpu", "tensorflow-aarch64"):
         try:
-            return metadata.version(distribution)
+            return metadata.version(dist)
         except metadata.PackageNotFoundError:
-            pass
-    return "?"
+            continue
+    return None
 
 
 def import_tf():

@@ -219,7 +219,7 @@ def test_export_self_check_rejects_what_only_tf2_loading_accepts(keras3_saved_wi
 
 def _stock_version():
     from exportkit.export.selfcheck import stock_version
-    from exportkit.lint import tensorflow_version
+    from exportkit.tfenv import tensorflow_version
 
     version = stock_version(tensorflow_version())
     if version is None:

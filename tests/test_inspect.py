@@ -168,7 +168,7 @@ def test_json_schema(multi_json, models, tf):
 
 
 def test_op_registry_cache_filled_once(multi_json, cache_dir, models, env):
-    from exportkit.lint import tensorflow_version
+    from exportkit.tfenv import tensorflow_version
 
     cached = cache_dir / f"ops-{tensorflow_version()}.json"
     data = json.loads(cached.read_text())
@@ -183,7 +183,7 @@ def test_op_registry_cache_filled_once(multi_json, cache_dir, models, env):
 
 @pytest.mark.slow
 def test_corrupt_op_cache_is_rebuilt(models, env, tmp_path):
-    from exportkit.lint import tensorflow_version
+    from exportkit.tfenv import tensorflow_version
 
     cached = tmp_path / f"ops-{tensorflow_version()}.json"
     cached.write_text("{not json")

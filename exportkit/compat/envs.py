@@ -19,7 +19,8 @@ from pathlib import Path
 
 from exportkit.compat import check_version
 from exportkit.errors import InfraError, UsageError
-from exportkit.lint import cache_dir, tensorflow_version
+from exportkit.lint import cache_dir
+from exportkit.tfenv import tensorflow_version
 
 READY = "exportkit-env.json"
 WORKER = Path(__file__).with_name("worker.py")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit import __version__, layout, lint
+from exportkit import __version__, layout
 from exportkit import reference as refs
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.dtypes import HALF_DTYPES, name_of, name_of_array
@@ -24,7 +24,7 @@ from exportkit.runtimes.session import SessionRuntime
 from exportkit.sources.load import detect_format, load_source, sha256_of
 from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs, parse_input_spec
 from exportkit.spec import ExportOptions, export_options
-from exportkit.tfenv import import_tf
+from exportkit.tfenv import import_tf, tensorflow_version
 from exportkit.verify.compare import Tolerance, compare_batches, compare_with_default_tolerances, default_tolerance
 from exportkit.batches import InputSpec, generate_batches, parse_int_range
 from exportkit.tfexample import ExampleFeature, apply_feature_spec, derive_features, encode_examples, to_manifest
@@ -378,7 +378,7 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
         # The self-check runs in this process when the installed TensorFlow's stock ops ship with exportkit (to
         # prove no op is known only here); otherwise in the serving-equivalent worker, started now so its
         # TensorFlow import overlaps with loading and tracing.
-        stock = selfcheck.stock_version(lint.tensorflow_version()) if options.verify else None
+        stock = selfcheck.stock_version(tensorflow_version()) if options.verify else None
         session = (SessionRuntime(str(base / str(version)), options.signature_name, device="cpu")
                    if options.verify and stock is None else None)
         checked_how = ""

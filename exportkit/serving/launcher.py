@@ -401,7 +401,7 @@ def start_embedded(path: str, model_name: str | None = None, device: str = "cpu"
 def _finish_embedded(child: _Child, name: str, deadline: float, load_timeout: float, stop) -> ServerHandle:
     from exportkit import __version__
     from exportkit.serving.server import ADDRESS_RE
-    from exportkit.tfenv import installed_tf_version
+    from exportkit.tfenv import tensorflow_version
 
     what = "embedded server (exportkit serve)"
     from exportkit.serving.client import ServingClient
@@ -429,7 +429,7 @@ def _finish_embedded(child: _Child, name: str, deadline: float, load_timeout: fl
     version = int(match.group("version"))
     with ServingClient(address, name, version) as client:
         _wait(child, client, max(5.0, deadline - time.monotonic()), what)
-    description = {"kind": "embedded", "version": f"exportkit {__version__} serve (TensorFlow {installed_tf_version()})",
+    description = {"kind": "embedded", "version": f"exportkit {__version__} serve (TensorFlow {tensorflow_version() or '?'})",
                    "address": address, "binary": None, "model_name": name, "model_version": version}
     handle = ServerHandle(address, description, name, version, stop, child.proc, child.tail,
                           rest_address=match.group("rest"))
