@@ -9,6 +9,7 @@ The HTTP layer is the standard library's ThreadingHTTPServer (no dependency); th
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import logging
 import math
@@ -138,8 +139,40 @@ def _numpy_dtype(dtype: str):
     return object if dtype == "string" else np.dtype(dtype)
 
 
+_INT_RANGES = {"int8": (-2 ** 31, 2 ** 31), "int16": (-2 ** 31, 2 ** 31), "int32": (-2 ** 31, 2 ** 31),
+               "uint8": (-2 ** 31, 2 ** 31), "int64": (-2 ** 63, 2 ** 63), "uint32": (0, 2 ** 32), "uint64": (0, 2 ** 64)}
+
+
+def _regular_numbers(value, dtype: str) -> np.ndarray | None:
+    """The fast path of tensor_from_json: a regular nested list of JSON numbers of the types `_scalar` accepts for
+    `dtype`, converted by numpy; None for anything else (the element-wise path then accepts it or says why not)."""
+    if dtype not in ("float32", "float64", "bool") and dtype not in _INT_RANGES:
+        return None
+    try:
+        arr = np.array(value)
+    except (ValueError, OverflowError):
+        return None
+    if arr.dtype.kind not in "bif" or arr.size == 0:
+        return None
+    flat = [value] if arr.ndim == 0 else value
+    for _ in range(arr.ndim - 1):
+        flat = list(itertools.chain.from_iterable(flat))
+    types = set(map(type, flat))
+    allowed = {bool} if dtype == "bool" else {int, float} if dtype.startswith("float") else {int}
+    if not types <= allowed:
+        return None
+    if dtype in _INT_RANGES:
+        low, high = _INT_RANGES[dtype]
+        if not (low <= int(arr.min()) and int(arr.max()) < high):
+            return None
+    return arr.astype(dtype)
+
+
 def tensor_from_json(value, dtype: str) -> np.ndarray:
     """json_tensor.cc FillTensorProto: the shape follows the first element at each level; all levels must agree."""
+    fast = _regular_numbers(value, dtype)
+    if fast is not None:
+        return fast
     shape, probe = [], value
     while isinstance(probe, list):
         shape.append(len(probe))
@@ -273,12 +306,36 @@ def _json_scalar(value, dtype: str, as_bytes: bool) -> str:
     raise _invalid(f"Failed to write JSON value for tensor type: {_TF_TYPE_NAMES.get(dtype, dtype)}")
 
 
+def _float_texts(value: np.ndarray, double: bool) -> np.ndarray:
+    """format_float over an array at once (the same text for every element)."""
+    v = value.astype(np.float64)
+    texts = np.char.mod("%.6g", v)
+    cast = np.float64 if double else np.float32
+    finite = np.isfinite(v)
+    reread = np.where(finite, texts, "0").astype(np.float64).astype(cast)
+    long = finite & (reread != v.astype(cast))
+    if long.any():
+        texts = np.where(long, np.char.mod("%.17g" if double else "%.9g", v), texts)
+    plain = finite & (np.char.find(texts, ".") < 0) & (np.char.find(texts, "e") < 0)
+    texts = np.where(plain, np.char.add(texts, ".0"), texts)
+    texts = np.where(np.isnan(v), "NaN", texts)
+    return np.where(np.isinf(v), np.where(v < 0, "-Infinity", "Infinity"), texts)
+
+
 def _json_array(value: np.ndarray, dtype: str, as_bytes: bool) -> str:
     if not isinstance(value, np.ndarray):
         return _json_scalar(value, dtype, as_bytes)
     if value.ndim == 0:
         return _json_scalar(value.item() if dtype != "string" else value[()], dtype, as_bytes)
+    if dtype in ("float32", "float64") and value.size:
+        return _nested(_float_texts(value, dtype == "float64"))
     return "[" + ", ".join(_json_array(v, dtype, as_bytes) for v in value) + "]"
+
+
+def _nested(texts: np.ndarray) -> str:
+    if texts.ndim == 1:
+        return "[" + ", ".join(texts.tolist()) + "]"
+    return "[" + ", ".join(_nested(t) for t in texts) + "]"
 
 
 def _dtype_of(value: np.ndarray) -> str:
@@ -636,6 +693,10 @@ def to_json_value(value):
         raw = value.encode("utf-8") if isinstance(value, str) else value
         return {"b64": base64.b64encode(raw).decode("ascii")}
     arr = np.asarray(value)
+    if arr.dtype.kind in "biuf":  # exact values (a float32 reads back as itself), what json.dumps(a.tolist()) sends
+        return arr.tolist()
+    if arr.dtype.kind == "V":  # bfloat16
+        return arr.astype(np.float32).tolist()
     if arr.ndim:
         return [to_json_value(v) for v in arr]
     item = arr[()]

@@ -159,13 +159,7 @@ def _tensor_batches(o: VerifyOptions, specs, lo_hi, explicit: bool) -> list:
             if explicit:
                 raise
     generated = generate_batches(specs, samples=o.samples, seed=o.seed, int_range=lo_hi)
-    if len(generated) == 2:  # the batch of N starts with the row of the batch of 1 (batch independence)
-        single, many = generated
-        for key, value in many.items():
-            if np.ndim(value) and np.ndim(single[key]) and np.shape(value)[1:] == np.shape(single[key])[1:]:
-                many[key] = value.copy()
-                many[key][:1] = single[key]
-    # ... and the batch of 1 is sent again (determinism): verify/behaviours.py needs no other runs.
+    # The batch of 1 is sent again (determinism): verify/behaviours.py needs no other runs.
     return found + [("generated", b) for b in generated] + [("repeat", {k: v.copy() for k, v in generated[0].items()})]
 
 
@@ -195,7 +189,7 @@ def _plan_checks(o: VerifyOptions, signatures: dict, names: list[str], version_d
     for check in sorted(checks, key=lambda c: c.examples_input):  # tensor twins first
         golden = [("golden", b) for b in (check.golden[0] or [])]
         if not check.examples_input:
-            check.batches = golden + _tensor_batches(o, check.specs, lo_hi, explicit)
+            check.batches = golden + _unrecorded(_tensor_batches(o, check.specs, lo_hi, explicit), golden)
             continue
         features = from_manifest(check.entry["features"])
         key = check.specs[0].key
@@ -205,12 +199,20 @@ def _plan_checks(o: VerifyOptions, signatures: dict, names: list[str], version_d
         else:
             specs = sorted((InputSpec(f.input, f.dtype, [-1, *f.shape]) for f in features), key=lambda s: s.key)
             tensors = _tensor_batches(o, specs, lo_hi, explicit)
-        check.batches = golden + [(origin, {key: encode_examples(b, features)}) for origin, b in tensors]
+        check.batches = golden + _unrecorded([(origin, {key: encode_examples(b, features)}) for origin, b in tensors],
+                                             golden)
     if o.inputs and not any(origin == "file" for c in checks for origin, _ in c.batches):
         load_inputs(o.inputs, checks[0].specs)  # raises the UsageError that names the mismatch
     for check in checks:
         check.batches = [(origin, chunk) for origin, batch in check.batches for chunk in _chunks(batch)]
     return checks
+
+
+def _unrecorded(batches: list, golden: list) -> list:
+    """Generated batches the golden record already holds are not run twice (export generates its golden batches the
+    same way, with verify's default seed); the behaviour checks then use the golden ones."""
+    return [(origin, b) for origin, b in batches
+            if origin != "generated" or not any(_same(b, g) for _, g in golden)]
 
 
 def _per_output_tolerances(atol, rtol, per_output, entry):
@@ -315,10 +317,11 @@ def _run_all(runtime, batches) -> list:
     if not runtime.loaded:
         runtime.load()
     has_real = any(origin in ("golden", "reference", "file") for origin, _ in batches)
-    results = []
-    for origin, batch in batches:
+
+    def run(item):
+        origin, batch = item
         try:
-            results.append(runtime.run(batch))
+            return runtime.run(batch)
         except InfraError:
             raise
         except Exception as err:
@@ -327,8 +330,12 @@ def _run_all(runtime, batches) -> list:
             if not has_real:
                 raise InputsRejected(_one_line(err)) from err
             runtime.rejected_generated = _one_line(err)
-            results.append(None)
-    return results
+            return None
+
+    if runtime.kind in ("grpc", "rest"):  # a server in another process: encode a request while it answers one
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            return list(pool.map(run, batches))
+    return [run(item) for item in batches]
 
 
 def verify_command(options: VerifyOptions) -> int:
@@ -397,8 +404,8 @@ def verify_command(options: VerifyOptions) -> int:
     trained_check, trained = _trained_check(o, manifest, version_dir, checks)
     if trained is None and "trained" in names:
         names.remove("trained")
-    origins = sorted({origin for c in checks for origin, _ in c.batches if origin != "repeat"},
-                     key=["golden", "reference", "file", "generated"].index)
+    origins = sorted({origin for c in checks for origin, _ in c.batches if origin != "repeat"} | {"generated"},
+                     key=["golden", "reference", "file", "generated"].index)  # (generated ones may be golden ones)
     report.inputs = {"source": "+".join(origins), "batch_sizes": [_rows(b) for _, b in checks[0].batches],
                      "seed": o.seed}
     if trained is not None:
@@ -726,7 +733,17 @@ def _behaviours(report: VerifyReport, outputs: dict[str, list], batches, toleran
     def index(origin, many=False):
         return next((i for i, (o, b) in enumerate(batches) if o == origin and (_rows(b) > 1) == many), None)
 
-    single, repeat, many = index("generated"), index("repeat"), index("generated", many=True)
+    def generated(many=False):
+        """The generated batch, or the golden batch equal to it (not run twice, see _unrecorded)."""
+        found = index("generated", many)
+        if found is None and repeat is not None:
+            probe = batches[repeat][1]
+            found = next((i for i, (o, b) in enumerate(batches) if o == "golden" and (_rows(b) > 1) == many
+                          and _same({k: np.asarray(v)[:1] for k, v in b.items()}, probe)), None)
+        return found
+
+    repeat = index("repeat")
+    single, many = generated(), generated(many=True)
     noisy: set[str] = set()
     found = []
     if single is not None and repeat is not None:
