@@ -332,9 +332,6 @@ def _run_all(runtime, batches) -> list:
             runtime.rejected_generated = _one_line(err)
             return None
 
-    if runtime.kind in ("grpc", "rest"):  # a server in another process: encode a request while it answers one
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            return list(pool.map(run, batches))
     return [run(item) for item in batches]
 
 
