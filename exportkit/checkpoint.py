@@ -187,8 +187,20 @@ class Checkpoint:
                 groups[(t.dtype, t.shape, t.size, t.crc32c)].append(t)
         return sorted((g for g in groups.values() if len(g) > 1), key=lambda g: (-g[0].size, g[0].name))
 
+    def keras_copies(self) -> list[tuple[TensorEntry, TensorEntry]]:
+        """Keras 3's second copies, any size: (`_all_variables/...` entry, the entry holding the same bytes). The
+        keys say they are one variable written twice, so no size threshold is needed."""
+        originals = {(t.dtype, t.shape, t.size, t.crc32c): t for t in self.variables
+                     if not t.slices and not t.name.startswith(KERAS_DUPLICATE_PREFIX)}
+        return [(t, originals[key]) for t in self.variables if t.name.startswith(KERAS_DUPLICATE_PREFIX)
+                and not t.slices and (key := (t.dtype, t.shape, t.size, t.crc32c)) in originals]
+
     def duplicate_bytes(self, min_bytes: int = DUPLICATE_MIN_BYTES) -> int:
-        """Bytes a checkpoint holding each tensor once would not need."""
+        """Bytes a checkpoint holding each tensor once would not need: Keras 3's second copies when it has them,
+        else the extra copies of equal tensors of at least `min_bytes`."""
+        keras = self.keras_copies()
+        if keras:
+            return sum(copy.size for copy, _ in keras)
         return sum(g[0].size * (len(g) - 1) for g in self.duplicates(min_bytes))
 
 

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from exportkit.checkpoint import KERAS_DUPLICATE_PREFIX, format_bytes, saved_model_checkpoint
+from exportkit.checkpoint import format_bytes, saved_model_checkpoint
 from exportkit.dtypes import HALF_DTYPES
 from exportkit.errors import UsageError
 from exportkit.findings import Finding
@@ -452,26 +452,30 @@ def _symlink_findings(directory: str | Path) -> list[Finding]:
 
 
 def checkpoint_findings(directory: str | Path) -> list[Finding]:
-    """An unreadable checkpoint index (error), and tensors of at least 1 MiB stored more than once (warning):
-    Keras 3's `model.export` / ExportArchive tracks each Keras Variable and the tf.Variable inside it and the
-    checkpoint writes both, so every loader reads and holds every weight twice."""
+    """An unreadable checkpoint index (error), and tensors stored more than once (warning): every variable when
+    Keras 3's `model.export` / ExportArchive wrote it (it tracks each Keras Variable and the tf.Variable inside it
+    and the checkpoint writes both, so every loader reads and holds every weight twice), else equal tensors of at
+    least 1 MiB."""
     try:
         checkpoint = saved_model_checkpoint(directory)
     except UsageError as err:
         return [Finding("error", "checkpoint-unreadable", f"{err.message}; fix: {err.remedy}")]
+    keras = checkpoint.keras_copies() if checkpoint else []
     groups = checkpoint.duplicates() if checkpoint else []
-    if not groups:
+    if not keras and not groups:
         return []
-    duplicated = checkpoint.duplicate_bytes()
-    copies = sum(len(g) - 1 for g in groups)
-    example = " = ".join(t.name for t in groups[0][:2])
-    what = (f"the checkpoint stores {copies} tensor{'s' if copies != 1 else ''} of at least 1 MiB more than once: "
-            f"{format_bytes(duplicated)} of {format_bytes(checkpoint.total_bytes)} are duplicates (e.g. {example})")
-    if any(t.name.startswith(KERAS_DUPLICATE_PREFIX) for g in groups for t in g):
+    duplicated = format_bytes(checkpoint.duplicate_bytes())
+    if keras:
+        what = (f"the checkpoint stores {len(keras)} variable{'s' if len(keras) != 1 else ''} twice: {duplicated} of "
+                f"{format_bytes(checkpoint.total_bytes)} are second copies (e.g. {keras[0][0].name} = {keras[0][1].name})")
         why = ("Keras 3's model.export / ExportArchive tracks each Keras Variable and the tf.Variable inside it, "
                "and writes each weight twice")
         fix = "re-export with `exportkit export`, which writes each variable once"
     else:
+        copies = sum(len(g) - 1 for g in groups)
+        what = (f"the checkpoint stores {copies} tensor{'s' if copies != 1 else ''} of at least 1 MiB more than once: "
+                f"{duplicated} of {format_bytes(checkpoint.total_bytes)} are duplicates (e.g. "
+                f"{' = '.join(t.name for t in groups[0][:2])})")
         why = "the same values are saved under several names (a variable tracked twice, or tied weights copied)"
         fix = "track each variable once when saving, or re-export with `exportkit export`"
     return [Finding("warning", "duplicate-variables",
