@@ -330,10 +330,8 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]
     io_finding = io_op_finding(reached, prefix)
     if io_finding is not None:
         findings.append(io_finding)
-    functions = library_function_names(meta_graph)
     py_funcs: dict[str, list[str]] = {}
     denylisted: dict[str, list[str]] = {}
-    unknown: dict[str, list[str]] = {}
     for function, node in iter_nodes(meta_graph):
         op = node.op
         where = function_label(function)
@@ -341,8 +339,6 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]
             py_funcs.setdefault(op, []).append(f"{node.name} in {where}")
         if op in DENYLIST_OPS and op not in reached:  # reached ones are io-op errors
             denylisted.setdefault(op, []).append(where)
-        if op not in functions:
-            unknown.setdefault(op, []).append(where)
 
     for op, places in sorted(py_funcs.items()):
         findings.append(Finding(
@@ -364,14 +360,23 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]
                 f"checked: make sure `python -c 'import tensorflow'` works"))
         else:
             version = tensorflow_version() or "(installed)"
-            for op, places in sorted(unknown.items()):
-                if op in registry or not op:
-                    continue
+            for op, places in unregistered_ops(meta_graph, registry).items():
                 findings.append(Finding(
                     "error", "unknown-op",
-                    f"{prefix}op '{op}' (in {few(sorted(set(places)))}) is not registered in TensorFlow {version}: "
+                    f"{prefix}op '{op}' (in {few(places)}) is not registered in TensorFlow {version}: "
                     f"TF Serving fails to load the model unless the op's kernel library is linked into the server"))
     return findings
+
+
+def unregistered_ops(meta_graph, known) -> dict[str, list[str]]:
+    """{op: where it is used} for every op of the graph and its function library that is neither in `known` (a
+    registry's op names) nor a library function; sorted."""
+    functions = library_function_names(meta_graph)
+    unknown: dict[str, set[str]] = {}
+    for function, node in iter_nodes(meta_graph):
+        if node.op and node.op not in functions and node.op not in known:
+            unknown.setdefault(node.op, set()).add(function_label(function))
+    return {op: sorted(places) for op, places in sorted(unknown.items())}
 
 
 def few(items: list[str], limit: int = 3) -> str:

@@ -52,7 +52,12 @@ def failure_message(err: BaseException) -> str:
 
 def load_failure(err: BaseException) -> CheckFailed:
     """The model's failure in the TF1 loader, with the remedy for the known causes."""
-    message = failure_message(err)
+    return loader_failure(failure_message(err))
+
+
+def loader_failure(message: str, remedy: str | None = None) -> CheckFailed:
+    """A TF1 loader failure by its message (also one reported by a worker process), with the remedy for the known
+    causes, else `remedy`, else the general one."""
     remedy = (MISSING_VARIABLE_REMEDY if "find variable" in message else
-              "this SavedModel will fail the same way in TF Serving; see the message, re-run with --debug")
+              remedy or "this SavedModel will fail the same way in TF Serving; see the message, re-run with --debug")
     return CheckFailed(f"TF1 loader (as TF Serving loads models): {message}", remedy)

@@ -44,14 +44,9 @@ def static_check(path: str | Path, version: str) -> None:
     if py_funcs:
         raise CheckFailed(f"the signatures run Python code (tf.py_function/tf.numpy_function): {lint.few(py_funcs)}; "
                           f"TF Serving cannot run it", REFUSED + "replace them with TensorFlow ops in the model")
-    functions = lint.library_function_names(meta_graph)
-    known = registry.names()
-    unknown: dict[str, set[str]] = {}
-    for function, node in lint.iter_nodes(meta_graph):
-        if node.op and node.op not in functions and node.op not in known:
-            unknown.setdefault(node.op, set()).add(lint.function_label(function))
+    unknown = lint.unregistered_ops(meta_graph, registry.names())
     if unknown:
-        listed = "; ".join(f"'{op}' (in {lint.few(sorted(places))})" for op, places in sorted(unknown.items()))
+        listed = "; ".join(f"'{op}' (in {lint.few(places)})" for op, places in unknown.items())
         raise CheckFailed(f"ops not registered in stock TensorFlow {registry.release}: {listed}; only a custom op "
                           f"library (tf.load_op_library) registers them, and TF Serving does not load it",
                           REFUSED + "build TF Serving with the op's kernel library linked in and export with "

@@ -22,7 +22,7 @@ from exportkit.batches import load_batches, save_batches
 from exportkit.errors import CheckFailed, InfraError
 from exportkit.runtimes import Runtime
 from exportkit.savedmodel import DEFAULT_SIGNATURE
-from exportkit.tf1_loader import MISSING_VARIABLE_REMEDY
+from exportkit.tf1_loader import loader_failure
 from exportkit.tfenv import child_env
 
 REPLY_TIMEOUT = 600.0
@@ -218,9 +218,7 @@ class WorkerRuntime(Runtime):
             raise InfraError(message, remedy)
         if self.name == "saved_model":
             raise CheckFailed(message, remedy or "see the message, re-run with --debug")
-        remedy = (MISSING_VARIABLE_REMEDY if "find variable" in message else
-                  remedy or "this SavedModel will fail the same way in TF Serving; see the message, re-run with --debug")
-        raise CheckFailed(f"TF1 loader (as TF Serving loads models): {message}", remedy)
+        raise loader_failure(message, remedy)
 
     def load(self) -> None:
         self.start()

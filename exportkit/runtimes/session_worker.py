@@ -50,8 +50,9 @@ class Worker:
             self.reply(request, ok=False, kind="infra" if isinstance(err, InfraError) else "model",
                        message=err.message, remedy=err.remedy)
         else:
-            self.reply(request, ok=False, kind="model", message=f"{type(err).__name__}: {' '.join(str(err).split())[:500]}",
-                       detail=traceback.format_exc()[-4000:])
+            from exportkit.tf1_loader import failure_message
+
+            self.reply(request, ok=False, kind="model", message=failure_message(err), detail=traceback.format_exc()[-4000:])
 
     # -- ops ------------------------------------------------------------------------------------------------------
     def load(self, request: dict) -> None:
