@@ -237,7 +237,7 @@ def serve(
     """Serve a SavedModel over TF Serving's gRPC API (PredictionService, ModelService) and REST API on loopback."""
 
     def go():
-        from exportkit.serving.server import serve_command
+        from exportkit.serving.model_server import serve_command
 
         return serve_command(path=path, port=port, model_name=model_name, device=device, rest_port=rest_port)
 

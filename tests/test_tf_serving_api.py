@@ -206,7 +206,7 @@ def test_rest_against_grpc_reports_what_json_loses(models, tmp_path):
 def server(models):
     """`exportkit serve` on the Estimator-style export with gRPC and REST (warm-up of every kind replayed)."""
     from exportkit.serving.launcher import free_port
-    from exportkit.serving.server import ADDRESS_RE
+    from exportkit.serving.model_server import ADDRESS_RE
 
     proc = subprocess.Popen([sys.executable, "-m", "exportkit", "serve", models["estimator_style"], "--port", "0",
                              "--rest-port", str(free_port()), "--model-name", "est"],
@@ -291,7 +291,7 @@ def test_classify_regress_multi_inference_like_tf_serving(server, models):
 
 @pytest.mark.serving
 def test_rest_api_formats_and_errors(server, models):
-    from exportkit.serving.rest import example_to_json
+    from exportkit.serving.json_tensor import example_to_json
 
     base = f"http://{server['rest']}/v1/models/est"
     with urllib.request.urlopen(base, timeout=10) as response:
@@ -333,7 +333,7 @@ def test_rest_api_formats_and_errors(server, models):
 
 
 def test_float_printing_matches_tf_serving():
-    from exportkit.serving.rest import format_float, predict_json
+    from exportkit.serving.json_tensor import format_float, predict_json
 
     assert format_float(np.float32(0.1)) == "0.1"  # %.6g reads back as the same float32
     assert format_float(np.float32(1.0)) == "1.0" and format_float(np.float32(1e10)) == "1e+10"
@@ -374,7 +374,7 @@ def test_rest_client_keeps_trailing_nul_bytes_of_binary_strings():
     scalars drop trailing NULs, which corrupted such Examples on their way into a REST request."""
     import base64
 
-    from exportkit.serving.rest import to_json_value
+    from exportkit.serving.rest_client import to_json_value
 
     values = np.array([b"\n\x04\x00\x01\x00", b"ab\x00\x00", b"plain"], dtype=object)
     sent = to_json_value(values)

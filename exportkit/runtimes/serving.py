@@ -251,7 +251,7 @@ class RestRuntime(Runtime):
             self.server = dict(self.server, api=self.grpc.api)
 
     def load(self) -> None:
-        from exportkit.serving.rest import RestClient
+        from exportkit.serving.rest_client import RestClient
 
         self.grpc.load()
         handle = self.grpc._handle

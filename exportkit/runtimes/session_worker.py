@@ -122,7 +122,9 @@ class Worker:
         """TF Serving's APIs over the session loader's model: warm-up first, as TF Serving does before AVAILABLE."""
         from exportkit.errors import CheckFailed
         from exportkit.savedmodel import resolve_model_path
-        from exportkit.serving.server import ServedModel, start_grpc
+        from exportkit.serving.grpc_service import start_grpc
+        from exportkit.serving.servable import ServedModel
+        from exportkit.serving.server_core import ServerCore
 
         model = self._start_load("session", dict(request, signature=request.get("signature", ""))).result()
         location = resolve_model_path(request["path"])
@@ -131,13 +133,14 @@ class Worker:
         if served.state != "AVAILABLE":
             raise CheckFailed(f"model '{served.name}' version {served.version} failed to load: {served.error[1]}",
                               "the warm-up record or the model is at fault; `exportkit inspect` shows both")
-        server, port = start_grpc(served, 0)
+        core = ServerCore([served])
+        server, port = start_grpc(core, 0)
         self.servers.append(server)
         reply = {"address": f"127.0.0.1:{port}", "version": served.version}
         if request.get("rest"):
-            from exportkit.serving.rest import start_rest
+            from exportkit.serving.http_handler import start_rest
 
-            rest, rest_port = start_rest(served, 0)
+            rest, rest_port = start_rest(core, 0)
             self.servers.append(rest)
             reply["rest"] = f"127.0.0.1:{rest_port}"
         self.reply(request, ok=True, **reply)

@@ -370,7 +370,7 @@ def _read_line(child: _Child, deadline: float, pattern: re.Pattern) -> str | Non
 def start_embedded(path: str, model_name: str | None = None, device: str = "cpu",
                    load_timeout: float = 120.0, rest: bool = False) -> PendingServer:
     """Spawn `python -I -m exportkit serve PATH --port 0`: isolated from cwd/PYTHONPATH, so no user code."""
-    from exportkit.serving.server import WATCH_STDIN_ENV
+    from exportkit.serving.model_server import WATCH_STDIN_ENV
 
     loc = resolve_model_path(path)
     name = model_name or loc.default_name
@@ -400,7 +400,7 @@ def start_embedded(path: str, model_name: str | None = None, device: str = "cpu"
 
 def _finish_embedded(child: _Child, name: str, deadline: float, load_timeout: float, stop) -> ServerHandle:
     from exportkit import __version__
-    from exportkit.serving.server import ADDRESS_RE
+    from exportkit.serving.model_server import ADDRESS_RE
     from exportkit.tfenv import tensorflow_version
 
     what = "embedded server (exportkit serve)"

@@ -66,7 +66,7 @@ def _example_json(serialized: bytes) -> dict:
 
 def _rest_value(value):
     """Row-format JSON value: plain strings when they are UTF-8, {"b64": ...} otherwise."""
-    from exportkit.serving.rest import to_json_value
+    from exportkit.serving.rest_client import to_json_value
 
     arr = np.asarray(value)
     if arr.dtype == object or arr.dtype.kind in "SU":
@@ -90,7 +90,7 @@ def request_samples(signature_name: str, signature: dict, batch: dict[str, np.nd
     method = signature.get("method")
     spec = {"name": model_name, "signature_name": signature_name}
     if method in (CLASSIFY_METHOD, REGRESS_METHOD):
-        from exportkit.serving.rest import example_to_json
+        from exportkit.serving.json_tensor import example_to_json
 
         examples = [bytes(v) for v in np.asarray(next(iter(batch.values())), dtype=object).reshape(-1)]
         verb = "classify" if method == CLASSIFY_METHOD else "regress"

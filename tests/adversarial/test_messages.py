@@ -95,7 +95,9 @@ def test_unknown_signature_does_not_offer_the_init_op(third_party):
     from tensorflow_serving.apis import predict_pb2
 
     from exportkit.savedmodel import resolve_model_path
-    from exportkit.serving.server import RpcError, ServedModel
+    from exportkit.serving.predict import run_predict
+    from exportkit.serving.servable import ServedModel
+    from exportkit.serving.status import RpcError
 
     served = ServedModel(resolve_model_path(str(third_party["plain"])), "plain", "cpu")
     served.load()
@@ -105,7 +107,7 @@ def test_unknown_signature_does_not_offer_the_init_op(third_party):
         request.model_spec.name = "plain"
         request.model_spec.signature_name = "nope"
         with pytest.raises(RpcError) as info:
-            served.predict(request)
+            run_predict(served, request)
         assert "serving_default" in info.value.message and "__saved_model_init_op" not in info.value.message
     finally:
         served.close()

@@ -1,55 +1,26 @@
-"""TF Serving's REST API: the server side for `exportkit serve --rest-port`, and a plain urllib client.
+"""TF Serving's JSON tensor codec (tensorflow_serving/util/json_tensor.cc), the part both server and client share.
 
-Matches tensorflow_serving/model_servers/http_rest_api_handler.cc, http_rest_api_util.cc and util/json_tensor.cc:
-the URL patterns, the row (`instances`) and columnar (`inputs`) formats, `{"b64": ...}` for binary strings,
-Classify/Regress over JSON Examples, `{"error": "..."}` bodies with TF Serving's HTTP codes, and its float printing
-(shortest of `%.6g` that round-trips, else max_digits10), so precision a JSON client loses here it loses there.
-The HTTP layer is the standard library's ThreadingHTTPServer (no dependency); this module only maps requests.
+JSON values -> tensors for the row (`instances`) and columnar (`inputs`) formats, `{"b64": ...}` for binary strings,
+JSON Examples for Classify/Regress, tensors and results -> JSON text with TF Serving's float printing (shortest of
+`%.6g` that round-trips, else max_digits10), so precision a JSON client loses here it loses there.
 """
 from __future__ import annotations
 
 import base64
 import itertools
 import json
-import logging
 import math
-import re
-import threading
-import urllib.error
-import urllib.parse
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import numpy as np
 
-from exportkit.savedmodel import dtype_name
+from exportkit.serving.status import RpcError, invalid_argument
 
-log = logging.getLogger("exportkit.serve")
-
-PREDICTION_RE = re.compile(
-    r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)", re.I)
-STATUS_RE = re.compile(r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?", re.I)
-HANDLED_RE = re.compile(r"/v1/.*", re.I)
-
-# http_server.cc ToHTTPStatusCode
-HTTP_STATUS = {"OK": 200, "CANCELLED": 499, "UNKNOWN": 500, "INVALID_ARGUMENT": 400, "DEADLINE_EXCEEDED": 504,
-               "NOT_FOUND": 404, "ALREADY_EXISTS": 409, "PERMISSION_DENIED": 403, "RESOURCE_EXHAUSTED": 429,
-               "FAILED_PRECONDITION": 400, "ABORTED": 409, "OUT_OF_RANGE": 400, "UNIMPLEMENTED": 501,
-               "INTERNAL": 500, "UNAVAILABLE": 503, "DATA_LOSS": 500, "UNAUTHENTICATED": 401}
 # DataTypeString spellings used in TF Serving's messages
 _TF_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "half"}
 BYTES_SUFFIX = "_bytes"
 
-
-def _error(code: grpc.StatusCode, message: str):
-    from exportkit.serving.server import RpcError
-
-    return RpcError(code, message)
-
-
-def _invalid(message: str):
-    return _error(grpc.StatusCode.INVALID_ARGUMENT, message)
+_invalid = invalid_argument
 
 
 def _debug(value) -> str:
@@ -131,7 +102,7 @@ def _scalar(value, dtype: str):
         if not isinstance(value, bool):
             raise type_error()
         return value
-    raise _error(grpc.StatusCode.UNIMPLEMENTED,
+    raise RpcError(grpc.StatusCode.UNIMPLEMENTED,
                  f"Conversion of JSON Value: {_debug(value)} to type: {_TF_TYPE_NAMES.get(dtype, dtype)}")
 
 
@@ -213,7 +184,6 @@ def inputs_from_instances(instances: list, infomap: dict) -> dict[str, np.ndarra
     def is_object(value):
         return isinstance(value, dict) and not _is_b64(value)
 
-    from exportkit.serving.server import RpcError
 
     if not is_object(instances[0]) and len(infomap) > 1:
         raise _invalid("instances is a plain list, but expecting list of objects as multiple input tensors required "
@@ -466,281 +436,3 @@ def fill_example_input(doc: dict, input_proto) -> None:
     target = input_proto.example_list_with_context if context else input_proto.example_list
     for value in doc["examples"]:
         example_from_json(value, target.examples.add())
-
-
-# ------------------------------------------------------------------------------------------------ the handler
-def _model_spec(spec, name: str, version: str | None, label: str | None) -> None:
-    spec.name = urllib.parse.unquote(name)
-    if version:
-        spec.version.value = int(version)
-    if label:
-        spec.version_label = urllib.parse.unquote(label)
-
-
-def handle(served, method: str, path: str, body: bytes) -> tuple[int, str]:
-    """(HTTP status, JSON body) for one request, like HttpRestApiHandler::ProcessRequest."""
-    from exportkit.serving.server import RpcError
-
-    try:
-        return 200, _dispatch(served, method, path, body)
-    except RpcError as err:
-        return HTTP_STATUS.get(err.code.name, 500), error_json(err.message)
-    except Exception as err:  # noqa: BLE001 — never a traceback to the client
-        log.exception("internal error in REST %s %s", method, path)
-        return 500, error_json(f"{type(err).__name__}: {err}")
-
-
-def _dispatch(served, method: str, path: str, body: bytes) -> str:
-    from google.protobuf import json_format
-    from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
-                                         predict_pb2, regression_pb2)
-
-    malformed = _invalid(f"Malformed request: {method} {path}")
-    match = PREDICTION_RE.fullmatch(path) if method == "POST" else STATUS_RE.fullmatch(path) if method == "GET" else None
-    if match is None:
-        raise malformed
-    name, version, label, verb = match.groups()
-    if version and label:
-        raise _invalid(f"Both model version ({version}) and model version label ({label}) cannot be supplied.")
-    options = {"preserving_proto_field_name": True, "indent": 1, "always_print_fields_with_no_presence": True}
-    if method == "GET":
-        if not name:
-            raise _invalid("Missing model name in request.")
-        if verb and verb.lower() == "metadata":
-            request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
-            _model_spec(request.model_spec, name, version, label)
-            response = served.metadata(request)
-            signature_map = get_model_metadata_pb2.SignatureDefMap()
-            response.metadata["signature_def"].Unpack(signature_map)
-            return ('{\n"model_spec":' + json_format.MessageToJson(response.model_spec, **options) +
-                    ',\n"metadata": {"signature_def": ' + json_format.MessageToJson(signature_map, **options) + "}\n}\n")
-        request = get_model_status_pb2.GetModelStatusRequest()
-        _model_spec(request.model_spec, name, version, label)
-        return json_format.MessageToJson(served.status(request), **options)
-    verb = verb.lower()
-    doc = parse_json(body)
-    if verb == "predict":
-        request = predict_pb2.PredictRequest()
-        _model_spec(request.model_spec, name, version, label)
-        request.model_spec.signature_name = _signature_name(doc)
-        served._check_spec(request.model_spec)
-        signature_name = request.model_spec.signature_name or "serving_default"
-        signature = served.model.signatures.get(signature_name)
-        if signature is None:
-            raise _invalid(f'Serving signature name: "{signature_name}" not found in signature def')
-        infomap = {k: dtype_name(v.dtype) for k, v in signature.inputs.items()}
-        if not infomap:
-            raise _invalid(f"Failed to get input map for signature: {signature_name or 'DEFAULT'}")
-        if "instances" in doc:
-            if "inputs" in doc:
-                raise _invalid(f"JSON Value: {_debug(doc)} Not formatted correctly expecting only one of 'inputs' or "
-                               "'instances' keys to exist ")
-            if not isinstance(doc["instances"], list):
-                raise _invalid(f"JSON Value: {_debug(doc)} Expecting 'instances' to be an list/array")
-            if not doc["instances"]:
-                raise _invalid(f"JSON Value: {_debug(doc)} No values in 'instances' array")
-            arrays, row = inputs_from_instances(doc["instances"], infomap), True
-        elif "inputs" in doc:
-            arrays, row = inputs_from_columns(doc["inputs"], infomap), False
-        else:
-            raise _invalid("Missing 'inputs' or 'instances' key")
-        from exportkit.serving.tensors import to_ndarray, to_tensor_proto
-
-        for key, value in arrays.items():
-            request.inputs[key].CopyFrom(to_tensor_proto(value, dtype=signature.inputs[key].dtype))
-        response = served.predict(request)
-        return predict_json({k: to_ndarray(v) for k, v in response.outputs.items()}, row)
-    request = classification_pb2.ClassificationRequest() if verb == "classify" else regression_pb2.RegressionRequest()
-    _model_spec(request.model_spec, name, version, label)
-    request.model_spec.signature_name = _signature_name(doc)
-    fill_example_input(doc, request.input)
-    if verb == "classify":
-        return classify_json(served.classify(request).result)
-    return regress_json(served.regress(request).result)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    served = None  # set on the per-server subclass
-
-    def do_GET(self):  # noqa: N802 — the stdlib's naming
-        self._answer("GET")
-
-    def do_POST(self):  # noqa: N802
-        self._answer("POST")
-
-    def _answer(self, method: str) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length > 0 else b""
-        path = urllib.parse.urlsplit(self.path).path
-        if not HANDLED_RE.fullmatch(path):
-            status, text = 404, ""
-        else:
-            status, text = handle(self.served, method, path, body)
-        # surrogateescape: string outputs that are not UTF-8 go out as their raw bytes, as TF Serving sends them.
-        payload = text.encode("utf-8", "surrogateescape")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format, *args):  # noqa: A002 — the stdlib's signature
-        log.debug("rest: " + format, *args)
-
-
-def start_rest(served, port: int) -> tuple[ThreadingHTTPServer, int]:
-    """Serve the REST API for `served` on 127.0.0.1:port (0 = a free port) in a daemon thread."""
-    from exportkit.errors import InfraError
-
-    handler = type("RestHandler", (_Handler,), {"served": served})
-    try:
-        server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-    except OSError as err:
-        raise InfraError(f"cannot listen on 127.0.0.1:{port} for REST ({err.strerror})",
-                         "pass another --rest-port, or 0 for none") from None
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True, name="rest").start()
-    return server, server.server_address[1]
-
-
-# ------------------------------------------------------------------------------------------------ the client
-class RestClient:
-    """A plain urllib client for TF Serving's REST API (any server: binary, embedded)."""
-
-    def __init__(self, address: str, model_name: str, version: int | None = None,
-                 signature_name: str = "serving_default", timeout: float = 30.0):
-        self.address = address
-        self.model_name = model_name
-        self.version = version
-        self.signature_name = signature_name
-        self.timeout = timeout
-
-    def url(self, verb: str = "") -> str:
-        path = f"/v1/models/{urllib.parse.quote(self.model_name, safe='')}"
-        if self.version is not None:
-            path += f"/versions/{int(self.version)}"
-        return f"http://{self.address}{path}{verb}"
-
-    def _call(self, url: str, doc: dict | None = None) -> dict:
-        from exportkit.serving.client import ServingError
-
-        data = None if doc is None else json.dumps(doc).encode("utf-8")
-        request = urllib.request.Request(url, data=data, method="GET" if doc is None else "POST",
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as err:
-            raw = err.read()
-            try:
-                message = json.loads(raw.decode("utf-8", "replace")).get("error", raw.decode("utf-8", "replace"))
-            except ValueError:
-                message = raw.decode("utf-8", "replace")
-            raise ServingError(f"HTTP {err.code}", message, "REST") from None
-        except (urllib.error.URLError, OSError) as err:
-            raise ServingError("UNAVAILABLE", f"REST {url}: {getattr(err, 'reason', err)}", "REST") from None
-        # A JSON client decodes the body as UTF-8: bytes that are not UTF-8 arrive replaced.
-        return json.loads(raw.decode("utf-8", "replace"))
-
-    def status(self) -> dict:
-        return self._call(self.url())
-
-    def metadata(self) -> dict:
-        return self._call(self.url("/metadata"))
-
-    def predict(self, inputs: dict[str, np.ndarray], output_dtypes: dict[str, str],
-                signature_name: str | None = None) -> dict[str, np.ndarray]:
-        """Predict in the row format (`instances`) when every input has the batch dimension, else columnar."""
-        doc = {"signature_name": signature_name or self.signature_name}
-        arrays = {k: np.asarray(v) for k, v in inputs.items()}
-        batch = {a.shape[0] if a.ndim else None for a in arrays.values()}
-        row = None not in batch and len(batch) == 1
-        if row:
-            n = batch.pop()
-            if len(arrays) == 1:
-                only = next(iter(arrays.values()))
-                doc["instances"] = [to_json_value(only[i]) for i in range(n)]
-            else:
-                doc["instances"] = [{k: to_json_value(a[i]) for k, a in arrays.items()} for i in range(n)]
-        else:
-            doc["inputs"] = {k: to_json_value(a) for k, a in arrays.items()}
-        answer = self._call(self.url(":predict"), doc)
-        return outputs_from_json(answer, output_dtypes, row)
-
-    def classify(self, examples, signature_name: str | None = None) -> dict[str, np.ndarray]:
-        doc = {"signature_name": signature_name or self.signature_name,
-               "examples": [example_to_json(bytes(e)) for e in np.asarray(examples, dtype=object).reshape(-1)]}
-        results = self._call(self.url(":classify"), doc)["results"]
-        k = len(results[0]) if results else 0
-        classes = np.empty((len(results), k), dtype=object)
-        scores = np.zeros((len(results), k), dtype=np.float32)
-        for i, row in enumerate(results):
-            for c, (label, score) in enumerate(row):
-                classes[i, c] = label.encode("utf-8")
-                scores[i, c] = score
-        return {"classes": classes, "scores": scores}
-
-    def regress(self, examples, signature_name: str | None = None) -> np.ndarray:
-        doc = {"signature_name": signature_name or self.signature_name,
-               "examples": [example_to_json(bytes(e)) for e in np.asarray(examples, dtype=object).reshape(-1)]}
-        return np.array(self._call(self.url(":regress"), doc)["results"], dtype=np.float32)
-
-
-def to_json_value(value):
-    """An ndarray (or element) as JSON-ready Python values; strings as {"b64": ...} (binary-safe)."""
-    if isinstance(value, (bytes, str)):  # before np.asarray: a numpy bytes scalar drops trailing NUL bytes
-        raw = value.encode("utf-8") if isinstance(value, str) else value
-        return {"b64": base64.b64encode(raw).decode("ascii")}
-    arr = np.asarray(value)
-    if arr.dtype.kind in "biuf":  # exact values (a float32 reads back as itself), what json.dumps(a.tolist()) sends
-        return arr.tolist()
-    if arr.dtype.kind == "V":  # bfloat16
-        return arr.astype(np.float32).tolist()
-    if arr.ndim:
-        return [to_json_value(v) for v in arr]
-    item = arr[()]
-    if isinstance(item, (bytes, np.bytes_, str)):
-        return to_json_value(item if isinstance(item, str) else bytes(item))
-    if arr.dtype.kind == "f" and arr.dtype.itemsize < 8:
-        return float(str(item))  # the shortest text that reads back as the same float32/float16, as clients send
-    if arr.dtype.kind == "f" or arr.dtype.kind == "V":
-        return float(item)
-    if arr.dtype.kind == "b":
-        return bool(item)
-    return int(item)
-
-
-def _from_json(value, dtype: str, as_bytes: bool) -> np.ndarray:
-    if dtype != "string":
-        try:
-            return np.asarray(value, dtype=np.dtype(dtype) if dtype != "bfloat16" else np.float32)
-        except (TypeError, ValueError, OverflowError):
-            return np.asarray(value, dtype=object)
-
-    def convert(v):
-        if isinstance(v, list):
-            return [convert(x) for x in v]
-        if isinstance(v, dict) and "b64" in v:
-            return base64.b64decode(v["b64"])
-        return v.encode("utf-8") if isinstance(v, str) else v
-
-    converted = convert(value)
-    out = np.empty(np.shape(np.asarray(value, dtype=object)) if isinstance(value, list) else (), dtype=object)
-    if out.ndim:
-        out[...] = np.asarray(converted, dtype=object)
-    else:
-        out[()] = converted
-    return out
-
-
-def outputs_from_json(answer: dict, output_dtypes: dict[str, str], row: bool) -> dict[str, np.ndarray]:
-    """A predict response (`predictions` or `outputs`) as arrays keyed by output name, in the signature's dtypes."""
-    names = sorted(output_dtypes)
-    if row:
-        items = answer["predictions"]
-        per_name = {n: [item[n] for item in items] for n in names} if len(names) > 1 else {names[0]: items}
-    else:
-        body = answer["outputs"]
-        per_name = {n: body[n] for n in names} if len(names) > 1 else {names[0]: body}
-    return {n: _from_json(v, output_dtypes[n], n.endswith(BYTES_SUFFIX)) for n, v in per_name.items()}
