@@ -225,23 +225,18 @@ def inspect(
     _run(go, debug)
 
 
-@app.command()
-def serve(
-    path: str = typer.Argument(..., metavar="PATH", help="A model base directory (highest version is served) or a version directory."),
-    port: int = typer.Option(8500, "--port", help="gRPC port on 127.0.0.1 (0 picks a free one)."),
-    rest_port: int = typer.Option(0, "--rest-port", help="Also serve TF Serving's REST API on this 127.0.0.1 port (0 = no REST)."),
-    model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name (default: base directory name)."),
-    device: str = typer.Option("cpu", "--device", help="cpu | gpu."),
-    debug: bool = DEBUG,
-):
-    """Serve a SavedModel over TF Serving's gRPC API (PredictionService, ModelService) and REST API on loopback."""
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def serve(ctx: typer.Context):
+    """Serve SavedModels over TF Serving's gRPC and REST APIs on 127.0.0.1: `serve PATH [--port N] [--rest-port N]
+    [--model-name M] [--device cpu|gpu]`, or tensorflow_model_server's flags (`exportkit serve --help` lists them)."""
+    argv = list(ctx.args)
 
     def go():
-        from exportkit.serving.model_server import serve_command
+        from exportkit.serving.model_server import serve_main
 
-        return serve_command(path=path, port=port, model_name=model_name, device=device, rest_port=rest_port)
+        return serve_main(argv)
 
-    _run(go, debug)
+    _run(go, "--debug" in argv)
 
 
 @app.command()

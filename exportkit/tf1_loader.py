@@ -19,11 +19,12 @@ MISSING_VARIABLE_REMEDY = ("export with `exportkit export` (keras.export.ExportA
 class Tf1SavedModel:
     """A SavedModel loaded with `tf.compat.v1.saved_model.loader.load` into its own graph and session."""
 
-    def __init__(self, path: str, tags: tuple[str, ...] = ("serve",), device: str | None = None):
+    def __init__(self, path: str, tags: tuple[str, ...] = ("serve",), device: str | None = None, config=None):
+        """`config`: a ConfigProto for the session (the model server's thread-pool sizes), else the default."""
         tf = import_tf()
         self.path = path
         self.graph = tf.Graph()
-        config = tf.compat.v1.ConfigProto()
+        config = config or tf.compat.v1.ConfigProto()
         if device == "cpu":
             config.device_count["GPU"] = 0
         self.session = tf.compat.v1.Session(graph=self.graph, config=config)

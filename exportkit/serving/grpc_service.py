@@ -3,11 +3,12 @@ each RPC maps to its API module; an RpcError becomes the gRPC status."""
 from __future__ import annotations
 
 import logging
+import os
 from concurrent import futures
 
 import grpc
 
-from exportkit.errors import InfraError
+from exportkit.errors import InfraError, UsageError
 from exportkit.serving.classifier import classify
 from exportkit.serving.client import GRPC_OPTIONS
 from exportkit.serving.metadata import get_model_metadata
@@ -22,20 +23,31 @@ from exportkit.tfenv import import_tf
 log = logging.getLogger("exportkit.serve")
 
 
-def _unary(method):
-    """Turn RpcError into the gRPC status; anything unexpected into INTERNAL with its type."""
+def _unary(api: str, method):
+    """Turn RpcError into the gRPC status; anything unexpected into INTERNAL with its type. Counted and timed
+    in the core's metrics when monitoring is on."""
 
     def handler(self, request, context):
+        metrics = self.core.metrics
         try:
-            return method(self, request)
+            if metrics is None:
+                return method(self, request)
+            with metrics.request(_model_name(request), api, "GRPC"):
+                return method(self, request)
         except RpcError as err:
             context.abort(err.code, err.message)
         except Exception as err:  # noqa: BLE001
-            log.exception("internal error in %s", method.__name__)
+            log.exception("internal error in %s", api)
             context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
 
-    handler.__name__ = method.__name__
+    handler.__name__ = api
     return handler
+
+
+def _model_name(request) -> str:
+    if type(request).__name__ == "MultiInferenceRequest":
+        return request.tasks[0].model_spec.name if request.tasks else ""
+    return request.model_spec.name
 
 
 def _unimplemented(name: str):
@@ -52,11 +64,11 @@ class PredictionServicer:
     def __init__(self, core: ServerCore):
         self.core = core
 
-    Predict = _unary(lambda self, request: predict(self.core, request))
-    GetModelMetadata = _unary(lambda self, request: get_model_metadata(self.core, request))
-    Classify = _unary(lambda self, request: classify(self.core, request))
-    Regress = _unary(lambda self, request: regress(self.core, request))
-    MultiInference = _unary(lambda self, request: multi_inference(self.core, request))
+    Predict = _unary("Predict", lambda self, request: predict(self.core, request))
+    GetModelMetadata = _unary("GetModelMetadata", lambda self, request: get_model_metadata(self.core, request))
+    Classify = _unary("Classify", lambda self, request: classify(self.core, request))
+    Regress = _unary("Regress", lambda self, request: regress(self.core, request))
+    MultiInference = _unary("MultiInference", lambda self, request: multi_inference(self.core, request))
 
 
 class ModelServicer:
@@ -65,17 +77,31 @@ class ModelServicer:
     def __init__(self, core: ServerCore):
         self.core = core
 
-    GetModelStatus = _unary(lambda self, request: get_model_status(self.core, request))
+    GetModelStatus = _unary("GetModelStatus", lambda self, request: get_model_status(self.core, request))
     HandleReloadConfigRequest = _unimplemented("HandleReloadConfigRequest")
 
 
-def start_grpc(core: ServerCore, port: int, workers: int = 8) -> tuple[grpc.Server, int]:
-    """Bind 127.0.0.1:port (0 = a free port) with SO_REUSEPORT off, so a taken port fails instead of sharing."""
+def channel_arguments(text: str) -> list[tuple[str, object]]:
+    """--grpc_channel_arguments "k=v,k2=v2" (server.cc parseGrpcChannelArgs): integer values as integers."""
+    out = []
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--grpc_channel_arguments: {item!r} is not key=value",
+                             "pass e.g. --grpc_channel_arguments=grpc.max_connection_age_ms=2000")
+        out.append((key.strip(), int(value) if value.strip().lstrip("-").isdigit() else value))
+    return out
+
+
+def start_grpc(core: ServerCore, port: int, workers: int = 8, socket_path: str | None = None,
+               options: list | None = None) -> tuple[grpc.Server, int]:
+    """Bind 127.0.0.1:port (0 = a free port) with SO_REUSEPORT off, so a taken port fails instead of sharing;
+    also the Unix socket `socket_path` when given (--grpc_socket_path). `options`: extra channel arguments."""
     import_tf()
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="serve"),
-                         options=GRPC_OPTIONS + [("grpc.so_reuseport", 0)])
+                         options=GRPC_OPTIONS + [("grpc.so_reuseport", 0)] + list(options or []))
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionServicer(core), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(core), server)
     try:
@@ -85,5 +111,12 @@ def start_grpc(core: ServerCore, port: int, workers: int = 8) -> tuple[grpc.Serv
         log.debug("bind failed: %s", err)
     if not bound:
         raise InfraError(f"cannot listen on 127.0.0.1:{port} (port in use?)", "pass another --port, or --port 0 for a free one")
+    if socket_path:
+        if os.path.exists(socket_path):
+            os.unlink(socket_path)  # a socket left by an earlier server, as TF Serving's gRPC replaces it
+        try:
+            server.add_insecure_port(f"unix:{socket_path}")
+        except RuntimeError as err:
+            raise InfraError(f"cannot listen on unix:{socket_path} ({err})", "pass a writable --grpc_socket_path") from None
     server.start()
     return server, bound

@@ -5,24 +5,31 @@ For machines without the `tensorflow_model_server` binary. It loads the SavedMod
 answers with TF Serving's status codes, so a client or a check that passes here behaves the same against the
 real server. It is a stand-in, not TF Serving: reports must say which server answered.
 
-Lifecycle: bind 127.0.0.1 -> status LOADING -> load + warm-up -> AVAILABLE, then print exactly one line
-(`ADDRESS_LINE`) on stdout. A load failure sets END with the error, logs it and exits 1. SIGINT/SIGTERM (or, when
-EXPORTKIT_SERVE_WATCH_STDIN=1, EOF on stdin: the launcher died) stop the server with exit 0.
+Two spellings of one command. `exportkit serve PATH [--port N] [--rest-port N] [--model-name M]` binds 127.0.0.1
+first (status LOADING), loads + warms up, then prints exactly one line (`ADDRESS_LINE`) on stdout. With
+`tensorflow_model_server`'s flags (`--model_base_path`, `--model_config_file`, ... see FLAGS) it does what server.cc
+does: load every model of the config, then open the ports; poll the config file and the file system if asked.
+A load failure logs the error and exits 1. SIGINT/SIGTERM (or, when EXPORTKIT_SERVE_WATCH_STDIN=1, EOF on stdin:
+the launcher died) stop the server with exit 0.
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import re
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.savedmodel import resolve_model_path
-from exportkit.serving.grpc_service import start_grpc
-from exportkit.serving.servable import ServedModel
+from exportkit.serving.config import (SPECIFIC, ModelConfig, model_configs, read_batching_parameters,
+                                      read_model_server_config, read_monitoring_config)
+from exportkit.serving.grpc_service import channel_arguments, start_grpc
 from exportkit.serving.server_core import ServerCore
+from exportkit.serving.status import RpcError
 from exportkit.tfenv import quiet_env
 
 ADDRESS_LINE = "exportkit serve: model '{name}' version {version} AVAILABLE at {address}"
@@ -54,70 +61,272 @@ def _watch_stdin(stop: threading.Event) -> None:
     stop.set()
 
 
+@dataclass
+class ServerOptions:
+    """What the flags ask for (tensorflow_serving/model_servers/main.cc spellings; `path` = exportkit's form)."""
+
+    path: str | None = None
+    port: int = 8500
+    rest_api_port: int = 0
+    model_name: str | None = None
+    model_base_path: str | None = None
+    model_config_file: str | None = None
+    model_config_file_poll_wait_seconds: int = 0
+    file_system_poll_wait_seconds: int = 1
+    grpc_socket_path: str | None = None
+    monitoring_config_file: str | None = None
+    enable_batching: bool = False
+    batching_parameters_file: str | None = None
+    rest_api_timeout_in_ms: int = 30000
+    grpc_channel_arguments: str = ""
+    tensorflow_intra_op_parallelism: int = 0
+    tensorflow_inter_op_parallelism: int = 0
+    device: str = "cpu"
+    debug: bool = False
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one clear message instead of argparse's usage dump and exit 2
+        raise UsageError(f"exportkit serve: {message}",
+                         "run `exportkit serve --help` for the flags (TF Serving's tensorflow_model_server spellings "
+                         "or PATH --port --rest-port --model-name --device)")
+
+
+def parse_flags(argv: list[str]) -> ServerOptions:
+    """Both spellings: `--model_base_path=/m` and `--model_base_path /m`; bools as `--enable_batching[=true]`."""
+    p = _Parser(prog="exportkit serve", allow_abbrev=False,
+                description="Serve SavedModels over TF Serving's gRPC and REST APIs on 127.0.0.1 "
+                            "(a stand-in for tensorflow_model_server, same flags).")
+    p.add_argument("path", nargs="?", metavar="PATH",
+                   help="exportkit's form: a model base directory (highest version) or a version directory")
+    p.add_argument("--port", type=int, default=8500, help="gRPC port (0 picks a free one)")
+    p.add_argument("--rest_api_port", "--rest-port", dest="rest_api_port", type=int, default=0,
+                   help="REST port (0 = no REST API)")
+    p.add_argument("--model_name", "--model-name", dest="model_name",
+                   help="model name (TF Serving's default: 'default'; PATH form: the base directory's name)")
+    p.add_argument("--model_base_path", help="the model's base directory (integer-named version subdirectories)")
+    p.add_argument("--model_config_file", help="a ModelServerConfig text proto: several models, policies, labels")
+    p.add_argument("--model_config_file_poll_wait_seconds", type=int, default=0,
+                   help="re-read --model_config_file every N seconds (0 = never)")
+    p.add_argument("--file_system_poll_wait_seconds", type=int, default=1,
+                   help="look for new/removed versions every N seconds (0 = only at start)")
+    p.add_argument("--grpc_socket_path", help="also serve gRPC on this Unix socket")
+    p.add_argument("--monitoring_config_file", help="a MonitoringConfig text proto (Prometheus on the REST port)")
+    p.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=False,
+                   help="merge concurrent requests into one Session.run")
+    p.add_argument("--batching_parameters_file", help="a BatchingParameters text proto")
+    p.add_argument("--rest_api_timeout_in_ms", type=int, default=30000, help="REST request timeout")
+    p.add_argument("--grpc_channel_arguments", default="", help="k=v,k2=v2 gRPC server arguments")
+    p.add_argument("--tensorflow_intra_op_parallelism", type=int, default=0, help="threads per op (0 = TF's choice)")
+    p.add_argument("--tensorflow_inter_op_parallelism", type=int, default=0, help="ops at once (0 = TF's choice)")
+    p.add_argument("--prefer_tflite_model", type=_bool, nargs="?", const=True, default=False,
+                   help="not supported: exportkit serve serves SavedModels only")
+    p.add_argument("--device", default="cpu", help="cpu | gpu")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    ns = p.parse_args(argv)
+    if ns.prefer_tflite_model:
+        raise UsageError("--prefer_tflite_model is not supported: exportkit serve serves SavedModels, not TFLite",
+                         "serve the SavedModel, or use TF Serving itself for TFLite models")
+    options = ServerOptions(**{k: v for k, v in vars(ns).items() if k != "prefer_tflite_model"})
+    sources = [name for name, value in (("PATH", options.path), ("--model_base_path", options.model_base_path),
+                                        ("--model_config_file", options.model_config_file)) if value]
+    if len(sources) != 1:
+        raise UsageError(f"exportkit serve needs exactly one of PATH, --model_base_path, --model_config_file "
+                         f"(got {', '.join(sources) or 'none'})",
+                         "pass PATH, or --model_name=NAME --model_base_path=DIR, or --model_config_file=FILE")
+    if options.device not in ("cpu", "gpu"):
+        raise UsageError(f"--device must be cpu or gpu, got {options.device!r}", "pass --device cpu or --device gpu")
+    for flag, value in (("--port", options.port), ("--rest_api_port", options.rest_api_port)):
+        if not 0 <= value <= 65535:
+            raise UsageError(f"{flag} must be 0..65535, got {value}", f"pass {flag} 8500, or 0 for a free one")
+    if options.batching_parameters_file and not options.enable_batching:
+        raise UsageError("--batching_parameters_file needs --enable_batching", "add --enable_batching")
+    return options
+
+
+def initial_configs(options: ServerOptions) -> list[ModelConfig]:
+    """BuildSingleModelConfig, the config file, or exportkit's PATH (exactly the version it resolves to)."""
+    if options.model_config_file:
+        return model_configs(read_model_server_config(options.model_config_file))
+    if options.model_base_path:
+        return [ModelConfig(options.model_name or "default", os.path.abspath(options.model_base_path))]
+    location = resolve_model_path(options.path)
+    name = options.model_name or location.default_name
+    return [ModelConfig(name, location.base_dir or location.version_dir, SPECIFIC, specific=(location.version,),
+                        fixed_dirs={location.version: location.version_dir})]
+
+
+def _session_config(options: ServerOptions):
+    if not (options.tensorflow_intra_op_parallelism or options.tensorflow_inter_op_parallelism):
+        return None
+    from exportkit.tfenv import import_tf
+
+    tf = import_tf()
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=options.tensorflow_intra_op_parallelism,
+                                      inter_op_parallelism_threads=options.tensorflow_inter_op_parallelism)
+    if options.device == "cpu":
+        config.device_count["GPU"] = 0
+    return config
+
+
+def _metrics(options: ServerOptions):
+    if not options.monitoring_config_file:
+        return None
+    prometheus = read_monitoring_config(options.monitoring_config_file).prometheus_config
+    if not prometheus.enable:
+        return None
+    from exportkit.serving.monitoring import Metrics
+
+    return Metrics(prometheus.path or "/monitoring/prometheus/metrics")
+
+
+def _poll(stop: threading.Event, seconds: int, action, what: str) -> None:
+    while not stop.wait(seconds):
+        try:
+            action()
+        except Exception as err:  # noqa: BLE001 — a bad poll is logged, the server keeps serving what it has
+            log.error("%s failed: %s", what, getattr(err, "message", err))
+
+
+def _reload_config_file(core: ServerCore, path: str) -> None:
+    """Server::PollFilesystemAndReloadConfig: a file that does not parse keeps the current config."""
+    core.reload_config(model_configs(read_model_server_config(path)))
+
+
 def serve_command(path: str, port: int = 8500, model_name: str | None = None, device: str = "cpu",
                   rest_port: int = 0) -> int:
+    """exportkit's own form (kept for callers): serve PATH."""
+    return serve(ServerOptions(path=path, port=port, model_name=model_name, device=device, rest_api_port=rest_port))
+
+
+def serve_main(argv: list[str]) -> int:
+    """`exportkit serve ARGS...` with either spelling."""
+    return serve(parse_flags(argv))
+
+
+def serve(options: ServerOptions) -> int:
     """Serve until SIGINT/SIGTERM (exit 0). Load failure: log it, exit 1 (CheckFailed). Bind failure: exit 3."""
     _setup_logging()
     quiet_env()
-    if device not in ("cpu", "gpu"):
-        raise UsageError(f"--device must be cpu or gpu, got {device!r}", "pass --device cpu or --device gpu")
-    if device == "cpu" and "tensorflow" not in sys.modules:
+    if options.device == "cpu" and "tensorflow" not in sys.modules:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # no GPU memory grabbed by a CPU server
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port must be 0..65535, got {port}", "pass --port 8500, or --port 0 for a free one")
-    if not 0 <= rest_port <= 65535:
-        raise UsageError(f"--rest-port must be 0..65535 (0 = no REST), got {rest_port}",
-                         "pass --rest-port 8501, or leave it out for no REST API")
-    location = resolve_model_path(path)
-    name = model_name or location.default_name
+    configs = initial_configs(options)
+    grpc_options = channel_arguments(options.grpc_channel_arguments)
+    batching = read_batching_parameters(options.batching_parameters_file) if options.enable_batching else None
+    metrics = _metrics(options)
+    exportkit_form = options.path is not None
+    core = ServerCore(device=options.device, session_config=_session_config(options), batching=batching,
+                      metrics=metrics)
+    core.plan(configs)  # versions registered (LOADING) before any port opens: GetModelStatus sees them at once
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    served = ServedModel(location, name, device)
-    core = ServerCore([served])
-    server = rest = None
-    loader = None
-    try:
-        server, bound = start_grpc(core, port)
-        address = f"127.0.0.1:{bound}"
-        line = ADDRESS_LINE.format(name=name, version=location.version, address=address)
-        if rest_port:
-            from exportkit.serving.http_handler import start_rest
+    servers: list = []
+    load_error: list[RpcError] = []
 
-            rest, rest_bound = start_rest(core, rest_port)
-            line += REST_SUFFIX.format(rest_address=f"127.0.0.1:{rest_bound}")
-            log.info("REST API on 127.0.0.1:%d", rest_bound)
-        log.info("listening on %s; loading model '%s' version %d from %s", address, name, location.version,
-                 location.version_dir)
+    def load() -> None:
+        try:
+            core.load_pending()
+        except RpcError as err:
+            load_error.append(err)
+
+    loader = threading.Thread(target=load, daemon=True, name="load")
+    try:
+        if exportkit_form:  # bind first: a taken port fails before a long load; status says LOADING meanwhile
+            line = _start_servers(core, options, grpc_options, metrics, servers)
         if os.environ.get(WATCH_STDIN_ENV) == "1":
             threading.Thread(target=_watch_stdin, args=(stop,), daemon=True, name="stdin-watch").start()
-        loader = threading.Thread(target=served.load, daemon=True, name="load")
         loader.start()
-        announced = False
-        while not stop.wait(0.05):
-            if announced or loader.is_alive():
-                continue
-            if served.state == "END":
-                code, message = served.error
-                log.error("model '%s' version %d failed to load: %s", name, location.version, message)
-                raise CheckFailed(f"model '{name}' version {location.version} failed to load: {message}",
-                                  "run `exportkit inspect` on the version directory; check custom ops and the warm-up file")
-            print(line, flush=True)
-            announced = True
+        while loader.is_alive():
+            if stop.wait(0.05):
+                log.info("stopping")
+                return 0
+        _raise_load_failure(core, load_error)
+        if not exportkit_form:  # server.cc: the ports open once the initial models are loaded
+            line = _start_servers(core, options, grpc_options, metrics, servers)
+            if options.file_system_poll_wait_seconds > 0:
+                threading.Thread(target=_poll, args=(stop, options.file_system_poll_wait_seconds,
+                                                     core.poll_file_system, "file system poll"),
+                                 daemon=True, name="fs-poll").start()
+            if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
+                threading.Thread(target=_poll, args=(stop, options.model_config_file_poll_wait_seconds,
+                                                     lambda: _reload_config_file(core, options.model_config_file),
+                                                     "model config reload"),
+                                 daemon=True, name="config-poll").start()
+        print(line, flush=True)
+        stop.wait()
         log.info("stopping")
         return 0
     finally:
-        if rest is not None:
-            rest.shutdown()
-            rest.server_close()
-        if server is not None:
-            server.stop(grace=2).wait(5)
+        for server in reversed(servers):
+            if hasattr(server, "server_close"):
+                server.shutdown()
+                server.server_close()
+            else:
+                server.stop(grace=2).wait(5)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if loader is not None and loader.is_alive():
+        if loader.is_alive():
             # Stopped mid-load: TF's C++ load cannot be interrupted, and tearing down the interpreter under it may
             # crash. Leave now; the exit code is still 0 for a requested stop.
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0 if stop.is_set() else 1)
-        served.close()
+        core.close()
+
+
+def _raise_load_failure(core: ServerCore, load_error: list) -> None:
+    failed = core.failures()
+    if failed:
+        first = failed[0]
+        raise CheckFailed(f"model '{first.name}' version {first.version} failed to load: {first.error[1]}",
+                          "run `exportkit inspect` on the version directory; check custom ops and the warm-up file")
+    if load_error:
+        raise CheckFailed(load_error[0].message, "fix version_labels in --model_config_file")
+
+
+def _start_servers(core: ServerCore, options: ServerOptions, grpc_options, metrics, servers: list) -> str:
+    """Open gRPC (and the Unix socket) and REST; returns the ADDRESS_LINE to print once models are AVAILABLE."""
+    server, bound = start_grpc(core, options.port, socket_path=options.grpc_socket_path, options=grpc_options)
+    servers.append(server)
+    address = f"127.0.0.1:{bound}"
+    first = next(iter(core.model_names()), "")
+    versions = [s.version for s in core.versions(first)]
+    line = ADDRESS_LINE.format(name=first, version=max(versions, default=0), address=address)
+    log.info("gRPC on %s%s", address, f" and unix:{options.grpc_socket_path}" if options.grpc_socket_path else "")
+    if options.rest_api_port:
+        from exportkit.serving.http_handler import start_rest
+
+        rest, rest_bound = start_rest(core, options.rest_api_port)
+        if metrics is not None:
+            rest.RequestHandlerClass = _with_metrics(rest.RequestHandlerClass, metrics)
+        servers.append(rest)
+        line += REST_SUFFIX.format(rest_address=f"127.0.0.1:{rest_bound}")
+        log.info("REST API on 127.0.0.1:%d", rest_bound)
+    return line
+
+
+def _with_metrics(handler_class, metrics):
+    """The REST handler, plus GET <prometheus path> answering the metrics (http_rest_api_handler.cc's
+    ProcessPrometheusRequest is part of the same HTTP server in TF Serving)."""
+
+    class MetricsHandler(handler_class):
+        def do_GET(self):  # noqa: N802 — the stdlib's naming
+            if self.path.split("?", 1)[0] != metrics.path:
+                return super().do_GET()
+            payload = metrics.render()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    return MetricsHandler

@@ -4,9 +4,9 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from exportkit.savedmodel import DEFAULT_SIGNATURE, dtype_name, shape_list, signature_names
-from exportkit.serving.status import RpcError, grpc_code
-from exportkit.tfenv import import_tf
+from exportkit.savedmodel import DEFAULT_SIGNATURE, signature_names
+from exportkit.serving.status import RpcError
+from exportkit.serving.util import fill_model_spec
 
 
 def predict(core, request):
@@ -17,41 +17,42 @@ def predict(core, request):
 def run_predict(servable, request):
     from tensorflow_serving.apis import predict_pb2
 
-    from exportkit.serving.tensors import to_ndarray, to_tensor_proto
+    from exportkit.serving.tensors import to_field_tensor_proto, to_ndarray
 
-    tf = import_tf()
     signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
     signature = servable.model.signatures.get(signature_name)
     if signature is None:
-        # TF Serving: FAILED_PRECONDITION (predict_util.cc), not NOT_FOUND.
+        # TF Serving: FAILED_PRECONDITION (predict_util.cc), not NOT_FOUND; its text, then what there is.
         raise RpcError(grpc.StatusCode.FAILED_PRECONDITION,
                        f'Serving signature key "{signature_name}" not found. '
                        f"Available: {signature_names(servable.model.signatures)}")
 
     sent, expected = set(request.inputs), set(signature.inputs)
-    missing = expected - sent - set(signature.defaults)
-    extra = sent - expected
-    if missing or extra:
+    # VerifyRequestInputsSize: names are checked by count only when the signature has defaults.
+    if len(sent) > len(expected) or (len(sent) < len(expected) and not signature.defaults):
         raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                       f"input keys do not match signature '{signature_name}': "
-                       f"sent {{{','.join(sorted(sent))}}}, expected {{{','.join(sorted(expected))}}}. "
-                       f"Sent extra: {{{','.join(sorted(extra))}}}. Missing but required: {{{','.join(sorted(missing))}}}.")
-
-    feed = {}
+                       f"input size does not match signature: {len(sent)}!={len(expected)} "
+                       f"len({{{','.join(sorted(sent))}}}) != len({{{','.join(sorted(expected))}}}). "
+                       f"Sent extra: {{{','.join(sorted(sent - expected))}}}. "
+                       f"Missing but required: {{{','.join(sorted(expected - sent))}}}.")
+    feed_names, arrays = [], []
     for key in sorted(sent):
-        info, proto = signature.inputs[key], request.inputs[key]
-        if proto.dtype != info.dtype:
+        if key not in signature.inputs:  # saved_model::GetInputValues (tensorflow/cc/saved_model/util.cc)
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"input '{key}': expected dtype {dtype_name(info.dtype)}, got {dtype_name(proto.dtype)}")
+                           f"input tensor alias not found in signature: {key}. Inputs expected to be in the set "
+                           f"{{{','.join(sorted(expected))}}}.")
         try:
-            value = to_ndarray(proto)
+            value = to_ndarray(request.inputs[key])
         except Exception as err:  # noqa: BLE001 — a malformed TensorProto is the caller's fault
-            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"input '{key}': malformed TensorProto: {err}") from None
-        want = shape_list(info.tensor_shape)
-        if want is not None and (len(want) != value.ndim or any(w >= 0 and w != g for w, g in zip(want, value.shape))):
-            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"input '{key}': expected shape {want} (-1 = any size), got {list(value.shape)}")
-        feed[key] = value
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"tensor parsing error: {key}: {err}") from None
+        # No shape or dtype check against the TensorInfo: TF Serving feeds the tensor and the session decides
+        # (predict_util.cc PreProcessPrediction checks names and count only).
+        feed_names.append(signature.inputs[key].name)
+        arrays.append(value)
+    for key, default in signature.defaults.items():
+        if key not in sent:
+            feed_names.append(signature.inputs[key].name)
+            arrays.append(to_ndarray(default))
 
     keys = list(request.output_filter)
     for key in keys:
@@ -62,18 +63,11 @@ def run_predict(servable, request):
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"duplicate output tensor alias: {dup}")
-
-    try:
-        outputs = servable.model.run(signature_name, feed, output_keys=keys or None)
-    except tf.errors.OpError as err:
-        raise RpcError(grpc_code(err.error_code), err.message) from None
-    except Exception as err:  # noqa: BLE001
-        raise RpcError(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}") from None
+    keys = keys or list(signature.outputs)
+    values = servable.run(feed_names, arrays, [signature.outputs[k].name for k in keys])
 
     response = predict_pb2.PredictResponse()
-    response.model_spec.name = servable.name
-    response.model_spec.version.value = servable.version
-    response.model_spec.signature_name = signature_name
-    for key, value in outputs.items():
-        response.outputs[key].CopyFrom(to_tensor_proto(np.asarray(value)))
+    fill_model_spec(response.model_spec, servable, signature_name, name=request.model_spec.name)
+    for key, value in zip(keys, values):
+        response.outputs[key].CopyFrom(to_field_tensor_proto(np.asarray(value)))
     return response

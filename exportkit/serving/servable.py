@@ -1,23 +1,25 @@
-"""One loaded model version (servables/tensorflow/saved_model_bundle_factory + saved_model_warmup_util.cc).
+"""One loaded model version (servables/tensorflow/saved_model_bundle_factory.cc + saved_model_warmup_util.cc).
 
 It loads the SavedModel the way TF Serving does (MetaGraph + Session, no user Python imported) and replays the
 warm-up records through the APIs before the version counts as AVAILABLE; any failure = the version failed to load
-(state END with the error, as GetModelStatus reports it).
+(state END with the error, as GetModelStatus reports it). Every API runs the session through `run`, which feeds
+tensors the way TF Serving's C++ Session::Run does: no Python-side shape check (a [1] tensor for a [-1, 1]
+placeholder is the graph's business), and with batching on, through the Batcher.
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 
 import grpc
 
-from exportkit.savedmodel import ModelLocation
 from exportkit.serving.classifier import run_classify
 from exportkit.serving.multi_inference import run_multi_inference
 from exportkit.serving.predict import run_predict
 from exportkit.serving.regressor import run_regress
-from exportkit.serving.status import RpcError
+from exportkit.serving.status import RpcError, grpc_code
 from exportkit.tfenv import import_tf
 
 log = logging.getLogger("exportkit.serve")
@@ -25,19 +27,31 @@ log = logging.getLogger("exportkit.serve")
 # saved_model_warmup_util.cc: each record through its own API
 WARMUP_APIS = {"PredictRequest": run_predict, "ClassificationRequest": run_classify, "RegressionRequest": run_regress,
                "MultiInferenceRequest": run_multi_inference}
+UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
 
 
 class ServedModel:
     """One model version and its state: LOADING -> AVAILABLE, or END with `error` (tf error code, message)."""
 
-    def __init__(self, location: ModelLocation, name: str, device: str):
+    def __init__(self, location, name: str, device: str = "cpu", session_config=None, batching=None):
+        """`location`: the version's ModelLocation (savedmodel.resolve_model_path)."""
         self.location = location
+        self.version_dir = location.version_dir
         self.name = name
         self.version = location.version
         self.device = device
+        self.session_config = session_config
+        self.batching = batching  # BatchingParameters, or None for no batching
         self.state = "LOADING"
         self.error: tuple[int, str] | None = None
         self.model = None
+        self._batcher = None
+        self._callables: dict[tuple, object] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def signatures(self) -> dict:
+        return self.model.signatures
 
     def load(self, model=None) -> None:
         """Load like TF Serving, then replay warm-up; any failure = the version failed to load.
@@ -47,7 +61,13 @@ class ServedModel:
         tf = import_tf()
         started = time.monotonic()
         try:
-            self.model = model or Tf1SavedModel(self.location.version_dir, device=self.device)
+            if model is None:
+                self._refuse_other_formats()
+            self.model = model or Tf1SavedModel(self.version_dir, device=self.device, config=self.session_config)
+            if self.batching is not None:
+                from exportkit.serving.batching import Batcher
+
+                self._batcher = Batcher(self.batching, self._session_run)
             count = self._warm_up()
         except RpcError as err:
             self._fail(err.code.value[0], err.message)
@@ -62,6 +82,18 @@ class ServedModel:
         log.info("model '%s' version %d loaded in %.2fs (%d warm-up record(s) replayed)",
                  self.name, self.version, time.monotonic() - started, count)
 
+    def _refuse_other_formats(self) -> None:
+        """What TF Serving says for the formats it does not load as a SavedModel."""
+        has = lambda f: os.path.exists(os.path.join(self.version_dir, f))  # noqa: E731
+        if has("saved_model.pb") or has("saved_model.pbtxt"):
+            return
+        if has("export.meta"):  # session_bundle/oss/session_bundle_util.cc
+            raise RpcError(grpc.StatusCode.UNIMPLEMENTED, "Session Bundle is deprecated and removed.")
+        if has("model.tflite"):
+            raise RpcError(grpc.StatusCode.UNIMPLEMENTED,
+                           f"{self.version_dir} holds a TFLite model (model.tflite): exportkit serve does not serve "
+                           "TFLite (TF Serving does only with --prefer_tflite_model=true)")
+
     def _fail(self, code: int, message: str) -> None:
         self.error = (code, message)
         self.state = "END"
@@ -71,7 +103,7 @@ class ServedModel:
         from exportkit.layout import warmup_path
         from exportkit.serving.warmup import read_warmup_records
 
-        path = warmup_path(self.location.version_dir)
+        path = warmup_path(self.version_dir)
         if not os.path.exists(path):
             return 0
         try:
@@ -89,6 +121,36 @@ class ServedModel:
                 raise RpcError(err.code, f"warm-up record {i} of {path} failed: {err.code.name}: {err.message}") from None
         return len(requests)
 
+    # -- running the session -------------------------------------------------------------------------------------
+    def run(self, feed_names: list[str], arrays: list, fetch_names: list[str]) -> list:
+        """Session::Run on tensor names; TF errors become their gRPC status."""
+        if self._batcher is not None:
+            return self._batcher.run(feed_names, arrays, fetch_names)
+        return self._session_run(feed_names, arrays, fetch_names)
+
+    def _session_run(self, feed_names: list[str], arrays: list, fetch_names: list[str]) -> list:
+        tf = import_tf()
+        key = (tuple(feed_names), tuple(fetch_names))
+        with self._lock:
+            call = self._callables.get(key)
+            if call is None:
+                # A callable runs through TF_SessionRunCallable: TensorFlow's C++ checks only, as in TF Serving.
+                from tensorflow.core.protobuf import config_pb2
+
+                options = config_pb2.CallableOptions(feed=list(feed_names), fetch=list(fetch_names))
+                try:
+                    call = self._callables[key] = self.model.session._make_callable_from_options(options)
+                except tf.errors.OpError as err:
+                    raise RpcError(grpc_code(err.error_code), err.message) from None
+        try:
+            return list(call(*arrays))
+        except tf.errors.OpError as err:
+            raise RpcError(grpc_code(err.error_code), err.message) from None
+        except (TypeError, ValueError) as err:  # numpy could not make a tensor of what was sent
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"{type(err).__name__}: {err}") from None
+
     def close(self) -> None:
+        if self._batcher is not None:
+            self._batcher.close()
         if self.model is not None:
             self.model.close()

@@ -90,3 +90,39 @@ def to_ndarray(proto) -> np.ndarray:
         return values.reshape(shape)
     return import_tf().make_ndarray(proto)
 
+
+
+# Tensor::AsProtoField: the typed repeated field per dtype (what TF Serving's Predict answers with, kAsProtoField)
+_PROTO_FIELD = {"float32": "float_val", "float64": "double_val", "int32": "int_val", "int16": "int_val",
+                "int8": "int_val", "uint8": "int_val", "uint16": "int_val", "int64": "int64_val",
+                "uint32": "uint32_val", "uint64": "uint64_val", "bool": "bool_val", "float16": "half_val",
+                "bfloat16": "half_val", "complex64": "scomplex_val", "complex128": "dcomplex_val"}
+
+
+def to_field_tensor_proto(array):
+    """An ndarray as a TensorProto with its values in the typed field (float_val, int64_val, string_val, ...),
+    every element written, as Tensor::AsProtoField does; halves as their 16-bit patterns."""
+    from exportkit.savedmodel import protos
+
+    arr = np.asarray(array)
+    tensor_pb2 = protos()["tensor"]
+    if arr.dtype.kind in "OSU":
+        proto = tensor_pb2.TensorProto(dtype=protos()["types"].DataType.Value("DT_STRING"))
+        proto.string_val.extend(v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in arr.flat)
+    else:
+        enum = np_to_datatype().get(arr.dtype)
+        name = "bfloat16" if arr.dtype.name == "bfloat16" else arr.dtype.name
+        if enum is None or name not in _PROTO_FIELD:
+            return to_tensor_proto(arr)
+        proto = tensor_pb2.TensorProto(dtype=enum)
+        flat = arr.reshape(-1)
+        if name in ("float16", "bfloat16"):
+            values = flat.view(np.uint16).astype(np.int32)
+        elif name.startswith("complex"):
+            values = np.stack([flat.real, flat.imag], axis=-1).reshape(-1)
+        else:
+            values = flat
+        getattr(proto, _PROTO_FIELD[name]).extend(values.tolist())
+    for d in arr.shape:
+        proto.tensor_shape.dim.add(size=int(d))
+    return proto

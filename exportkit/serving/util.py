@@ -6,8 +6,7 @@ import grpc
 import numpy as np
 
 from exportkit.savedmodel import DEFAULT_SIGNATURE
-from exportkit.serving.status import RpcError, grpc_code
-from exportkit.tfenv import import_tf
+from exportkit.serving.status import RpcError
 
 
 def serialized_examples(input_proto) -> np.ndarray:
@@ -30,13 +29,8 @@ def serialized_examples(input_proto) -> np.ndarray:
 
 def run_examples(servable, input_proto, input_tensors: list[str], output_names: list[str]) -> tuple[int, dict]:
     """Feed the serialized Examples to every input tensor; fetch `output_names` (tensor names)."""
-    tf = import_tf()
     examples = serialized_examples(input_proto)
-    feed = {tensor: examples for tensor in input_tensors}
-    try:
-        values = servable.model.session.run(output_names, feed_dict=feed)
-    except tf.errors.OpError as err:
-        raise RpcError(grpc_code(err.error_code), err.message) from None
+    values = servable.run(list(input_tensors), [examples] * len(input_tensors), list(output_names))
     return len(examples), dict(zip(output_names, values))
 
 
