@@ -27,7 +27,7 @@ def build_half_plus(version_dir: str, b: float = 2.0, a: float = 0.5) -> str:
                                                  "x2": v1.FixedLenFeature([1], tf.float32, default_value=[0.0])})
         y_ex = tf.add(wa * features["x"], wb, name="y_ex")
         y3 = tf.add(wa * features["x2"], 3.0, name="y3")
-        incr = v1.assign_add(counter, 1.0, name="incr")
+        incr = tf.identity(counter.assign_add(1.0), name="incr")  # the value after adding one
         sess.run(v1.global_variables_initializer())
 
         info = v1.saved_model.utils.build_tensor_info

@@ -9,6 +9,7 @@ from concurrent import futures
 import grpc
 
 from exportkit.errors import InfraError, UsageError
+from exportkit.savedmodel import serving_apis
 from exportkit.serving.classifier import classify
 from exportkit.serving.client import GRPC_OPTIONS
 from exportkit.serving.metadata import get_model_metadata
@@ -18,7 +19,6 @@ from exportkit.serving.predict import predict
 from exportkit.serving.regressor import regress
 from exportkit.serving.server_core import ServerCore
 from exportkit.serving.status import RpcError
-from exportkit.tfenv import import_tf
 
 log = logging.getLogger("exportkit.serve")
 
@@ -97,9 +97,8 @@ def start_grpc(core: ServerCore, port: int, workers: int = 8, socket_path: str |
                options: list | None = None) -> tuple[grpc.Server, int]:
     """Bind 127.0.0.1:port (0 = a free port) with SO_REUSEPORT off, so a taken port fails instead of sharing;
     also the Unix socket `socket_path` when given (--grpc_socket_path). `options`: extra channel arguments."""
-    import_tf()
-    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
-
+    apis = serving_apis()  # without importing TensorFlow: the port opens while TensorFlow still loads
+    model_service_pb2_grpc, prediction_service_pb2_grpc = apis.model_service_pb2_grpc, apis.prediction_service_pb2_grpc
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="serve"),
                          options=GRPC_OPTIONS + [("grpc.so_reuseport", 0)] + list(options or []))
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionServicer(core), server)

@@ -183,6 +183,11 @@ def _metrics(options: ServerOptions):
     prometheus = read_monitoring_config(options.monitoring_config_file).prometheus_config
     if not prometheus.enable:
         return None
+    import importlib.util
+
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise UsageError("--monitoring_config_file needs prometheus-client (Prometheus' text format)",
+                         "pip install 'exportkit[serve]' (or prometheus-client)")
     from exportkit.serving.monitoring import Metrics
 
     return Metrics(prometheus.path or "/monitoring/prometheus/metrics")
@@ -239,9 +244,13 @@ def serve(options: ServerOptions) -> int:
             load_error.append(err)
 
     loader = threading.Thread(target=load, daemon=True, name="load")
+    if not exportkit_form:
+        # server.cc opens its ports once the initial models are loaded. Here they open at once (TensorFlow's import
+        # alone can outlast a client's patience on a busy machine) and every request waits until the initial load
+        # is done, so no client ever sees the half-loaded server either way.
+        core.ready.clear()
     try:
-        if exportkit_form:  # bind first: a taken port fails before a long load; status says LOADING meanwhile
-            line = _start_servers(core, options, grpc_options, metrics, servers)
+        line = _start_servers(core, options, grpc_options, metrics, servers)
         if os.environ.get(WATCH_STDIN_ENV) == "1":
             threading.Thread(target=_watch_stdin, args=(stop,), daemon=True, name="stdin-watch").start()
         loader.start()
@@ -250,8 +259,8 @@ def serve(options: ServerOptions) -> int:
                 log.info("stopping")
                 return 0
         _raise_load_failure(core, load_error)
-        if not exportkit_form:  # server.cc: the ports open once the initial models are loaded
-            line = _start_servers(core, options, grpc_options, metrics, servers)
+        core.ready.set()
+        if not exportkit_form:
             if options.file_system_poll_wait_seconds > 0:
                 threading.Thread(target=_poll, args=(stop, options.file_system_poll_wait_seconds,
                                                      core.poll_file_system, "file system poll"),
@@ -261,6 +270,7 @@ def serve(options: ServerOptions) -> int:
                                                      lambda: _reload_config_file(core, options.model_config_file),
                                                      "model config reload"),
                                  daemon=True, name="config-poll").start()
+        line = _address_line(core, line)
         print(line, flush=True)
         stop.wait()
         log.info("stopping")
@@ -294,13 +304,11 @@ def _raise_load_failure(core: ServerCore, load_error: list) -> None:
 
 
 def _start_servers(core: ServerCore, options: ServerOptions, grpc_options, metrics, servers: list) -> str:
-    """Open gRPC (and the Unix socket) and REST; returns the ADDRESS_LINE to print once models are AVAILABLE."""
+    """Open gRPC (and the Unix socket) and REST; returns their addresses for _address_line."""
     server, bound = start_grpc(core, options.port, socket_path=options.grpc_socket_path, options=grpc_options)
     servers.append(server)
     address = f"127.0.0.1:{bound}"
-    first = next(iter(core.model_names()), "")
-    versions = [s.version for s in core.versions(first)]
-    line = ADDRESS_LINE.format(name=first, version=max(versions, default=0), address=address)
+    line = f"{address}"
     log.info("gRPC on %s%s", address, f" and unix:{options.grpc_socket_path}" if options.grpc_socket_path else "")
     if options.rest_api_port:
         from exportkit.serving.http_handler import start_rest
@@ -309,9 +317,18 @@ def _start_servers(core: ServerCore, options: ServerOptions, grpc_options, metri
         if metrics is not None:
             rest.RequestHandlerClass = _with_metrics(rest.RequestHandlerClass, metrics)
         servers.append(rest)
-        line += REST_SUFFIX.format(rest_address=f"127.0.0.1:{rest_bound}")
+        line += REST_SUFFIX.format(rest_address=f"127.0.0.1:{rest_bound}")  # completed by _address_line
         log.info("REST API on 127.0.0.1:%d", rest_bound)
     return line
+
+
+def _address_line(core: ServerCore, addresses: str) -> str:
+    """ADDRESS_LINE for the first model and its highest AVAILABLE version, once the initial load is done."""
+    first = next(iter(core.model_names()), "")
+    versions = [s.version for s in core.versions(first) if s.state == "AVAILABLE"]
+    address, _, rest = addresses.partition(" ")
+    line = ADDRESS_LINE.format(name=first, version=max(versions, default=0), address=address)
+    return f"{line} {rest}" if rest else line
 
 
 def _with_metrics(handler_class, metrics):

@@ -31,6 +31,8 @@ class ServerCore:
         self._servables: dict[str, dict[int, ServedModel]] = {}
         self._labels: dict[str, dict[str, int]] = {}
         self._wanted: dict[str, set[int]] = {}  # versions the policy aspires to, per model
+        self.ready = threading.Event()  # cleared while the initial load runs: requests wait for it (see serve())
+        self.ready.set()
         self._lock = threading.Lock()  # guards the maps; loading happens outside it
         self._reload = threading.Lock()  # one reload / poll at a time
         for servable in servables:
@@ -39,6 +41,7 @@ class ServerCore:
     # -- lookups ----------------------------------------------------------------------------------------------
     def versions(self, name: str) -> list[ServedModel]:
         """Every version of `name` the server knows, highest first (ServableStateMonitor's order)."""
+        self.ready.wait()
         with self._lock:
             return sorted(self._servables.get(name, {}).values(), key=lambda s: -s.version)
 

@@ -84,6 +84,17 @@ def to_ndarray(proto) -> np.ndarray:
     if proto.tensor_content and np_dtype is not None:
         return np.frombuffer(proto.tensor_content, dtype=np_dtype).reshape(shape).copy()
     size = int(np.prod(shape, dtype=np.int64))
+    if np_dtype is not None and size:  # typed fields (Tensor::AsProtoField), all elements written
+        name = "bfloat16" if np_dtype.name == "bfloat16" else np_dtype.name
+        values = getattr(proto, _PROTO_FIELD.get(name, ""), None) if name in _PROTO_FIELD else None
+        per_element = 2 if name.startswith("complex") else 1
+        if values is not None and len(values) == size * per_element:
+            if name in ("float16", "bfloat16"):
+                return np.array(values, dtype=np.uint16).view(np_dtype).reshape(shape)
+            if per_element == 2:
+                flat = np.array(values, dtype=np.float32 if name == "complex64" else np.float64)
+                return (flat[0::2] + 1j * flat[1::2]).astype(np_dtype).reshape(shape)
+            return np.array(values, dtype=np_dtype).reshape(shape)
     if proto.dtype == protos()["types"].DataType.Value("DT_STRING") and len(proto.string_val) == size:
         values = np.empty(size, dtype=object)
         values[:] = list(proto.string_val)
