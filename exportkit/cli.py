@@ -177,7 +177,7 @@ def verify(
 
     def go():
         from exportkit.spec import VerifyOptions
-        from exportkit.verify.run import verify_command
+        from exportkit.verify.command import verify_command
 
         source = _source_options(against, spec, format, builder, builder_arg, model_config, custom_objects,
                                  python_path, policy, unsafe) if against else None
