@@ -14,7 +14,7 @@ Examples encoded from the very tensor batches its tensor twin gets, and the two 
 """
 from __future__ import annotations
 
-from exportkit import __version__
+from exportkit.version import __version__
 from exportkit.batches import parse_int_range
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.layout import read_manifest
