@@ -1,5 +1,8 @@
 """exportkit: export Keras/TensorFlow models for TF Serving and prove they compute what the model computed."""
-__version__ = "0.1.0"
+from exportkit.version import __version__  # noqa: F401  (exportkit.__version__)
+
+# The package is the Python API, at the top of the layers beside the CLI: it imports lazily, so that importing
+# any exportkit module (which runs this file first) stays as cheap as that module.
 
 
 def record_reference(model, path, inputs=None, samples=8, seed=0, int_range="0:10"):

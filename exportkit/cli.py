@@ -5,11 +5,13 @@ TensorFlow is imported lazily by the commands that need it, so `inspect` stays f
 """
 from __future__ import annotations
 
+import functools
+import inspect as _inspect  # (the `inspect` command below takes the name)
 import os
 import signal
 import sys
 import warnings
-from typing import List, Optional
+from typing import List, NamedTuple, Optional, get_type_hints
 
 import typer
 
@@ -47,16 +49,6 @@ def _run(fn, debug: bool) -> None:
         raise typer.Exit(code or 0)
 
 
-def _source_options(src, spec, format, builder, builder_arg, model_config, custom_objects, python_path, policy,
-                    unsafe):
-    """The nine source flags (plus exportkit.toml) as one SourceOptions."""
-    from exportkit.spec import source_options
-
-    return source_options(src, spec, format=format, builder=builder, builder_args=builder_arg or [],
-                          model_config=model_config, custom_objects=custom_objects or [],
-                          python_path=python_path or [], policy=policy, unsafe=unsafe)
-
-
 DEBUG = typer.Option(False, "--debug", help="Show tracebacks.")
 CUSTOM_OBJECTS = typer.Option(None, "--custom-objects", help="module or module:Name offering custom Keras objects (repeatable).")
 PYTHON_PATH = typer.Option(None, "--python-path", help="Directory searched first for custom objects and builders (repeatable).")
@@ -74,18 +66,55 @@ ALLOW_INCOMPLETE = typer.Option(False, "--allow-incomplete-config",
 INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tokens:-1,16:int32 (repeatable override).")
 
 
+class SourceFlags(NamedTuple):
+    """The flags that say how to load a training source (export SRC, verify --against SRC, inspect SRC)."""
+
+    format: Optional[str] = FORMAT
+    builder: Optional[str] = BUILDER
+    builder_arg: Optional[List[str]] = BUILDER_ARG
+    model_config: Optional[str] = MODEL_CONFIG
+    spec: Optional[str] = SPEC
+    custom_objects: Optional[List[str]] = CUSTOM_OBJECTS
+    python_path: Optional[List[str]] = PYTHON_PATH
+    policy: Optional[str] = POLICY
+    unsafe: bool = UNSAFE
+
+    def options(self, src: str):
+        """The flags (plus exportkit.toml) as one SourceOptions for `src`."""
+        from exportkit.spec import source_options
+
+        return source_options(src, self.spec, format=self.format, builder=self.builder,
+                              builder_args=self.builder_arg or [], model_config=self.model_config,
+                              custom_objects=self.custom_objects or [], python_path=self.python_path or [],
+                              policy=self.policy, unsafe=self.unsafe)
+
+
+def source_flags(command):
+    """The one definition of the source flags: adds SourceFlags' fields to `command`'s options (before --debug)
+    and hands them to it as one `source: SourceFlags`."""
+    signature = _inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "source"]
+    types = get_type_hints(SourceFlags, globals())
+    added = [_inspect.Parameter(name, _inspect.Parameter.KEYWORD_ONLY, default=SourceFlags._field_defaults[name],
+                                annotation=types[name]) for name in SourceFlags._fields]
+    at = next((i for i, p in enumerate(own) if p.name == "debug"), len(own))
+    params = [p.replace(kind=_inspect.Parameter.KEYWORD_ONLY) for p in own[:at] + added + own[at:]]
+
+    @functools.wraps(command)
+    def with_source(**kwargs):
+        source = SourceFlags(**{name: kwargs.pop(name) for name in SourceFlags._fields})
+        return command(source=source, **kwargs)
+
+    with_source.__signature__ = signature.replace(parameters=params)
+    with_source.__annotations__ = {p.name: p.annotation for p in params}
+    return with_source
+
+
 @app.command()
+@source_flags
 def export(
     src: str = typer.Argument(..., metavar="SRC", help="A .h5/.hdf5 or .keras file, a checkpoint directory or a .weights.h5 file."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Model base directory; the version goes below it (default: `output` in exportkit.toml, else ./export/<name>)."),
-    format: Optional[str] = FORMAT,
-    builder: Optional[str] = BUILDER,
-    builder_arg: Optional[List[str]] = BUILDER_ARG,
-    model_config: Optional[str] = MODEL_CONFIG,
-    spec: Optional[str] = SPEC,
-    custom_objects: Optional[List[str]] = CUSTOM_OBJECTS,
-    python_path: Optional[List[str]] = PYTHON_PATH,
-    policy: Optional[str] = POLICY,
     version: Optional[int] = typer.Option(None, "--version", help="Version number (default: highest + 1, else 1)."),
     asset: Optional[List[str]] = typer.Option(None, "--asset", help="File copied into assets/ and tracked (repeatable)."),
     signature_name: Optional[str] = typer.Option(None, "--signature-name", help="Signature key (default serving_default)."),
@@ -98,12 +127,12 @@ def export(
     input_spec: Optional[List[str]] = INPUT_SPEC,
     int_range: Optional[str] = typer.Option(None, "--int-range", help="LO:HI for integer golden inputs (default 0:10)."),
     keep_output_dtype: bool = typer.Option(False, "--keep-output-dtype", help="Keep float16/bfloat16 outputs (default: cast to float32)."),
-    unsafe: bool = UNSAFE,
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the self-check after writing."),
     reference: Optional[str] = REFERENCE,
     allow_incomplete_config: bool = ALLOW_INCOMPLETE,
     json_out: Optional[str] = typer.Option(None, "--json", help="Write a JSON summary here ('-' for stdout)."),
     debug: bool = DEBUG,
+    source: SourceFlags = None,
 ):
     """Export a model to BASE_DIR/<version>/ as a TF-Serving-ready SavedModel."""
 
@@ -111,31 +140,24 @@ def export(
         from exportkit.export.pipeline import export_command
 
         return export_command(
-            src=src, output=output, format=format, builder=builder, builder_args=builder_arg or [],
-            model_config=model_config, spec_path=spec, custom_objects=custom_objects or [],
-            python_path=python_path or [], policy=policy, version=version, assets=asset or [],
+            src=src, output=output, format=source.format, builder=source.builder,
+            builder_args=source.builder_arg or [], model_config=source.model_config, spec_path=source.spec,
+            custom_objects=source.custom_objects or [], python_path=source.python_path or [],
+            policy=source.policy, version=version, assets=asset or [],
             signature_name=signature_name, input_specs=input_spec or [], keep_output_dtype=keep_output_dtype,
             int_range=int_range, reference=reference, allow_incomplete_config=allow_incomplete_config,
             signatures=signature or [], feature_spec=feature_spec,
             output_names=output_names,
-            unsafe=unsafe, no_verify=no_verify, json_out=json_out)
+            unsafe=source.unsafe, no_verify=no_verify, json_out=json_out)
 
     _run(go, debug)
 
 
 @app.command()
+@source_flags
 def verify(
     path: str = typer.Argument(..., metavar="PATH", help="A version directory, a model base directory or any SavedModel."),
     against: Optional[str] = typer.Option(None, "--against", help="The training source to rebuild in eager Keras."),
-    format: Optional[str] = FORMAT,
-    builder: Optional[str] = BUILDER,
-    builder_arg: Optional[List[str]] = BUILDER_ARG,
-    model_config: Optional[str] = MODEL_CONFIG,
-    spec: Optional[str] = SPEC,
-    custom_objects: Optional[List[str]] = CUSTOM_OBJECTS,
-    python_path: Optional[List[str]] = PYTHON_PATH,
-    policy: Optional[str] = POLICY,
-    unsafe: bool = UNSAFE,
     signature_name: Optional[str] = typer.Option(None, "--signature", "--signature-name",
                                                  help="Verify only this signature (default: every one)."),
     inputs: Optional[str] = typer.Option(None, "--inputs", help=".npz keyed by input name, JSON, or a .tfrecord of tf.Example."),
@@ -172,17 +194,16 @@ def verify(
     beam_option: Optional[List[str]] = typer.Option(None, "--beam-option", help="--runner beam: KEY=VALUE pipeline option (repeatable)."),
     tf_versions: Optional[List[str]] = typer.Option(None, "--tf", help="Also run the session runtime on TensorFlow X.Y (2.12-2.21; a list, a range or all; repeatable), in a managed environment."),
     debug: bool = DEBUG,
+    source: SourceFlags = None,
 ):
     """Prove the SavedModel computes what the model computed, in every runtime. Exit 0 only if all agree."""
 
     def go():
         from exportkit.spec import VerifyOptions
-        from exportkit.verify.run import verify_command
+        from exportkit.verify.command import verify_command
 
-        source = _source_options(against, spec, format, builder, builder_arg, model_config, custom_objects,
-                                 python_path, policy, unsafe) if against else None
         return verify_command(VerifyOptions(
-            path=path, against=source, signature_name=signature_name, inputs=inputs, samples=samples, seed=seed,
+            path=path, against=source.options(against) if against else None, signature_name=signature_name, inputs=inputs, samples=samples, seed=seed,
             int_range=int_range, save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
             tol=tol or [], runtimes=runtimes, serving=serving, serving_protocol=serving_protocol,
             model_server_bin=model_server_bin, model_name=model_name, model_version=model_version,
@@ -195,31 +216,23 @@ def verify(
 
 
 @app.command()
+@source_flags
 def inspect(
     path: str = typer.Argument(..., metavar="PATH", help="A SavedModel (version or base directory) or a source (.h5, .keras, checkpoint)."),
     json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if a finding is an error."),
     requests: Optional[str] = typer.Option(None, "--requests", help="Write a ready request per signature here: curl + JSON (REST), JSON for grpcurl."),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name in the --requests URLs (default: base directory name)."),
-    format: Optional[str] = FORMAT,
-    builder: Optional[str] = BUILDER,
-    builder_arg: Optional[List[str]] = BUILDER_ARG,
-    model_config: Optional[str] = MODEL_CONFIG,
-    spec: Optional[str] = SPEC,
-    custom_objects: Optional[List[str]] = CUSTOM_OBJECTS,
-    python_path: Optional[List[str]] = PYTHON_PATH,
-    policy: Optional[str] = POLICY,
-    unsafe: bool = UNSAFE,
     allow_incomplete_config: bool = ALLOW_INCOMPLETE,
     debug: bool = DEBUG,
+    source: SourceFlags = None,
 ):
     """Signatures, dtypes, shapes, ops, assets and findings of a SavedModel (or a source's inputs and outputs)."""
 
     def go():
         from exportkit.inspection import inspect_command
 
-        return inspect_command(path, json_out=json_out, strict=strict, source=lambda: _source_options(
-            path, spec, format, builder, builder_arg, model_config, custom_objects, python_path, policy, unsafe),
+        return inspect_command(path, json_out=json_out, strict=strict, source=lambda: source.options(path),
             allow_incomplete_config=allow_incomplete_config, requests=requests, model_name=model_name)
 
     _run(go, debug)

@@ -416,16 +416,13 @@ def _signature_findings(meta_graph, prefix: str, names: Iterable[str]) -> list[F
                 findings.append(Finding("warning", "half-output",
                                         f"{where} is {dtype}: clients usually expect float32 and lose precision; "
                                         f"cast the output to float32 in the serving function"))
-            if AUTO_KEY.fullmatch(key):
-                findings.append(Finding("warning", "auto-key",
-                                        f"{where}: key '{key}' was generated and changes between exports; name the "
-                                        f"outputs (exportkit export --output-names a,b,... or return a dict from the "
-                                        f"serving function)"))
-            elif POSITIONAL_OUTPUT_KEY.fullmatch(key):
-                findings.append(Finding("warning", "auto-key",
-                                        f"{where}: key '{key}' only says the output's position in the list the model "
-                                        f"returns; name the outputs (exportkit export --output-names a,b,... or "
-                                        f"return a dict)"))
+            generated = AUTO_KEY.fullmatch(key)
+            if generated or POSITIONAL_OUTPUT_KEY.fullmatch(key):
+                why = ("was generated and changes between exports" if generated
+                       else "only says the output's position in the list the model returns")
+                a_dict = "a dict from the serving function" if generated else "a dict"
+                findings.append(Finding("warning", "auto-key", f"{where}: key '{key}' {why}; name the outputs (exportkit "
+                                                               f"export --output-names a,b,... or return {a_dict})"))
     return findings
 
 

@@ -65,7 +65,7 @@ def record_reference(model, path, inputs=None, samples: int = 8, seed: int = 0, 
     import keras
     import tensorflow as tf
 
-    from exportkit import __version__
+    from exportkit.version import __version__
     from exportkit.sources.load import model_policy
     from exportkit.sources.model_io import feed_model, flat_outputs, model_input_specs, output_keys
 

@@ -306,7 +306,7 @@ def export_options(src: str, output: str | None, spec_path: str | None = None, *
                          "with --signature, name every signature there (e.g. --signature serving_default)")
     feature_spec = feature_spec or spec.get("feature_spec")
     if feature_spec and not Path(feature_spec).is_file():
-        raise UsageError(f"--feature-spec {feature_spec} does not exist", "pass a JSON file (see README: --feature-spec)")
+        raise UsageError(f"--feature-spec {feature_spec} does not exist", "pass a JSON file (see docs/export.md: --feature-spec)")
     if feature_spec and not any(s.input == "examples" for s in named):
         raise UsageError("--feature-spec is given, but no signature takes tf.Example",
                          "add input=examples to a --signature, or drop --feature-spec")

@@ -3,7 +3,7 @@ check that no test leaves a process behind.
 
 Markers (registered in pyproject.toml): `slow` (more than a few seconds: exports, servers, extra processes),
 `serving` (starts a gRPC server), `gpu` (needs a GPU to mean anything), `compat` (other TensorFlow versions).
-`pytest -m "not slow"` is the quick loop (README, Development).
+`pytest -m "not slow"` is the quick loop (docs/development.md).
 """
 from __future__ import annotations
 

@@ -1,9 +1,13 @@
-"""Imports point down the layers (DESIGN.md): a lower module never imports a higher one.
+"""Imports point down the layers (DESIGN.md), and no module reaches itself through its imports.
 
-    cli -> verify / export / inspection -> runtimes / serving / compat / data -> sources / spec / tf1_loader
-        -> lint / savedmodel / checkpoint / layout / tfenv / tfexample / examples -> batches / dtypes -> findings / errors
+    cli / the package's Python API (exportkit/__init__: record_reference)
+        -> verify / export / inspection -> runtimes / serving / compat / data -> sources / spec / tf1_loader
+        -> lint / savedmodel / checkpoint / layout / tfenv / tfexample / examples -> batches / dtypes
+        -> findings / errors / version
 
-Modules of one layer may import each other. A new top-level module must be given a layer here.
+Modules of one layer may import each other, but never in a circle (a circle means two modules are one concept cut
+in two, or one of them should move down). Imports inside functions count: they are the same dependency, paid later.
+A new top-level module must be given a layer here.
 """
 from __future__ import annotations
 
@@ -12,13 +16,13 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "exportkit"
 LAYERS = {
-    "cli": 7, "__main__": 7,
+    "cli": 7, "__main__": 7, "__init__": 7,
     "verify": 6, "export": 6, "inspection": 6,
     "runtimes": 5, "serving": 5, "compat": 5, "data": 5,
     "sources": 4, "spec": 4, "tf1_loader": 4, "reference": 4,
     "lint": 3, "savedmodel": 3, "checkpoint": 3, "layout": 3, "tfenv": 3, "tfexample": 3, "examples": 3,
     "batches": 2, "dtypes": 2,
-    "findings": 1, "errors": 1, "__init__": 1,
+    "findings": 1, "errors": 1, "version": 1,
 }
 
 
@@ -28,27 +32,96 @@ def _layer(module: str) -> int:
     return LAYERS[top]
 
 
+def _is_module(name: str) -> bool:
+    """`exportkit.a.b` names a file or a package of the source tree."""
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _imports(path: Path):
+    """The exportkit modules `path` imports (`from exportkit.a import b` is module a.b when b is one, else a)."""
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "exportkit":
-            if node.module == "exportkit":  # `from exportkit import layout` or `... import __version__`
-                yield from (f"exportkit.{a.name}" if (PACKAGE / f"{a.name}.py").exists() or (PACKAGE / a.name).is_dir()
-                            else "exportkit" for a in node.names)
-            else:
-                yield node.module
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                yield sub if _is_module(sub) else node.module
         elif isinstance(node, ast.Import):
             yield from (a.name for a in node.names if a.name.split(".")[0] == "exportkit")
 
 
+def _graph() -> dict[str, set[str]]:
+    return {_module_name(path): set(_imports(path)) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (or a module importing itself), Tarjan's way."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _path(graph: dict[str, set[str]], component: list[str]) -> str:
+    """One circle through the component's first module, as `a -> b -> a`, to say where to cut."""
+    start, members = component[0], set(component)
+    trail, seen = [start], {start}
+    while True:
+        nxt = sorted(t for t in graph[trail[-1]] if t in members)
+        if start in nxt and len(trail) > 1 or nxt == [start]:
+            return " -> ".join(trail + [start])
+        step = next((t for t in nxt if t not in seen), None)
+        if step is None:
+            return " -> ".join(trail + [nxt[0]])
+        trail.append(step)
+        seen.add(step)
+
+
 def test_imports_point_down_the_layers():
-    upward = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        module = "exportkit." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
-        if module == "exportkit.__init__":
-            continue  # the package's public API re-exports lazily
-        for target in _imports(path):
-            if target == "exportkit":
-                continue
-            if _layer(target) > _layer(module):
-                upward.append(f"{module} imports {target}")
+    upward = [f"{module} imports {target}" for module, targets in sorted(_graph().items())
+              for target in sorted(targets) if _layer(target) > _layer(module)]
     assert not upward, "imports pointing up the layers:\n" + "\n".join(upward)
+
+
+def test_no_import_circles():
+    graph = _graph()
+    circles = _circles(graph)
+    assert not circles, "import circles:\n" + "\n".join(_path(graph, c) for c in circles)
+
+
+def test_the_circle_check_sees_a_circle():
+    """The check itself, on a made-up graph: a circle through three modules beside an innocent chain."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert sorted(_circles(graph)) == [["a", "b", "c"], ["e"]]
+    assert _path(graph, ["a", "b", "c"]) == "a -> b -> c -> a"

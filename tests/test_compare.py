@@ -45,12 +45,12 @@ def test_no_tensorflow_imported():
 
 
 def _readme_defaults() -> dict[str, Tolerance]:
-    """The default tolerances as the README documents them (section `exportkit verify PATH`): one value per dtype,
+    """The default tolerances as docs/verify.md documents them: one value per dtype,
     used as both atol and rtol; integers, bools and strings exact."""
-    text = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "verify.md").read_text().split())
     documented = re.search(r"Default tolerances \(atol, rtol\) by the dtype the output was computed in: (.*?), "
                            r"integers, bools and strings exact;", text)
-    assert documented, "README no longer documents the default tolerances"
+    assert documented, "docs/verify.md no longer documents the default tolerances"
     pairs = [item.split() for item in documented.group(1).split(", ")]
     return {name: Tolerance(float(value), float(value)) for name, value in pairs}
 

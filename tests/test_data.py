@@ -73,7 +73,7 @@ def data(tmp_path_factory):
 
 def _verify(capsys, path, **flags):
     from exportkit.spec import VerifyOptions, source_options
-    from exportkit.verify.run import verify_command
+    from exportkit.verify.command import verify_command
 
     flags.setdefault("serving", "none")
     if "against" in flags:
@@ -170,7 +170,7 @@ def test_npz_shards_sampling_is_seeded_and_limit_exact(capsys, data, monkeypatch
     runs = {}
     for seed in (1, 1, 2):
         from exportkit.spec import VerifyOptions, source_options
-        from exportkit.verify.run import verify_command
+        from exportkit.verify.command import verify_command
 
         code = verify_command(VerifyOptions(path=str(data["version"]), data=data["npz"], sample=0.5, seed=seed,
                                             against=source_options(str(data["keras"])), serving="none",

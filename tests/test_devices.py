@@ -59,7 +59,7 @@ def test_device_all_also_compares_gpu_with_cpu():
     """The comparison plan of --device all, on arrays: every @gpu runtime is also held against its @cpu twin."""
     from exportkit.verify.compare import Tolerance
     from exportkit.verify.report import RuntimeResult, VerifyReport
-    from exportkit.verify.run import _compare_all
+    from exportkit.verify.pairs import compare_all as _compare_all
 
     cpu = [{"y": np.array([[1.0, 2.0]], np.float32)}]
     gpu = [{"y": np.array([[1.0, 2.001]], np.float32)}]  # what TF32 does to a float32 matmul

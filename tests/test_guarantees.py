@@ -1,4 +1,5 @@
-"""The README's three promises, each checked from the outside, so that breaking one fails a test:
+"""The three promises of docs/export.md and docs/verify.md, each checked from the outside, so that breaking one
+fails a test:
 
 1. the serving-equivalent processes (session worker, embedded server) see no user code;
 2. export's self-check and verify's `session` runtime load the SavedModel the way TF Serving does (TF1 loader),

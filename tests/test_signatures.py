@@ -24,7 +24,7 @@ def _export(src, out, signatures, **flags):
 
 def _verify(capsys, path, **flags):
     from exportkit.spec import VerifyOptions
-    from exportkit.verify.run import verify_command
+    from exportkit.verify.command import verify_command
 
     flags.setdefault("serving", "none")
     code = verify_command(VerifyOptions(path=str(path), json_out="-", **flags))

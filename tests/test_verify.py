@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def _verify(capsys, path, **flags):
     """verify in this process (TensorFlow is already imported here); returns (exit code, text, JSON report)."""
     from exportkit.spec import VerifyOptions
-    from exportkit.verify.run import verify_command
+    from exportkit.verify.command import verify_command
 
     flags.setdefault("serving", "none")
     code = verify_command(VerifyOptions(path=str(path), json_out="-", **flags))
@@ -51,7 +51,7 @@ def test_golden_saved_model_and_session_agree(capsys, models, name):
 
 def test_against_the_training_source_in_eager_keras(capsys, models, sample):
     from exportkit.spec import VerifyOptions, source_options
-    from exportkit.verify.run import verify_command
+    from exportkit.verify.command import verify_command
 
     against = source_options(sample("mixed_functional.keras")["path"], **CUSTOM)
     code = verify_command(VerifyOptions(path=str(models["mixed"]), against=against, serving="none", json_out="-"))
@@ -254,7 +254,7 @@ def test_device_gpu(models):
 
 
 def test_large_sample_counts_run_in_bounded_batches(capsys, models):
-    from exportkit.verify.run import MAX_BATCH_ROWS
+    from exportkit.verify.inputs import MAX_BATCH_ROWS
 
     samples = MAX_BATCH_ROWS * 2 + 3
     code, report = _verify(capsys, models["multi_io"], samples=samples, runtimes="saved_model,session")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit import __version__, layout
+from exportkit import layout
+from exportkit.version import __version__
 from exportkit import reference as refs
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.dtypes import HALF_DTYPES, name_of, name_of_array

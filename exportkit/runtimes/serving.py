@@ -202,7 +202,7 @@ def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str):
     """The embedded server inside the TensorFlow worker: TF Serving's APIs over the session loader's graph and
     session, started (warm-up replayed first) when waited for, so `session` runs before the warm-up, as a fresh
     TF Serving load would answer them."""
-    from exportkit import __version__
+    from exportkit.version import __version__
     from exportkit.savedmodel import resolve_model_path
     from exportkit.serving.launcher import PendingServer, ServerHandle
 

@@ -399,8 +399,8 @@ def start_embedded(path: str, model_name: str | None = None, device: str = "cpu"
 
 
 def _finish_embedded(child: _Child, name: str, deadline: float, load_timeout: float, stop) -> ServerHandle:
-    from exportkit import __version__
     from exportkit.serving.model_server import ADDRESS_RE
+    from exportkit.version import __version__
     from exportkit.tfenv import tensorflow_version
 
     what = "embedded server (exportkit serve)"

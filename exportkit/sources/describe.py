@@ -36,12 +36,10 @@ class SourceDescription:
             lines.append(f"policy   {self.policy}")
         if self.parameters is not None:
             lines.append(f"params   {self.parameters:,}")
-        if self.inputs:
-            lines.append("inputs:")
-            lines += [f"  {i['key']:<24} {i['dtype']:<9} {i['shape']}" for i in self.inputs]
-        if self.outputs:
-            lines.append("outputs:")
-            lines += [f"  {o['key']:<24} {o['dtype']:<9} {o['shape']}" for o in self.outputs]
+        for title, tensors in (("inputs", self.inputs), ("outputs", self.outputs)):
+            if tensors:
+                lines.append(f"{title}:")
+                lines += [f"  {t['key']:<24} {t['dtype']:<9} {t['shape']}" for t in tensors]
         if self.custom_objects_needed:
             lines.append("custom objects needed:")
             lines += [f"  {c['name']:<24} from {c['module'] or '?'}" for c in self.custom_objects_needed]

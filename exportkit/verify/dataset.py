@@ -15,8 +15,13 @@ import numpy as np
 from exportkit.data.records import DataSource, ExampleParsing, Feeder, FailureWriter
 from exportkit.data.stats import OutputStats, compare_into
 from exportkit.errors import CheckFailed, InfraError, UsageError
+from exportkit.layout import signature_entries
 from exportkit.spec import VerifyOptions
+from exportkit.verify.checks import serving_checks
 from exportkit.verify.compare import OutputComparison, _value_reasons
+from exportkit.verify.execute import started
+from exportkit.verify.output import finish
+from exportkit.verify.plan import Plan, SignatureCheck, plan_runtimes, tolerances_for
 from exportkit.verify.report import RuntimeResult, VerifyReport
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines on stderr (a short run prints none)
@@ -39,10 +44,24 @@ def check_data_options(o: VerifyOptions, devices: list[str]) -> None:
                          "re-run the worst records (listed with their file and index) in-process with --save-failures")
 
 
-def verify_data(o: VerifyOptions, report: VerifyReport, version_dir, proto, signature, specs, names, devices,
-                tolerance) -> int:
-    from exportkit.verify.run import _finish
+def verify_data(o: VerifyOptions, report: VerifyReport, version_dir, proto, signatures, selected, manifest, names,
+                devices, per_output) -> int:
+    """--data streams records of one signature's inputs: --signature NAME, else serving_default (or the only one)."""
+    import dataclasses
 
+    from exportkit.examples import input_specs
+    from exportkit.savedmodel import DEFAULT_SIGNATURE, select_meta_graph
+
+    name = o.signature_name or (DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in signatures or len(selected) != 1
+                                else selected[0])
+    if name not in signatures:
+        raise UsageError(f"--data needs one signature, and there is no '{name}' (available: {', '.join(signatures)})",
+                         "pass --signature NAME for the signature the records are inputs of")
+    o = dataclasses.replace(o, signature_name=name)
+    report.signature, report.signatures = name, [name]
+    signature = signatures[name]
+    specs = input_specs(select_meta_graph(proto), name, signature, version_dir)  # tf.Example inputs found here
+    tolerance = tolerances_for(o.atol, o.rtol, per_output, signature_entries(manifest).get(name))
     check_data_options(o, devices)
     source = DataSource(o.data, specs, batch_size=o.batch_size, sample=o.sample, seed=o.seed, limit=o.limit)
     # A signature over serialized tf.Example takes the records as they are.
@@ -61,7 +80,7 @@ def verify_data(o: VerifyOptions, report: VerifyReport, version_dir, proto, sign
     report.runtimes = results
     report.inputs["records"] = records
     _attach(report, stats, source)
-    return _finish(report, o.json_out, o.junit)
+    return finish(report, o.json_out, o.junit)
 
 
 def _tol(t) -> tuple[float, float]:
@@ -69,12 +88,16 @@ def _tol(t) -> tuple[float, float]:
 
 
 def _run_in_process(o, source, version_dir, specs, signature, names, devices, example_key, tolerances, report):
-    from exportkit.verify.run import SignatureCheck, _build_runtimes, _close_all, _serving_checks
-
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
     feed = Feeder(source, specs, example_key)  # before any runtime starts: a bad --data fails fast
     check = SignatureCheck(o.signature_name, signature.get("method") or "", specs, output_dtypes, {})
-    runtimes_ = _build_runtimes(o, names, devices, version_dir, check, signatures={check.name: signature})
+    plan = Plan(version_dir, devices, [check], plan_runtimes(names, devices), [], signatures={check.name: signature})
+    with started(o, plan) as runtimes_:
+        return _stream(o, source, signature, runtimes_, feed, example_key, tolerances, version_dir, report)
+
+
+def _stream(o, source, signature, runtimes_, feed, example_key, tolerances, version_dir, report):
+    """Batch after batch through every live runtime, compared with the first (the reference) into the statistics."""
     parsing = []  # runtimes that parse the records themselves (keras on a signature over tf.Example)
     for item in runtimes_:
         if example_key is not None and item.runtime.name == "keras":
@@ -123,13 +146,12 @@ def _run_in_process(o, source, version_dir, specs, signature, names, devices, ex
             result.server, result.device = item.runtime.server, item.runtime.placed_on or item.runtime.device
         ordered = [results[item.label] for item in runtimes_]
         report.runtimes = ordered
-        _serving_checks(runtimes_, {o.signature_name: signature}, [o.signature_name], version_dir,
+        serving_checks(runtimes_, {o.signature_name: signature}, [o.signature_name], version_dir,
                         {o.signature_name: ordered}, report)
         completed = True
     finally:
         if writer:
             writer.close(commit=completed)
-        _close_all(runtimes_)
     if writer:
         report.inputs["failures_saved"] = writer.count
     return stats, records, ordered

@@ -92,7 +92,7 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
                    int_range=None, atol=None, rtol=None, tol=None, json_out=None) -> int:
     from exportkit.compat import analysis, parse_versions
     from exportkit.savedmodel import select_meta_graph
-    from exportkit.verify.run import _read_model
+    from exportkit.verify.plan import read_model
 
     versions = parse_versions(tf)
     if device not in ("cpu", "gpu"):
@@ -100,7 +100,7 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
     if run and device == "gpu":
         raise UsageError("--run observes on the CPU only (the managed environments hold tensorflow-cpu)",
                          "drop --run for the GPU forecast, or use --device cpu --run")
-    version_dir, proto, signatures = _read_model(path)
+    version_dir, proto, signatures = read_model(path)
     signature = signatures.get(signature_name)
     meta_graph = select_meta_graph(proto)
     predicted = analysis.analyze(meta_graph, versions, device)
@@ -128,39 +128,41 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
     from exportkit.spec import VerifyOptions
     from exportkit.verify.compare import parse_tol
     from exportkit.verify.report import VerifyReport
-    from exportkit.verify.run import (_build_runtimes, _close_all, _compare_all, _execute, _per_output_tolerances,
-                                      _plan_checks, versioned_pythons, versioned_sessions)
+    from exportkit.verify.execute import build_runtimes, close_all, run_signature, started, versioned_pythons
+    from exportkit.verify.pairs import compare_all
+    from exportkit.verify.plan import Plan, plan_runtimes, signature_checks, tolerances_for
 
     pythons = versioned_pythons([",".join(r.tf for r in rows)])  # installs what is missing, before anything runs
     manifest, _ = read_manifest(version_dir)
     lo_hi = parse_int_range(int_range or (manifest or {}).get("golden", {}).get("int_range") or "0:10")
     options = VerifyOptions(path=str(version_dir), signature_name=signature_name, serving="none", samples=samples,
                             seed=seed)
-    check = _plan_checks(options, {signature_name: signature}, [signature_name], version_dir, manifest, lo_hi)[0]
+    check = signature_checks(options, {signature_name: signature}, [signature_name], version_dir, manifest, lo_hi)[0]
     batches = check.batches
     # The reference: the golden record where there is one, else the session runtime on this Python's TF.
     names = ["golden", "session"] if check.golden[0] is not None else ["session"]
-    references = _build_runtimes(options, names, ["cpu"], version_dir, check)
+
+    def plan(names, pythons=None):
+        return Plan(version_dir, ["cpu"], [check], plan_runtimes(names, ["cpu"], pythons), [])
+
     report = VerifyReport(path=str(version_dir), signature=signature_name, reference="")
     outputs: dict[str, list] = {}
     versions = list(pythons)
     waves = [versions[i:i + PARALLEL_VERSIONS] for i in range(0, len(versions), PARALLEL_VERSIONS)]
-    wave = versioned_sessions({v: pythons[v] for v in waves[0]}, version_dir, signature_name)  # overlaps
-    try:
+    with started(options, plan(names)) as references:
+        wave = build_runtimes(options, plan([], {v: pythons[v] for v in waves[0]}))  # overlaps the references
         for item in references:
-            report.runtimes.append(_execute(item, check, outputs))
-    finally:
-        _close_all(references)
+            report.runtimes.append(run_signature(item, check, outputs))
     for index in range(len(waves)):
         if index:
-            wave = versioned_sessions({v: pythons[v] for v in waves[index]}, version_dir, signature_name)
+            wave = build_runtimes(options, plan([], {v: pythons[v] for v in waves[index]}))
         try:
             for item in wave:
-                report.runtimes.append(_execute(item, check, outputs))
+                report.runtimes.append(run_signature(item, check, outputs))
         finally:
-            _close_all(wave)
+            close_all(wave)
     per_output = dict(parse_tol(t) for t in tol or [])
-    _compare_all(report, outputs, batches, _per_output_tolerances(atol, rtol, per_output, check.entry), ["cpu"])
+    compare_all(report, outputs, batches, tolerances_for(atol, rtol, per_output, check.entry), ["cpu"])
     by_label = {r.name: r for r in report.runtimes}
     for row in rows:
         result = by_label[f"session@{row.tf}"]

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
 
-from exportkit import __version__
+from exportkit.version import __version__
 from exportkit.findings import Finding
 from exportkit.verify.compare import OutputComparison, to_jsonable
 

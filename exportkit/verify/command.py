@@ -1,0 +1,151 @@
+"""exportkit verify: the same inputs through every runtime, every runtime compared with the reference.
+
+    static checks -> plan (plan.py) -> execute (execute.py) -> compare (pairs.py over compare.py) -> checks
+    (checks.py) -> report (report.py, written out by output.py)
+
+Order of work: every flag is checked and the SavedModel is read and linted first (pure protobuf, no TensorFlow
+import, nothing started), so a graph verify refuses to execute (I/O ops) is refused before any process starts.
+Then the TensorFlow worker starts (saved_model, session and the embedded server, one import, both loads at once)
+while this process plans the batches; this process imports TensorFlow only for eager Keras (--against).
+
+Every signature is checked (or the one --signature names) through every runtime; each runtime is started and
+loaded once and is pointed at one signature after the other. A tf.Example signature exportkit exported is fed
+Examples encoded from the very tensor batches its tensor twin gets, and the two must answer the same.
+"""
+from __future__ import annotations
+
+from exportkit.version import __version__
+from exportkit.batches import parse_int_range
+from exportkit.errors import CheckFailed, UsageError
+from exportkit.layout import read_manifest
+from exportkit.runtimes import RUNTIME_KINDS
+from exportkit.spec import VerifyOptions
+from exportkit.verify import checks
+from exportkit.verify.compare import parse_tol
+from exportkit.verify.dataset import verify_data
+from exportkit.verify.execute import Execution, run_plan, started, versioned_pythons
+from exportkit.verify.inputs import rows
+from exportkit.verify.output import finish, save
+from exportkit.verify.pairs import agreement, compare_all
+from exportkit.verify.plan import (Plan, check_tol_keys, devices_of, make_plan, protocol_of, read_model,
+                                   selected_runtimes, selected_signatures)
+from exportkit.verify.report import RuntimeResult, VerifyReport
+
+
+def verify_command(o: VerifyOptions) -> int:
+    devices = devices_of(o.device)
+    if o.data and o.tf_versions:
+        raise UsageError("--tf runs on the generated/golden batches, not on --data records (not supported yet)",
+                         "run `exportkit verify PATH --tf X.Y` and `exportkit verify PATH --data GLOB` separately")
+    names = selected_runtimes(o.runtimes, o.serving, o.against, protocol_of(o.serving_protocol, o.serving))
+    if "serving" in names or "rest" in names:
+        from exportkit.serving.launcher import check_serving_mode
+
+        check_serving_mode(o.serving)
+    lo_hi = parse_int_range(o.int_range) if o.int_range else None
+    per_output = dict(parse_tol(t) for t in o.tol)
+
+    version_dir, proto, signatures = read_model(o.path)
+    selected = selected_signatures(o.signature_name, signatures)
+    findings, refused = checks.static_findings(o, proto, version_dir)
+    if selected:
+        check_tol_keys(per_output, {k for name in selected for k in signatures[name]["outputs"]})
+    if "gpu" in devices and not refused:
+        from exportkit.runtimes.local import require_gpu
+
+        require_gpu()  # before any process is started: no GPU is an infrastructure failure (exit 3)
+    manifest, manifest_findings = read_manifest(version_dir)
+    findings += manifest_findings
+    if lo_hi is None:  # the range the model was exported with fits its integer inputs (e.g. a vocabulary)
+        lo_hi = parse_int_range((manifest or {}).get("golden", {}).get("int_range") or "0:10")
+    if o.baseline:
+        findings += checks.baseline_findings(o, signatures, selected)
+
+    report = VerifyReport(path=str(version_dir), signature=", ".join(selected) or (o.signature_name or ""),
+                          reference="", runtimes=[], findings=list(findings), inputs={}, tf32=None,
+                          exportkit_version=__version__, signatures=list(selected))
+    if not selected:
+        return finish(report, o.json_out, o.junit)
+    if refused:  # static findings come first: nothing was started, nothing runs
+        _refuse(o, report, names, manifest)
+    # Managed TF X.Y environments next (after the static verdict): a missing one is installed (or exit 3) before
+    # any process starts.
+    pythons = versioned_pythons(o.tf_versions)
+    if o.data:
+        return verify_data(o, report, version_dir, proto, signatures, selected, manifest, names, devices, per_output)
+
+    plan = make_plan(o, version_dir, signatures, selected, manifest, names, devices, per_output, lo_hi, pythons)
+    report.inputs = _inputs_summary(o, plan)
+    if o.save_inputs:
+        for c in plan.checks:
+            save(o.save_inputs, "inputs" if len(plan.checks) == 1 else f"inputs.{c.name}", [b for _, b in c.batches])
+    report.tf32 = o.allow_tf32 if "gpu" in devices else None
+    with started(o, plan) as runtimes_:  # the worker first: it imports TensorFlow while we work here
+        execution = run_plan(o, plan, runtimes_)
+        checks.serving_checks(runtimes_, signatures, selected, version_dir, execution.results, report,
+                             execution.infra)
+        report.findings += checks.rejected_inputs_findings(runtimes_)
+    _judge(o, plan, execution, report)
+    if o.save_outputs:
+        for c in plan.checks:
+            for label, per_batch in execution.outputs[c.name].items():
+                save(o.save_outputs, label if len(plan.checks) == 1 else f"{label}.{c.name}",
+                     [out for out in per_batch if out is not None])
+    code = finish(report, o.json_out, o.junit)
+    if execution.infra:  # the report above shows what did run; the infrastructure failure decides the exit code
+        raise execution.infra[0]
+    return code
+
+
+def _refuse(o: VerifyOptions, report: VerifyReport, names: list[str], manifest) -> None:
+    """The graph reaches I/O ops: the report lists every runtime as not run, then exit 1."""
+    report.inputs = {"source": "none (not run)"}
+    maybe_reference = o.reference or (manifest or {}).get("reference") or o.against
+    for name in names:
+        if (name == "trained" and not maybe_reference) or (name == "golden" and manifest is None):
+            continue  # nothing recorded to look for (dropped the same way in plan.make_plan)
+        report.runtimes.append(RuntimeResult(name=name, kind=RUNTIME_KINDS[name], status="skipped",
+                                             error="not run: the graph reaches I/O ops (see findings)"))
+    finish(report, o.json_out, o.junit)
+    raise CheckFailed("verify did not execute the model: its signatures reach ops that touch files, the network "
+                      "or the console (finding io-op)",
+                      "pass --allow-io-ops to execute it anyway, if you trust the model and where it came from")
+
+
+def _inputs_summary(o: VerifyOptions, plan: Plan) -> dict:
+    """What the runtimes are fed, for the report's `inputs`."""
+    origins = sorted({origin for c in plan.checks for origin in c.origins if origin != "repeat"} | {"generated"},
+                     key=["golden", "reference", "file", "generated"].index)  # (generated ones may be golden ones)
+    summary = {"source": "+".join(origins), "batch_sizes": [rows(b) for _, b in plan.checks[0].batches], "seed": o.seed}
+    if plan.trained is not None:
+        summary["reference"] = plan.trained.path
+    examples = {f"{c.name}.{s.key}" if len(plan.checks) > 1 else s.key: f"serialized tf.Example ({s.examples.parse_op}: "
+                f"{s.examples.describe()})" for c in plan.checks for s in c.specs if s.examples is not None}
+    if examples:
+        summary["examples"] = examples
+    return summary
+
+
+def _judge(o: VerifyOptions, plan: Plan, execution: Execution, report: VerifyReport) -> None:
+    """Per signature: the behaviours, then the plan's pairs compared, the reference chain, the twin agreement."""
+    by_name = {c.name: c for c in plan.checks}
+    for c in plan.checks:
+        outputs = execution.outputs[c.name]
+        sub = VerifyReport(path=report.path, signature=c.name, reference="", runtimes=execution.results[c.name])
+        noisy = checks.behaviours(report, outputs, c.batches, c.tolerance, o.allow_nondeterministic,
+                                 c.output_dtypes, c.name if len(plan.checks) > 1 else None)
+        if noisy and o.allow_nondeterministic:
+            checks.drop_outputs(outputs, noisy)
+        compare_all(sub, outputs, c.batches, c.tolerance, plan.devices, plan.pairs_of(c, "reference")
+                    + plan.pairs_of(c, "device"))
+        for result in sub.runtimes:
+            result.signature = c.name
+        report.runtimes += sub.runtimes
+        report.references[c.name] = sub.reference
+        if c is plan.checks[0]:
+            report.reference = sub.reference
+            report.inputs.update({k: v for k, v in sub.inputs.items() if k == "reference_without_golden"})
+        if plan.trained is not None and c.name == plan.trained.signature:
+            report.chain = checks.reference_chain(sub, outputs, c.tolerance)
+        if c.twin:
+            report.runtimes += agreement(c, by_name[c.twin], execution.outputs, plan.pairs_of(c, "agreement"))

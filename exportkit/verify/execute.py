@@ -1,0 +1,271 @@
+"""verify's execution: start every planned runtime, run every signature's batches through it, close them all.
+
+    with started(options, plan) as runtimes:      # every runtime built and started (in parallel), closed on exit
+        execution = run_plan(options, plan, runtimes)
+
+A model that cannot load or run is the model's failure (its row says why, exit 1); an InfraError (a server that
+does not come up, a worker that dies) is not: its row says so and it goes to `Execution.infra` (exit 3 once the
+report is out). A new runtime is constructed in `_build` (its PlannedRuntime comes from verify/plan.py).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from exportkit.dtypes import HALF_DTYPES, numpy_dtype
+from exportkit.errors import CheckFailed, InfraError
+from exportkit.spec import VerifyOptions
+from exportkit.verify.inputs import REAL_ORIGINS
+from exportkit.verify.plan import Plan, PlannedRuntime, SignatureCheck
+from exportkit.verify.report import RuntimeResult
+
+
+class Labeled:
+    """A runtime with a display name that includes its device when several devices run."""
+
+    def __init__(self, runtime, label: str):
+        self.runtime = runtime
+        self.label = label
+
+
+@dataclass
+class Execution:
+    """What the runtimes answered: per signature, per runtime label, the outputs of each batch (None: not run)."""
+
+    outputs: dict[str, dict[str, list]] = field(default_factory=dict)
+    results: dict[str, list[RuntimeResult]] = field(default_factory=dict)
+    infra: list[InfraError] = field(default_factory=list)  # a runtime's environment failed: exit 3
+
+
+class InputsRejected(Exception):
+    """A runtime rejected inputs exportkit generated: the inputs were wrong for the model, not the model."""
+
+
+def versioned_pythons(tf_versions) -> dict[str, str]:
+    """{X.Y: interpreter with TensorFlow X.Y} for `--tf` (repeatable, each a list/range/all), installing the
+    managed environments that are missing (progress on stderr; exit 3 when they cannot be built)."""
+    if not tf_versions:
+        return {}
+    from exportkit.compat import parse_versions
+    from exportkit.compat.envs import python_for
+
+    return {v: python_for(v) for v in parse_versions(list(tf_versions))}
+
+
+def build_runtimes(o: VerifyOptions, plan: Plan) -> list[Labeled]:
+    """Every planned runtime once, started; each is pointed at one signature after the other.
+
+    One TensorFlow worker process per device holds both loads (`saved_model`, `session`, loading at the same time)
+    and the embedded server, which answers from the session's load: one TensorFlow import and one TF1 load instead
+    of three processes (a 1 GB model needed 7.8 GB that way). `saved_model` runs in this process only when eager
+    Keras (`--against`) imports TensorFlow here anyway."""
+    from exportkit.runtimes.session import TfWorker
+
+    workers: dict = {}  # one TensorFlow worker per device, made when a runtime needs it
+    shared: dict = {}  # the one ServingRuntime that `serving` and `rest` share
+
+    def worker(dev):
+        if dev not in workers:
+            workers[dev] = TfWorker(str(plan.version_dir), dev, o.allow_tf32)
+        return workers[dev]
+
+    built = [Labeled(_build(o, plan, planned, worker, shared), planned.label) for planned in plan.runtimes]
+    for item in built:  # the slow ones (worker import, server launch) get going now, in parallel
+        item.runtime.start()
+    return built
+
+
+def _build(o: VerifyOptions, plan: Plan, planned: PlannedRuntime, worker, shared: dict):
+    from exportkit.runtimes.local import GoldenRuntime, KerasRuntime
+    from exportkit.runtimes.session import WorkerRuntime
+
+    first, dev = plan.checks[0], planned.device
+    names = {r.name for r in plan.runtimes if r.tf_version is None}
+    input_dtypes = {s.key: s.dtype for s in first.specs}
+    if planned.tf_version:
+        return _versioned_session(plan, planned)
+    if planned.name == "saved_model" and "keras" in names:  # TensorFlow is imported here anyway: no round trips
+        from exportkit.runtimes.local import SavedModelRuntime
+
+        return SavedModelRuntime(str(plan.version_dir), first.name, input_dtypes, device=dev)
+    if planned.name == "saved_model":
+        return WorkerRuntime(worker(dev), "saved_model", first.name, preload=True, input_dtypes=input_dtypes)
+    if planned.name == "session":
+        return WorkerRuntime(worker(dev), "session", first.name, preload=True)
+    if planned.name in ("serving", "rest"):
+        from exportkit.runtimes.serving import RestRuntime, ServingRuntime
+
+        if "server" not in shared:
+            shared["server"] = ServingRuntime(
+                str(plan.version_dir), mode=o.serving, signature_name=first.name, model_name=o.model_name,
+                model_version=o.model_version, binary=o.model_server_bin, load_timeout=o.load_timeout, device=dev,
+                signatures=plan.signatures, rest="rest" in names, worker=worker(dev))
+        if planned.name == "serving":
+            return shared["server"]
+        return RestRuntime(shared["server"], owns="serving" not in names)
+    if planned.name == "golden":
+        return GoldenRuntime([], [])
+    if planned.name == "trained":  # recorded as float32 where the model computed in half precision: as signed
+        trained = plan.trained
+        dtypes = next(c for c in plan.checks if c.name == trained.signature).output_dtypes
+        as_signed = [{k: v.astype(numpy_dtype(dtypes[k])) if k in dtypes and v.dtype.kind == "f"
+                      and dtypes[k] in HALF_DTYPES else v for k, v in out.items()} for out in trained.outputs]
+        runtime = GoldenRuntime(trained.inputs, as_signed, name="trained")
+        runtime.signature_name = trained.signature
+        return runtime
+    if planned.name == "keras":
+        return KerasRuntime(o.against, first.output_dtypes, device=dev, output_names=plan.output_names)
+    raise AssertionError(f"no runtime is built for {planned.name!r}")
+
+
+def _versioned_session(plan: Plan, planned: PlannedRuntime):
+    """`session@X.Y`: the serving-equivalent session runtime on TensorFlow X.Y (CPU), in its own process."""
+    from exportkit.compat.envs import WORKER, install_command
+    from exportkit.runtimes.session import SessionRuntime
+
+    v = planned.tf_version
+    return SessionRuntime(str(plan.version_dir), plan.checks[0].name, device="cpu", python=planned.python,
+                          worker=str(WORKER), broken_remedy=f"the TF {v} environment may be damaged: `exportkit "
+                                                            f"runtimes remove {v}` then `{install_command(v)}`")
+
+
+def close_all(runtimes_) -> None:
+    """Close every runtime at once: worker and server shutdowns overlap instead of adding up."""
+
+    def close(item):
+        try:
+            item.runtime.close()
+        except Exception:  # closing must never hide the verdict
+            pass
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(runtimes_))) as pool:
+        list(pool.map(close, runtimes_))
+
+
+@contextlib.contextmanager
+def started(o: VerifyOptions, plan: Plan):
+    """The plan's runtimes, built and started; every one is closed on the way out, whatever happened."""
+    runtimes_ = build_runtimes(o, plan)
+    try:
+        yield runtimes_
+    finally:
+        close_all(runtimes_)
+
+
+def run_plan(o: VerifyOptions, plan: Plan, runtimes_: list[Labeled]) -> Execution:
+    """Every runtime over every signature's batches (runtime by runtime: each loads once)."""
+    from exportkit.tfenv import import_tf, tf32
+
+    execution = Execution({c.name: {} for c in plan.checks}, {c.name: [] for c in plan.checks})
+    if any(r.runtime.kind == "in-process" for r in runtimes_):
+        import_tf()
+    gpu = "gpu" in plan.devices
+    with tf32(o.allow_tf32) if gpu else contextlib.nullcontext():
+        for item in runtimes_:
+            for check in plan.checks:
+                result = run_signature(item, check, execution.outputs[check.name], execution.infra)
+                if result is not None:
+                    execution.results[check.name].append(result)
+    return execution
+
+
+OMIT = ""  # _prepare: the runtime has nothing to say about this signature (no row in the report)
+
+
+def _prepare(runtime, check: SignatureCheck) -> str | None:
+    """Point `runtime` at `check`'s signature; returns why it cannot answer for it (it is then skipped)."""
+    from exportkit.runtimes.local import GoldenRuntime, KerasRuntime
+
+    if isinstance(runtime, GoldenRuntime) and runtime.name == "trained":
+        return None if check.name == runtime.signature_name else OMIT
+    if isinstance(runtime, GoldenRuntime):
+        runtime.record(check.golden[0] or [], check.golden[1] or [])
+        return None if check.golden[0] is not None else "no golden record for this signature"
+    if isinstance(runtime, KerasRuntime):
+        if check.examples_input or not check.method.endswith("predict"):
+            return ("eager Keras takes the model's tensors; this signature is checked against the golden record "
+                    "and its tensor twin")
+        outputs = check.entry.get("outputs", {})
+        runtime.use_outputs({k: v.get("model_output") or k for k, v in outputs.items()} or None,
+                            check.output_dtypes)
+        return None
+    runtime.use_signature(check.name, {s.key: s.dtype for s in check.specs})
+    return None
+
+
+def error_text(err) -> str:
+    """The full failure for the report: first line the summary, then details (a server's log tail), then the fix."""
+    text = err.message if hasattr(err, "message") else str(err)
+    remedy = getattr(err, "remedy", None)
+    return f"{text}\nfix: {remedy}" if remedy else text
+
+
+def run_signature(item: Labeled, check: SignatureCheck, outputs, infra: list | None = None) -> RuntimeResult | None:
+    """`item` over `check`'s batches into outputs[label]; its report row (None: it has nothing to say here)."""
+    runtime = item.runtime
+    began = time.perf_counter()
+    result = RuntimeResult(name=item.label, kind=runtime.kind, device=runtime.device, server=runtime.server,
+                           status="ok", error=None, seconds=0.0, is_reference=False, comparisons=[],
+                           signature=check.name)
+    try:
+        skip = _prepare(runtime, check)
+        if skip == OMIT:
+            return None
+        if skip:
+            result.status, result.error = "skipped", skip
+        else:
+            outputs[item.label] = _run_all(runtime, check.batches)
+    except InputsRejected as err:  # our inputs were wrong: say so instead of blaming the model
+        result.status = "error"
+        result.error = (f"the generated inputs are not valid for this model ({err}): the inputs were wrong, not "
+                        f"the model; pass real inputs with --inputs (.npz, .json, or a .tfrecord of tf.Example)")
+    except CheckFailed as err:  # the model cannot load or run here: the model's failure
+        result.status, result.error = "error", error_text(err)
+    except InfraError as err:  # not the model's fault: shown in the table, exit 3 once the report is out
+        if infra is None:
+            raise
+        result.status, result.error = "error", error_text(err)
+        infra.append(err)
+    except Exception as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        result.status, result.error = "error", f"{type(err).__name__}: {first_line}"
+    result.server = runtime.server
+    result.device = runtime.placed_on or runtime.device
+    result.seconds = time.perf_counter() - began
+    return result
+
+
+def _rejects_inputs(err: Exception) -> bool:
+    text = f"{type(err).__name__} {err}"
+    return "InvalidArgument" in text or "INVALID_ARGUMENT" in text
+
+
+def _one_line(err: Exception, limit: int = 300) -> str:
+    text = " ".join(str(getattr(err, "message", None) or err).split())
+    return (text[:limit] + "...") if len(text) > limit else text or type(err).__name__
+
+
+def _run_all(runtime, batches) -> list:
+    """Outputs per batch. Generated batches the model rejects as invalid arguments are the inputs' fault: they
+    get None (not compared) when real inputs (golden, reference or --inputs) exist, else InputsRejected says so."""
+    if not runtime.loaded:
+        runtime.load()
+    has_real = any(origin in REAL_ORIGINS for origin, _ in batches)
+
+    def run(item):
+        origin, batch = item
+        try:
+            return runtime.run(batch)
+        except InfraError:
+            raise
+        except Exception as err:
+            if origin not in ("generated", "repeat") or not _rejects_inputs(err):
+                raise
+            if not has_real:
+                raise InputsRejected(_one_line(err)) from err
+            runtime.rejected_generated = _one_line(err)
+            return None
+
+    return [run(item) for item in batches]

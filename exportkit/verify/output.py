@@ -1,0 +1,33 @@
+"""The report out: text (or JSON with `--json -`) on stdout, `--json FILE`, `--junit FILE`; the exit code.
+
+Rendering itself is verify/report.py's; this only decides where each rendering goes.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from exportkit.verify.report import VerifyReport
+
+
+def finish(report: VerifyReport, json_out, junit) -> int:
+    from exportkit.verify.report import render_text, to_json, to_junit_xml
+
+    if json_out == "-":
+        print(json.dumps(to_json(report), indent=2))
+    else:
+        print(render_text(report))
+        if json_out:
+            Path(json_out).write_text(json.dumps(to_json(report), indent=2) + "\n")
+    if junit:
+        Path(junit).write_text(to_junit_xml(report))
+    sys.stdout.flush()
+    return 0 if report.passed else 1
+
+
+def save(directory: str, name: str, batches) -> None:
+    """--save-inputs / --save-outputs: one .npz of batches."""
+    from exportkit.batches import save_batches
+
+    save_batches(directory, batches, name)
