@@ -10,7 +10,7 @@ import numpy as np
 from exportkit.errors import CheckFailed, InfraError
 from exportkit.findings import Finding
 from exportkit.runtimes import Runtime
-from exportkit.savedmodel import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
+from exportkit.savedmodel import DEFAULT_SIGNATURE, serving_api
 
 
 class ServingRuntime(Runtime):
@@ -96,7 +96,7 @@ class ServingRuntime(Runtime):
 
     @property
     def api(self) -> str:
-        return {CLASSIFY_METHOD: "Classify", REGRESS_METHOD: "Regress"}.get(self.signature.get("method"), "Predict")
+        return serving_api(self.signature)[0]
 
     def _raise(self, err, what: str):
         from exportkit.serving.client import INFRA_CODES, as_exportkit_error
@@ -127,8 +127,8 @@ class ServingRuntime(Runtime):
                 return {k: got[k] for k in self.signature["outputs"] if k in got}
             if api == "Regress":
                 values = self._client.regress(inputs[next(iter(inputs))], self.signature_name)
-                shape = self.signature["outputs"].get("outputs", {}).get("shape")
-                return {"outputs": values.reshape(-1, 1) if shape is not None and len(shape) == 2 else values}
+                return {"outputs": regress_shaped(values, self.signature, lambda: self._client.predict(
+                    inputs, signature_name=self.signature_name))}
             return self._client.predict(inputs, signature_name=self.signature_name)
         except ServingError as err:
             self._raise(err, f"{api}(signature '{self.signature_name}')")
@@ -198,6 +198,17 @@ class ServingRuntime(Runtime):
         return findings
 
 
+def regress_shaped(values: np.ndarray, signature: dict, predict) -> np.ndarray:
+    """Regress answers one float per Example, flat, whether the output tensor is [batch] or [batch, 1]
+    (regressor.cc accepts both). Shaped as the tensor is: by the signature's rank, or, when the signature leaves
+    the rank unknown, by `predict()` (Predict on the same signature, which returns the tensor as it is)."""
+    shape = signature["outputs"].get("outputs", {}).get("shape")
+    if shape is None:
+        tensor = predict().get("outputs")
+        return values.reshape(tensor.shape) if tensor is not None and tensor.size == values.size else values
+    return values.reshape(-1, 1) if len(shape) == 2 else values
+
+
 def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str):
     """The embedded server inside the TensorFlow worker: TF Serving's APIs over the session loader's graph and
     session, started (warm-up replayed first) when waited for, so `session` runs before the warm-up, as a fresh
@@ -250,6 +261,11 @@ class RestRuntime(Runtime):
         if self.server is not None:
             self.server = dict(self.server, api=self.grpc.api)
 
+    def refusal(self) -> str | None:
+        from exportkit.runtimes.verdicts import rest_refusal
+
+        return rest_refusal(self.grpc.signature)
+
     def load(self) -> None:
         from exportkit.serving.rest import RestClient
 
@@ -271,11 +287,10 @@ class RestRuntime(Runtime):
             if api == "Classify":
                 got = self._client.classify(inputs[next(iter(inputs))], name)
                 return {k: got[k] for k in signature["outputs"] if k in got}
+            dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
             if api == "Regress":
                 values = self._client.regress(inputs[next(iter(inputs))], name)
-                shape = signature["outputs"].get("outputs", {}).get("shape")
-                return {"outputs": values.reshape(-1, 1) if shape is not None and len(shape) == 2 else values}
-            dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
+                return {"outputs": regress_shaped(values, signature, lambda: self._client.predict(inputs, dtypes, name))}
             return self._client.predict(inputs, dtypes, name)
         except ServingError as err:
             if err.code == "UNAVAILABLE":

@@ -28,6 +28,7 @@ from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.findings import Finding
 from exportkit.layout import read_golden, read_manifest, signature_entries
 from exportkit.runtimes import RUNTIME_KINDS, RUNTIME_NAMES
+from exportkit.runtimes.verdicts import signature_state, tf2_only_failures
 from exportkit.spec import VerifyOptions
 from exportkit.verify.baseline import served_signature_findings
 from exportkit.tfexample import encode_examples, from_manifest, lossless
@@ -435,6 +436,7 @@ def verify_command(options: VerifyOptions) -> int:
                     if result is not None:
                         results[check.name].append(result)
         _serving_checks(runtimes_, signatures, selected, version_dir, results, report, infra)
+        report.findings += tf2_only_failures([r for per in results.values() for r in per])
         rejected = [(item.label, item.runtime.rejected_generated) for item in runtimes_
                     if getattr(item.runtime, "rejected_generated", None)]
         if rejected:
@@ -445,7 +447,13 @@ def verify_command(options: VerifyOptions) -> int:
         _close_all(runtimes_)
 
     by_name = {c.name: c for c in checks}
+    from exportkit.savedmodel import select_meta_graph
+
+    stateful = signature_state(select_meta_graph(proto), [c.name for c in checks])
     for check in checks:
+        if check.name in stateful:  # answers depend on earlier calls: run, not compared (runtimes/verdicts.py)
+            report.findings.append(stateful[check.name])
+            outputs[check.name] = {label: [None] * len(check.batches) for label in outputs[check.name]}
         sub = VerifyReport(path=report.path, signature=check.name, reference="", runtimes=results[check.name])
         tolerance = _per_output_tolerances(o.atol, o.rtol, per_output, check.entry)
         noisy = _behaviours(report, outputs[check.name], check.batches, tolerance, o.allow_nondeterministic,
@@ -652,7 +660,7 @@ def _prepare(runtime, check: SignatureCheck) -> str | None:
                             check.output_dtypes)
         return None
     runtime.use_signature(check.name, {s.key: s.dtype for s in check.specs})
-    return None
+    return runtime.refusal()
 
 
 def _error_text(err) -> str:
