@@ -224,7 +224,10 @@ def is_model_source(path: str | Path, format: str | None = None) -> bool:
     if p.is_file():
         return p.name.lower().endswith(SOURCE_SUFFIXES)
     if p.is_dir():
-        return (p / "checkpoint").is_file() and not (p / "saved_model.pb").is_file()
+        from exportkit.savedmodel import other_format
+
+        # A SessionBundle has a `checkpoint` file too: it is reported as what it is (savedmodel.other_format).
+        return (p / "checkpoint").is_file() and not (p / "saved_model.pb").is_file() and other_format(p) is None
     return Path(str(p) + ".index").is_file()  # a checkpoint prefix like ckpt/model-100
 
 

@@ -102,6 +102,11 @@ class ServingRuntime(Runtime):
         from exportkit.serving.client import INFRA_CODES, as_exportkit_error
 
         where = f"{self.server['kind']} server at {self.server['address']}" if self.server else "server"
+        refused = output_refusal(err.message)
+        if refused:
+            raise CheckFailed(f"{what} on the {where}: {self.api} refuses the model's output: {refused}", (
+                f"the model's fault, not the inputs': TF Serving's {self.api} answers only outputs of the shapes and "
+                f"dtypes its API defines; export the signature's outputs so, or call it with Predict")) from None
         if err.code not in INFRA_CODES:
             raise as_exportkit_error(err, f"{what} on the {where}",
                                      "the server's answer says what it refused; the SavedModel's signature "
@@ -196,6 +201,20 @@ class ServingRuntime(Runtime):
                 findings.append(Finding("error", "serving-warmup", f"warm-up record {i} ({type(request).__name__}): "
                                                                    f"{err.code}: {err.message}"))
         return findings
+
+
+# What TF Serving's Classify/Regress say about an output they cannot answer (classifier.cc, regressor.cc).
+OUTPUT_REFUSALS = ("Expected output Tensor", "Expected Tensor shape", "Input batch size did not match output batch",
+                   "Expected scores Tensor", "Expected classes Tensor", "Expected one output Tensor",
+                   "Expected one or two output Tensors", "Tensor shapes for scores and classes",
+                   "Expected classification signature outputs")
+
+
+def output_refusal(message: str) -> str | None:
+    """The server's words when Classify/Regress refused the model's output (INVALID_ARGUMENT, like a bad request,
+    but the output is at fault), else None."""
+    text = " ".join(str(message or "").split())
+    return text if any(words in text for words in OUTPUT_REFUSALS) else None
 
 
 def regress_shaped(values: np.ndarray, signature: dict, predict) -> np.ndarray:
@@ -295,6 +314,12 @@ class RestRuntime(Runtime):
         except ServingError as err:
             if err.code == "UNAVAILABLE":
                 raise InfraError(f"REST {api.lower()} at {self.server['address']} failed: {err.message}") from None
+            refused = output_refusal(err.message)
+            if refused:
+                raise CheckFailed(f"REST :{api.lower()} (signature '{name}') at {self.server['address']}: {api} "
+                                  f"refuses the model's output: {refused}",
+                                  f"the model's fault, not the inputs': export the outputs as TF Serving's {api} "
+                                  f"defines them, or call the signature with Predict") from None
             raise CheckFailed(f"REST :{api.lower()} (signature '{self.grpc.signature_name}') at "
                               f"{self.server['address']} failed: {err.code}: {err.message}") from None
 

@@ -173,6 +173,21 @@ def regress_unknown_rank(root: Path, name: str = "tf1_regress_unknown_rank") -> 
                                             why="regressor.cc checks the run output's dims (1, or 2 with dim 1)"))
 
 
+def regress_wide_output(root: Path, name: str = "tf1_regress_two_columns") -> CorpusModel:
+    """A regress signature over Examples whose output is [batch, 2]: TF Serving loads it and answers Predict, and its
+    Regress refuses the output ("Expected output Tensor shape to be either [batch_size] or [batch_size, 1]")."""
+    tf = _tf()
+    v1 = tf.compat.v1
+    base = root / name
+    with tf.Graph().as_default(), v1.Session() as sess:
+        serialized = v1.placeholder(tf.string, name="input_example_tensor", shape=[None])
+        x = v1.parse_example(serialized, {"x": v1.FixedLenFeature([1], tf.float32)})["x"]
+        y = tf.concat([x * 2.0, x * 3.0], axis=1, name="prediction")
+        _save(sess, base / "1", {"serving_default": _signature({"inputs": serialized}, {"outputs": y}, REGRESS_METHOD)})
+    return CorpusModel(name, base, Expected(False, refusal="refuses the model's output",
+                                            why="regressor.cc: output dims must be 1, or 2 with dim 1"))
+
+
 def missing_tensor(root: Path, name: str = "tf1_signature_tensor_missing") -> CorpusModel:
     """A SignatureDef naming an output tensor the graph does not have (hand-edited signature)."""
     tf = _tf()
@@ -360,7 +375,7 @@ def _mask(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-BUILDERS = (half_plus_two, counter, no_shape, regress_unknown_rank, missing_tensor, estimator_style, tf_module,
+BUILDERS = (half_plus_two, counter, no_shape, regress_unknown_rank, regress_wide_output, missing_tensor, estimator_style, tf_module,
             keras_export, session_bundle, tflite_version, snappy_checkpoint)
 
 
