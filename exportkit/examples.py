@@ -324,10 +324,16 @@ def input_specs(meta_graph, signature_name: str, signature: dict, version_dir: s
     """The signature's inputs as batches.InputSpec, with the ExampleSpec of those that are serialized tf.Example
     (so generated inputs are Examples the model parses). `signature`: savedmodel.signatures_of's form."""
     from exportkit.batches import InputSpec
+    from exportkit.savedmodel import graph_shape
 
     examples = example_inputs(meta_graph, signature_name, version_dir)
-    return [InputSpec(key=k, dtype=v["dtype"], shape=v["shape"] if v["shape"] is not None else [-1],
-                      examples=examples.get(k)) for k, v in signature["inputs"].items()]
+
+    def shape(v: dict) -> list[int]:  # a TensorInfo without a shape: the graph's, else a batch of scalars
+        known = v["shape"] if v["shape"] is not None else graph_shape(meta_graph, v.get("name"))
+        return known if known is not None else [-1]
+
+    return [InputSpec(key=k, dtype=v["dtype"], shape=shape(v), examples=examples.get(k))
+            for k, v in signature["inputs"].items()]
 
 
 def _example_proto():

@@ -97,7 +97,8 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     `signature_name` and `check_registry` are passed to the lint (see exportkit.lint.lint_saved_model).
     """
     from exportkit.lint import asset_findings, lint_saved_model, op_counts
-    from exportkit.savedmodel import read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph, signatures_of
+    from exportkit.savedmodel import (missing_tensor_findings, read_saved_model_proto, resolve_savedmodel_dir,
+                                      select_meta_graph, signatures_of)
 
     directory = resolve_savedmodel_dir(path)
     proto = read_saved_model_proto(directory)
@@ -105,7 +106,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     assets = sorted(a for d in ASSET_DIRS if (directory / d).is_dir() for a in _files_under(directory / d, directory))
     manifest, manifest_findings = read_manifest(directory)
     findings = (lint_saved_model(proto, signature_name, check_registry=check_registry) + asset_findings(directory)
-                + manifest_findings)
+                + manifest_findings + missing_tensor_findings(meta_graph))
     from exportkit.compat.analysis import oldest_accepted
     return SavedModelInfo(
         path=os.path.abspath(directory),
@@ -223,7 +224,10 @@ def is_model_source(path: str | Path, format: str | None = None) -> bool:
     if p.is_file():
         return p.name.lower().endswith(SOURCE_SUFFIXES)
     if p.is_dir():
-        return (p / "checkpoint").is_file() and not (p / "saved_model.pb").is_file()
+        from exportkit.savedmodel import other_format
+
+        # A SessionBundle has a `checkpoint` file too: it is reported as what it is (savedmodel.other_format).
+        return (p / "checkpoint").is_file() and not (p / "saved_model.pb").is_file() and other_format(p) is None
     return Path(str(p) + ".index").is_file()  # a checkpoint prefix like ckpt/model-100
 
 

@@ -210,12 +210,35 @@ def resolve_savedmodel_dir(path: str | Path) -> Path:
     if versions:
         return p / _version_name(p, versions[-1])
     numeric = sorted(c.name for c in p.iterdir() if c.is_dir() and re.fullmatch(r"\d+", c.name))
+    for directory in [p] + [p / n for n in sorted(numeric, key=int, reverse=True)]:
+        other = other_format(directory)
+        if other:
+            raise UsageError(*other)
     if numeric:
         raise UsageError(f"{p} has version directories ({', '.join(numeric[:5])}) but none contains saved_model.pb",
                          "the export did not finish or wrote elsewhere; export the model again")
     raise UsageError(f"{p} contains no saved_model.pb and no integer-named version directory with one",
                      "pass a SavedModel version directory (with saved_model.pb) or its base directory "
                      "(models/NAME holding 1/, 2/, ...)")
+
+
+SESSION_BUNDLE_META = "export.meta"
+TFLITE_MODEL = "model.tflite"
+
+
+def other_format(directory: Path) -> tuple[str, str] | None:
+    """(message, fix) when a directory without saved_model.pb holds a model of a format TF Serving does not load
+    as a SavedModel: a SessionBundle (`export.meta`; session_bundle/oss/session_bundle_util.cc: "Session Bundle is
+    deprecated and removed.") or a TFLite model (`model.tflite`: served only with --prefer_tflite_model)."""
+    if (directory / SESSION_BUNDLE_META).is_file():
+        return (f"{directory} holds a SessionBundle ({SESSION_BUNDLE_META}), the export format before SavedModel: "
+                f"TF Serving refuses it (\"Session Bundle is deprecated and removed.\")",
+                "export the model again as a SavedModel (tf.compat.v1.saved_model.Builder, or exportkit export)")
+    if (directory / TFLITE_MODEL).is_file():
+        return (f"{directory} holds a TFLite model ({TFLITE_MODEL}) and no saved_model.pb: TF Serving serves it only "
+                f"with --prefer_tflite_model, and exportkit checks SavedModels only",
+                "point exportkit at the SavedModel the TFLite model was converted from")
+    return None
 
 
 @dataclass(frozen=True)
@@ -305,6 +328,29 @@ REGRESS_METHOD = "tensorflow/serving/regress"
 CLASSIFY_INPUTS, CLASSIFY_CLASSES, CLASSIFY_SCORES = "inputs", "classes", "scores"
 REGRESS_INPUTS, REGRESS_OUTPUTS = "inputs", "outputs"
 
+
+
+def serving_api(signature: dict) -> tuple[str, str | None]:
+    """(the TF Serving API a client calls this signature with, why not its method's API, or None).
+
+    Classify/Regress for signatures of those methods whose one input takes serialized Examples: TF Serving feeds
+    them a DT_STRING tensor (servables/tensorflow/util.cc InputToSerializedExampleTensor; classifier.cc and
+    regressor.cc "Expected one input Tensor."), so a float input makes them INVALID_ARGUMENT. Predict answers any
+    signature of the three methods (predict_util.cc ValidateSignature), so such a signature is called with it."""
+    method = signature.get("method")
+    api = {CLASSIFY_METHOD: "Classify", REGRESS_METHOD: "Regress"}.get(method)
+    if api is None:
+        return "Predict", None
+    inputs = signature.get("inputs") or {}
+    if len(inputs) != 1:
+        return "Predict", f"{api} needs exactly one input (serialized Examples), the signature has {len(inputs)}"
+    (key, info), = inputs.items()
+    if info.get("dtype") != "string":
+        return "Predict", (f"{api} feeds serialized tf.Examples (a string tensor) and input '{key}' is "
+                           f"{info.get('dtype')}: TF Serving's {api} refuses it (INVALID_ARGUMENT), Predict answers it")
+    return api, None
+
+
 INIT_OP_SIGNATURE = "__saved_model_init_op"  # TF's table/asset initializer: not servable, hidden by default
 
 
@@ -329,3 +375,72 @@ def signatures_of(meta_graph, include_internal: bool = False) -> dict:
             "outputs": {k: tensor_info_dict(sig.outputs[k]) for k in sorted(sig.outputs)},
         }
     return result
+
+
+def graph_shape(meta_graph, tensor_name: str | None) -> list[int] | None:
+    """The static shape the graph gives a tensor ("node:0"): a Placeholder's `shape` attr, else the node's
+    `_output_shapes` (tf.compat.v1 writers add them), else the shape of the variable it is assigned to (a counter's
+    `delta`); None when the graph does not say. For TensorInfos without a shape or rank: TF Serving's C++ session
+    feeds what the graph accepts, so inputs are generated for that."""
+    if not tensor_name:
+        return None
+    node_name, _, index = tensor_name.lstrip("^").partition(":")
+    index = int(index) if index.isdigit() else 0
+    nodes = {node.name: node for node in meta_graph.graph_def.node}
+    node = nodes.get(node_name)
+    if node is None:
+        return None
+    shape = None
+    if node.op in ("Placeholder", "PlaceholderWithDefault") and "shape" in node.attr:
+        shape = shape_list(node.attr["shape"].shape)
+    elif "_output_shapes" in node.attr and index < len(node.attr["_output_shapes"].list.shape):
+        shape = shape_list(node.attr["_output_shapes"].list.shape[index])
+    if shape is None:  # the value an Assign*/AssignAdd* writes into a variable has the variable's shape
+        for consumer in meta_graph.graph_def.node:
+            if (consumer.op in _VARIABLE_UPDATES and len(consumer.input) > 1
+                    and consumer.input[1] in (tensor_name, node_name)):
+                variable = nodes.get(consumer.input[0].lstrip("^").partition(":")[0])
+                if variable is not None and "shape" in variable.attr:
+                    return shape_list(variable.attr["shape"].shape)
+    return shape
+
+
+_VARIABLE_UPDATES = ("Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
+                     "AssignSubVariableOp")
+
+
+def graph_tensor_names(meta_graph) -> set[str]:
+    """Every node name of the MetaGraph's graph (functions' bodies excluded: signatures name graph tensors)."""
+    return {node.name for node in meta_graph.graph_def.node}
+
+
+def missing_tensor_findings(meta_graph) -> list:
+    """One `missing-tensor` error per signature tensor the graph does not have (see missing_signature_tensors)."""
+    from exportkit.findings import Finding
+
+    return [Finding("error", "missing-tensor", (
+        f"signature '{signature}' {what} names tensor {tensor!r}, which the graph does not have: TF Serving and "
+        f"both TensorFlow loaders refuse the model (\"refers to a Tensor which does not exist\"); fix: export the "
+        f"signature from the graph it runs on (a hand-edited or renamed SignatureDef does this)"))
+        for signature, what, tensor in missing_signature_tensors(meta_graph)]
+
+
+def missing_signature_tensors(meta_graph) -> list[tuple[str, str, str]]:
+    """(signature, "input KEY" | "output KEY", tensor name) for every TensorInfo that names a tensor the graph does
+    not have: both loaders refuse such a model (Session.run: "The name ... refers to a Tensor which does not
+    exist"; TF Serving fails its load when it validates signatures)."""
+    nodes = graph_tensor_names(meta_graph)
+    missing = []
+    for name in signature_names(meta_graph):
+        sig = meta_graph.signature_def[name]
+        for noun, infos in (("input", sig.inputs), ("output", sig.outputs)):
+            for key in sorted(infos):
+                info = infos[key]
+                encoding = info.WhichOneof("encoding")
+                names = ([info.name] if encoding == "name" else
+                         [info.coo_sparse.values_tensor_name, info.coo_sparse.indices_tensor_name,
+                          info.coo_sparse.dense_shape_tensor_name] if encoding == "coo_sparse" else [])
+                for tensor in names:
+                    if tensor and tensor.lstrip("^").partition(":")[0] not in nodes:
+                        missing.append((name, f"{noun} {key!r}", tensor))
+    return missing

@@ -31,16 +31,41 @@ class Tf1SavedModel:
         with self.graph.as_default():
             self.meta_graph = tf.compat.v1.saved_model.loader.load(self.session, list(tags), path)
         self.signatures = dict(self.meta_graph.signature_def)
+        self._callables: dict = {}
 
     def run(self, signature_name: str, inputs: dict[str, np.ndarray],
             output_keys: list[str] | None = None) -> dict[str, np.ndarray]:
-        """Feed `inputs` by signature key, fetch outputs by signature key (all of them unless `output_keys`)."""
+        """Feed `inputs` by signature key, fetch outputs by signature key (all of them unless `output_keys`).
+
+        Runs through the C++ session's callable API (`Session::MakeCallable`, what TF Serving's C++ session runs),
+        not `Session.run`: that one first checks every feed against the placeholder's static shape in Python and
+        refuses, e.g., x of shape [1] for a [-1, 1] placeholder, which TF Serving's session takes and answers."""
         signature = self.signatures[signature_name]
-        feed = {signature.inputs[key].name: value for key, value in inputs.items()}
+        feeds = sorted(inputs)
         keys = list(output_keys) if output_keys else sorted(signature.outputs)
+        names = [signature.inputs[key].name for key in feeds]
         fetches = [signature.outputs[key].name for key in keys]
-        values = self.session.run(fetches, feed_dict=feed)
+        run = self._callables.get((tuple(names), tuple(fetches)))
+        if run is None:
+            run = self._callable(names, fetches)
+            self._callables[(tuple(names), tuple(fetches))] = run
+        values = run(*[self._as_feed(name, inputs[key]) for name, key in zip(names, feeds)])
         return dict(zip(keys, values))
+
+    def _callable(self, feeds: list[str], fetches: list[str]):
+        from tensorflow.core.protobuf import config_pb2
+
+        for name in feeds + fetches:
+            self.graph.get_tensor_by_name(name)  # a missing tensor: the KeyError Session.run gives, by name
+        options = config_pb2.CallableOptions(feed=feeds, fetch=fetches)
+        return self.session._make_callable_from_options(options)  # noqa: SLF001 — TF's C++ callable, see run()
+
+    def _as_feed(self, name: str, value) -> np.ndarray:
+        """The value as an array of the tensor's dtype (Session.run converts feeds so; the callable does not)."""
+        dtype = self.graph.get_tensor_by_name(name).dtype
+        if dtype.name == "string":
+            return np.asarray(value, dtype=object)
+        return np.asarray(value, dtype=dtype.as_numpy_dtype)
 
     def close(self) -> None:
         self.session.close()

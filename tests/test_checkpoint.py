@@ -219,8 +219,8 @@ def test_index_of_several_blocks(bundles):
 
 
 def _snappy(index: bytes) -> bytes:
-    """The index with its first data block marked snappy-compressed (trailer crc recomputed, so only the type
-    is wrong)."""
+    """The index with its first data block marked snappy-compressed while it is not (trailer crc recomputed, so
+    only the type is wrong): TF's reader says "corrupted compressed block contents"."""
     from exportkit.checkpoint import _MASK_DELTA, crc32c
 
     offset, size = _first_data_block(index)
@@ -242,7 +242,7 @@ DAMAGE = {
     "truncated": (lambda b: b[:-7], "bad magic number"),
     "cut short": (lambda b: b[:30], "too short for a table"),
     "flipped bit": (_flip, "checksum mismatch"),
-    "snappy": (_snappy, "snappy-compressed"),
+    "snappy": (_snappy, "corrupted compressed block contents"),
     "empty": (lambda b: b"", "too short for a table"),
 }
 

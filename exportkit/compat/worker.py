@@ -66,9 +66,24 @@ def save_batches(np, directory, batches, prefix):
                     if any(v.endswith(b"\0") for v in values):
                         members[key + LENGTHS] = np.array([len(v) for v in values], dtype=np.int64).reshape(arr.shape)
                 for name, value in members.items():
-                    with zf.open(name + ".npy", "w", force_zip64=True) as fh:
-                        np.lib.format.write_array(fh, np.ascontiguousarray(value), allow_pickle=False)
+                    with zf.open(name + ".npy", "w", force_zip64=True) as fh:  # (ascontiguousarray makes 0-d 1-d)
+                        np.lib.format.write_array(fh, np.require(value, requirements="C"), allow_pickle=False)
         os.replace(path + ".tmp", path)
+
+
+def session_callable(session, feeds, fetches):
+    """The C++ session's callable (as exportkit.tf1_loader runs it, and TF Serving's C++ session): no Python
+    feed-shape check against the placeholders' static shapes."""
+    from tensorflow.core.protobuf import config_pb2
+
+    for name in feeds + fetches:
+        session.graph.get_tensor_by_name(name)  # a missing tensor: a KeyError that names it
+    return session._make_callable_from_options(config_pb2.CallableOptions(feed=feeds, fetch=fetches))
+
+
+def as_feed(np, graph, name, value):
+    dtype = graph.get_tensor_by_name(name).dtype
+    return np.asarray(value, dtype=object if dtype.name == "string" else dtype.as_numpy_dtype)
 
 
 def main():
@@ -111,8 +126,10 @@ def main():
                 fetches = [signature.outputs[k].name for k in keys]
                 outputs = []
                 for batch in load_batches(np, bfloat16, request["dir"], request["inputs"]):
-                    feed = {signature.inputs[k].name: v for k, v in batch.items()}
-                    outputs.append(dict(zip(keys, session.run(fetches, feed_dict=feed))))
+                    feeds = sorted(batch)
+                    run = session_callable(session, [signature.inputs[k].name for k in feeds], fetches)
+                    values = [as_feed(np, session.graph, signature.inputs[k].name, batch[k]) for k in feeds]
+                    outputs.append(dict(zip(keys, run(*values))))
                 save_batches(np, request["dir"], outputs, request["outputs"])
                 reply(channel, ok=True)
         except Exception as err:  # the model's failure: report it, stay alive for the caller to close

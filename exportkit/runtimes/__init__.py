@@ -35,6 +35,11 @@ class Runtime:
         stays loaded, so one runtime serves every signature of a SavedModel."""
         self.signature_name = name
 
+    def refusal(self) -> str | None:
+        """Why this runtime cannot call the signature in use, as the real API it stands for refuses it (it is then
+        skipped, and the report says why); None when it can."""
+        return None
+
     def start(self) -> None:
         """Begin what takes long, without waiting for it. Safe to call more than once."""
 

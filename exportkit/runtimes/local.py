@@ -85,7 +85,9 @@ class SavedModelRuntime(Runtime):
                 self._loaded = tf.saved_model.load(self.path)
             except Exception as err:
                 raise CheckFailed(f"tf.saved_model.load failed: {type(err).__name__}: {str(err).splitlines()[0]}",
-                                  "the SavedModel is damaged or needs ops this TensorFlow lacks") from err
+                                  "this is TF2's loader: where the session runtime (TF Serving's TF1 loader) "
+                                  "loads the model, only TF2 users are affected; else the SavedModel is damaged "
+                                  "or needs ops this TensorFlow lacks") from err
         self.loaded = True
 
     def _select(self) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 from exportkit.errors import CheckFailed, InfraError
 from exportkit.findings import Finding
 from exportkit.runtimes import Runtime
-from exportkit.savedmodel import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
+from exportkit.savedmodel import DEFAULT_SIGNATURE, serving_api
 
 
 class ServingRuntime(Runtime):
@@ -96,12 +96,17 @@ class ServingRuntime(Runtime):
 
     @property
     def api(self) -> str:
-        return {CLASSIFY_METHOD: "Classify", REGRESS_METHOD: "Regress"}.get(self.signature.get("method"), "Predict")
+        return serving_api(self.signature)[0]
 
     def _raise(self, err, what: str):
         from exportkit.serving.client import INFRA_CODES, as_exportkit_error
 
         where = f"{self.server['kind']} server at {self.server['address']}" if self.server else "server"
+        refused = output_refusal(err.message)
+        if refused:
+            raise CheckFailed(f"{what} on the {where}: {self.api} refuses the model's output: {refused}", (
+                f"the model's fault, not the inputs': TF Serving's {self.api} answers only outputs of the shapes and "
+                f"dtypes its API defines; export the signature's outputs so, or call it with Predict")) from None
         if err.code not in INFRA_CODES:
             raise as_exportkit_error(err, f"{what} on the {where}",
                                      "the server's answer says what it refused; the SavedModel's signature "
@@ -127,8 +132,8 @@ class ServingRuntime(Runtime):
                 return {k: got[k] for k in self.signature["outputs"] if k in got}
             if api == "Regress":
                 values = self._client.regress(inputs[next(iter(inputs))], self.signature_name)
-                shape = self.signature["outputs"].get("outputs", {}).get("shape")
-                return {"outputs": values.reshape(-1, 1) if shape is not None and len(shape) == 2 else values}
+                return {"outputs": regress_shaped(values, self.signature, lambda: self._client.predict(
+                    inputs, signature_name=self.signature_name))}
             return self._client.predict(inputs, signature_name=self.signature_name)
         except ServingError as err:
             self._raise(err, f"{api}(signature '{self.signature_name}')")
@@ -198,6 +203,31 @@ class ServingRuntime(Runtime):
         return findings
 
 
+# What TF Serving's Classify/Regress say about an output they cannot answer (classifier.cc, regressor.cc).
+OUTPUT_REFUSALS = ("Expected output Tensor", "Expected Tensor shape", "Input batch size did not match output batch",
+                   "Expected scores Tensor", "Expected classes Tensor", "Expected one output Tensor",
+                   "Expected one or two output Tensors", "Tensor shapes for scores and classes",
+                   "Expected classification signature outputs")
+
+
+def output_refusal(message: str) -> str | None:
+    """The server's words when Classify/Regress refused the model's output (INVALID_ARGUMENT, like a bad request,
+    but the output is at fault), else None."""
+    text = " ".join(str(message or "").split())
+    return text if any(words in text for words in OUTPUT_REFUSALS) else None
+
+
+def regress_shaped(values: np.ndarray, signature: dict, predict) -> np.ndarray:
+    """Regress answers one float per Example, flat, whether the output tensor is [batch] or [batch, 1]
+    (regressor.cc accepts both). Shaped as the tensor is: by the signature's rank, or, when the signature leaves
+    the rank unknown, by `predict()` (Predict on the same signature, which returns the tensor as it is)."""
+    shape = signature["outputs"].get("outputs", {}).get("shape")
+    if shape is None:
+        tensor = predict().get("outputs")
+        return values.reshape(tensor.shape) if tensor is not None and tensor.size == values.size else values
+    return values.reshape(-1, 1) if len(shape) == 2 else values
+
+
 def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str):
     """The embedded server inside the TensorFlow worker: TF Serving's APIs over the session loader's graph and
     session, started (warm-up replayed first) when waited for, so `session` runs before the warm-up, as a fresh
@@ -250,6 +280,11 @@ class RestRuntime(Runtime):
         if self.server is not None:
             self.server = dict(self.server, api=self.grpc.api)
 
+    def refusal(self) -> str | None:
+        from exportkit.runtimes.verdicts import rest_refusal
+
+        return rest_refusal(self.grpc.signature)
+
     def load(self) -> None:
         from exportkit.serving.rest_client import RestClient
 
@@ -271,15 +306,20 @@ class RestRuntime(Runtime):
             if api == "Classify":
                 got = self._client.classify(inputs[next(iter(inputs))], name)
                 return {k: got[k] for k in signature["outputs"] if k in got}
+            dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
             if api == "Regress":
                 values = self._client.regress(inputs[next(iter(inputs))], name)
-                shape = signature["outputs"].get("outputs", {}).get("shape")
-                return {"outputs": values.reshape(-1, 1) if shape is not None and len(shape) == 2 else values}
-            dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
+                return {"outputs": regress_shaped(values, signature, lambda: self._client.predict(inputs, dtypes, name))}
             return self._client.predict(inputs, dtypes, name)
         except ServingError as err:
             if err.code == "UNAVAILABLE":
                 raise InfraError(f"REST {api.lower()} at {self.server['address']} failed: {err.message}") from None
+            refused = output_refusal(err.message)
+            if refused:
+                raise CheckFailed(f"REST :{api.lower()} (signature '{name}') at {self.server['address']}: {api} "
+                                  f"refuses the model's output: {refused}",
+                                  f"the model's fault, not the inputs': export the outputs as TF Serving's {api} "
+                                  f"defines them, or call the signature with Predict") from None
             raise CheckFailed(f"REST :{api.lower()} (signature '{self.grpc.signature_name}') at "
                               f"{self.server['address']} failed: {err.code}: {err.message}") from None
 

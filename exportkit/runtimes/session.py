@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import queue
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -78,8 +80,15 @@ class TfWorker:
             return
         self.dir = tempfile.TemporaryDirectory(prefix="exportkit-worker-")
         self._log = open(Path(self.dir.name) / "worker.log", "w+")
-        self._proc = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                      cwd=self.dir.name, env=child_env(self.device), text=True, start_new_session=True)
+        # Requests go over a socket, not a pipe: a send to a worker that died is EPIPE (MSG_NOSIGNAL), never the
+        # SIGPIPE that kills a CLI which restored SIGPIPE's default for `| head`.
+        self._requests, theirs = socket.socketpair()
+        try:
+            self._proc = subprocess.Popen(self._command, stdin=theirs, stdout=subprocess.PIPE, stderr=self._log,
+                                          cwd=self.dir.name, env=child_env(self.device), text=True,
+                                          start_new_session=True)
+        finally:
+            theirs.close()
         self._lines: queue.Queue = queue.Queue()
         self._reader = threading.Thread(target=self._read_lines, daemon=True, name="worker-replies")
         self._reader.start()
@@ -108,9 +117,25 @@ class TfWorker:
         if line is None:
             self._lines.put(None)  # every later read sees the end too
             self._proc.wait()
-            raise InfraError(f"the TensorFlow worker died (exit {self._proc.poll()}): {self.log_tail()}",
-                             self._broken_remedy)
+            raise self._died()
         return json.loads(line)
+
+    def _died(self) -> InfraError:
+        """The worker's death as an infrastructure failure naming it, how it ended and the end of its log."""
+        try:
+            code = self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # it closed its end of the channel and hangs: end it
+            self._proc.kill()
+            code = self._proc.wait()
+        how = f"exit {code}"
+        if code < 0:
+            try:
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        tail = self.log_tail()
+        return InfraError(f"the TensorFlow worker (pid {self._proc.pid}, {' '.join(self._command[2:])}) died "
+                          f"({how})" + (f"; its log ends:\n{tail}" if tail else ""), self._broken_remedy)
 
     def send(self, **payload) -> int:
         """Send a request; returns its id for `wait`."""
@@ -118,10 +143,9 @@ class TfWorker:
         self._next_id += 1
         payload["id"] = self._next_id
         try:
-            self._proc.stdin.write(json.dumps(payload) + "\n")
-            self._proc.stdin.flush()
-        except BrokenPipeError as err:
-            raise InfraError(f"the TensorFlow worker died: {self.log_tail()}", "re-run with --debug") from err
+            self._requests.sendall((json.dumps(payload) + "\n").encode(), getattr(socket, "MSG_NOSIGNAL", 0))
+        except OSError as err:  # EPIPE, ECONNRESET: it died
+            raise self._died() from err
         self._pending.append(self._next_id)
         return self._next_id
 
@@ -169,11 +193,12 @@ class TfWorker:
             return
         if self._proc.poll() is None:
             try:
-                self._proc.stdin.close()
+                self._requests.shutdown(socket.SHUT_WR)  # the worker's EOF: it exits
                 self._proc.wait(timeout=10)
-            except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
+            except (subprocess.TimeoutExpired, OSError):
                 self._proc.kill()
                 self._proc.wait()
+        self._requests.close()
         self._reader.join(timeout=5)  # it ends at the worker's EOF; then its pipe can close
         if self._proc.stdout and not self._reader.is_alive():
             self._proc.stdout.close()

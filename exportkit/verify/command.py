@@ -19,6 +19,7 @@ from exportkit.batches import parse_int_range
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.layout import read_manifest
 from exportkit.runtimes import RUNTIME_KINDS
+from exportkit.runtimes.verdicts import signature_state, tf2_only_failures
 from exportkit.spec import VerifyOptions
 from exportkit.verify import checks
 from exportkit.verify.compare import parse_tol
@@ -85,7 +86,8 @@ def verify_command(o: VerifyOptions) -> int:
         checks.serving_checks(runtimes_, signatures, selected, version_dir, execution.results, report,
                              execution.infra)
         report.findings += checks.rejected_inputs_findings(runtimes_)
-    _judge(o, plan, execution, report)
+        report.findings += tf2_only_failures([r for per in execution.results.values() for r in per])
+    _judge(o, plan, execution, report, proto)
     if o.save_outputs:
         for c in plan.checks:
             for label, per_batch in execution.outputs[c.name].items():
@@ -126,11 +128,20 @@ def _inputs_summary(o: VerifyOptions, plan: Plan) -> dict:
     return summary
 
 
-def _judge(o: VerifyOptions, plan: Plan, execution: Execution, report: VerifyReport) -> None:
-    """Per signature: the behaviours, then the plan's pairs compared, the reference chain, the twin agreement."""
+def _judge(o: VerifyOptions, plan: Plan, execution: Execution, report: VerifyReport, proto) -> None:
+    """Per signature: the behaviours, then the plan's pairs compared, the reference chain, the twin agreement.
+
+    A stateful signature (its answers depend on earlier calls) is run but not compared (runtimes/verdicts.py)."""
+    from exportkit.savedmodel import select_meta_graph
+
     by_name = {c.name: c for c in plan.checks}
+    stateful = signature_state(select_meta_graph(proto), [c.name for c in plan.checks])
     for c in plan.checks:
         outputs = execution.outputs[c.name]
+        if c.name in stateful:
+            report.findings.append(stateful[c.name])
+            for label in outputs:
+                outputs[label] = [None] * len(c.batches)
         sub = VerifyReport(path=report.path, signature=c.name, reference="", runtimes=execution.results[c.name])
         noisy = checks.behaviours(report, outputs, c.batches, c.tolerance, o.allow_nondeterministic,
                                  c.output_dtypes, c.name if len(plan.checks) > 1 else None)

@@ -192,7 +192,7 @@ def _prepare(runtime, check: SignatureCheck) -> str | None:
                             check.output_dtypes)
         return None
     runtime.use_signature(check.name, {s.key: s.dtype for s in check.specs})
-    return None
+    return runtime.refusal()
 
 
 def error_text(err) -> str:
