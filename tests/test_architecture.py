@@ -1,7 +1,7 @@
 """Imports point down the layers (DESIGN.md): a lower module never imports a higher one.
 
     cli -> verify / export / inspection -> runtimes / serving / compat / data -> sources / spec / tf1_loader
-        -> lint / savedmodel / checkpoint / layout / tfenv / tfexample / examples -> batches / dtypes -> findings / errors
+        -> lint / savedmodel / checkpoint / layout / tfenv / tfexample / examples -> batches / dtypes -> findings / errors / files
 
 Modules of one layer may import each other. A new top-level module must be given a layer here.
 """
@@ -18,7 +18,7 @@ LAYERS = {
     "sources": 4, "spec": 4, "tf1_loader": 4, "reference": 4,
     "lint": 3, "savedmodel": 3, "checkpoint": 3, "layout": 3, "tfenv": 3, "tfexample": 3, "examples": 3,
     "batches": 2, "dtypes": 2,
-    "findings": 1, "errors": 1, "__init__": 1,
+    "findings": 1, "errors": 1, "files": 1, "__init__": 1,
 }
 
 

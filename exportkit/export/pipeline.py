@@ -15,6 +15,7 @@ import numpy as np
 from exportkit import __version__, layout
 from exportkit import reference as refs
 from exportkit.errors import CheckFailed, UsageError
+from exportkit.files import write_atomic
 from exportkit.dtypes import HALF_DTYPES, name_of, name_of_array
 from exportkit.export import selfcheck
 from exportkit.export import signature as sig
@@ -503,5 +504,5 @@ def export_command(*, src, output=None, spec_path=None, json_out=None, **flags) 
         return 0
     print(render_summary(result))
     if json_out:
-        Path(json_out).write_text(json.dumps(summary_json(result), indent=2) + "\n")
+        write_atomic(json_out, json.dumps(summary_json(result), indent=2) + "\n", f"--json {json_out}")
     return 0

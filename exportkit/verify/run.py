@@ -28,6 +28,7 @@ from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.findings import Finding
 from exportkit.layout import read_golden, read_manifest, signature_entries
 from exportkit.runtimes import RUNTIME_KINDS, RUNTIME_NAMES
+from exportkit.files import write_atomic
 from exportkit.spec import VerifyOptions
 from exportkit.verify.baseline import served_signature_findings
 from exportkit.tfexample import encode_examples, from_manifest, lossless
@@ -847,8 +848,8 @@ def _finish(report: VerifyReport, json_out, junit) -> int:
     else:
         print(render_text(report))
         if json_out:
-            Path(json_out).write_text(json.dumps(to_json(report), indent=2) + "\n")
+            write_atomic(json_out, json.dumps(to_json(report), indent=2) + "\n", f"--json {json_out}")
     if junit:
-        Path(junit).write_text(to_junit_xml(report))
+        write_atomic(junit, to_junit_xml(report), f"--junit {junit}")
     sys.stdout.flush()
     return 0 if report.passed else 1
