@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import math
 import os
 import re
 import struct
@@ -274,6 +275,7 @@ def load_inputs(path: str | os.PathLike, specs: list[InputSpec]) -> list[dict[st
     if suffix == ".npz":
         try:
             with np.load(p, allow_pickle=False) as z:
+                _check_npz_sizes(z, p)
                 raw = [{k: z[k] for k in z.files}]
         except ValueError as e:
             raise UsageError(f"cannot read {p}: {e}",
@@ -310,6 +312,28 @@ def load_inputs(path: str | os.PathLike, specs: list[InputSpec]) -> list[dict[st
 
 
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
+
+
+def _check_npz_sizes(z, p: Path) -> None:
+    """Every member's .npy header declares no more bytes than the member holds (and a deflated member no more
+    than deflate can expand to): a lying header is a UsageError naming the member, not a MemoryError."""
+    for member in z.zip.infolist():
+        with z.zip.open(member) as fh:
+            try:
+                fmt = np.lib.format
+                version = fmt.read_magic(fh)
+                shape, _, dtype = (fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0)(fh)
+            except (ValueError, OSError, EOFError) as e:
+                raise UsageError(f"cannot read {p}: member {member.filename}: {e}",
+                                 "write it with numpy.savez(path, key=array, ...)") from None
+            declared = math.prod(shape) * dtype.itemsize
+            holds = member.file_size - fh.tell()
+            if member.compress_type != zipfile.ZIP_STORED:
+                holds = min(holds, member.compress_size * _GZIP_MAX_RATIO)
+        if declared > holds:
+            raise UsageError(f"cannot read {p}: member {member.filename} declares shape {shape} of {dtype} "
+                             f"({declared} bytes), but holds {max(holds, 0)}",
+                             "the file is damaged or not written by numpy.savez: write it again")
 
 
 def _load_tfrecord_examples(p: Path, specs: list[InputSpec]) -> dict[str, np.ndarray]:
@@ -497,7 +521,8 @@ def load_batches(dir: str | os.PathLike, prefix: str = "") -> list[dict[str, np.
     """Read what `save_batches` wrote, in batch order; strings come back as object arrays of bytes."""
     d = Path(dir)
     pat = re.compile(re.escape(f"{prefix}_batch_" if prefix else "batch_") + r"(\d+)\.npz")
-    found = sorted((int(m.group(1)), f) for f in (d.iterdir() if d.is_dir() else []) if (m := pat.fullmatch(f.name)))
+    found = sorted((int(m.group(1)), f) for f in (d.iterdir() if d.is_dir() else [])
+                   if (m := pat.fullmatch(f.name)) and f.is_file())  # a FIFO would block the read
     if not found:
         raise UsageError(f"no {_batch_name(prefix, 0).replace('0', '<i>')} files in {d}",
                          "pass the directory --save-inputs/--save-outputs wrote")
