@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import math
 import os
 import re
 import struct
@@ -30,6 +31,7 @@ import numpy as np
 
 from exportkit.dtypes import is_string, numpy_dtype
 from exportkit.errors import UsageError
+from exportkit.files import atomic_path, os_error
 
 # Unknown non-batch dims (e.g. a sequence length) are generated with this size: long enough to exercise
 # recurrences, masks and pooling (1 would hide bugs that only show with length > 1), small enough to stay cheap.
@@ -273,6 +275,7 @@ def load_inputs(path: str | os.PathLike, specs: list[InputSpec]) -> list[dict[st
     if suffix == ".npz":
         try:
             with np.load(p, allow_pickle=False) as z:
+                _check_npz_sizes(z, p)
                 raw = [{k: z[k] for k in z.files}]
         except ValueError as e:
             raise UsageError(f"cannot read {p}: {e}",
@@ -311,6 +314,28 @@ def load_inputs(path: str | os.PathLike, specs: list[InputSpec]) -> list[dict[st
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
 
 
+def _check_npz_sizes(z, p: Path) -> None:
+    """Every member's .npy header declares no more bytes than the member holds (and a deflated member no more
+    than deflate can expand to): a lying header is a UsageError naming the member, not a MemoryError."""
+    for member in z.zip.infolist():
+        with z.zip.open(member) as fh:
+            try:
+                fmt = np.lib.format
+                version = fmt.read_magic(fh)
+                shape, _, dtype = (fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0)(fh)
+            except (ValueError, OSError, EOFError) as e:
+                raise UsageError(f"cannot read {p}: member {member.filename}: {e}",
+                                 "write it with numpy.savez(path, key=array, ...)") from None
+            declared = math.prod(shape) * dtype.itemsize
+            holds = member.file_size - fh.tell()
+            if member.compress_type != zipfile.ZIP_STORED:
+                holds = min(holds, member.compress_size * _GZIP_MAX_RATIO)
+        if declared > holds:
+            raise UsageError(f"cannot read {p}: member {member.filename} declares shape {shape} of {dtype} "
+                             f"({declared} bytes), but holds {max(holds, 0)}",
+                             "the file is damaged or not written by numpy.savez: write it again")
+
+
 def _load_tfrecord_examples(p: Path, specs: list[InputSpec]) -> dict[str, np.ndarray]:
     example_specs = [s for s in specs if s.examples is not None]
     if len(specs) != 1 or len(example_specs) != 1:
@@ -331,30 +356,74 @@ def _load_tfrecord_examples(p: Path, specs: list[InputSpec]) -> dict[str, np.nda
     return {spec.key: values.reshape([len(records)] + [1] * (len(shape) - 1))}
 
 
+_FIX_TFRECORD = "pass TFRecord files (tf.io.TFRecordWriter), uncompressed or GZIP, or .npz shards"
+_FIX_DAMAGED = "the file is damaged (TensorFlow's reader refuses it too: DataLossError): write it again, or leave it out"
+_GZIP_MAX_RATIO = 1032  # deflate's largest expansion: no record of a gzipped file can be longer than this bounds
+_READ_BLOCK = 1 << 20  # a record's data is read in blocks, so a lying length costs what is read, not what it claims
+
+
+def masked_crc32c(data: bytes) -> int:
+    """The CRC TFRecordWriter stores: CRC-32C, rotated right by 15 bits plus a constant (tsl/lib/hash/crc32c.h)."""
+    import google_crc32c
+
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 def tfrecord_records(path: str) -> Iterator[tuple[int, int, bytes, int]]:
     """(index, offset, data, compressed position after it) for every record of a TFRecord file, streamed; GZIP is
-    detected by its magic bytes. Lengths are checked, CRCs are not (the standard library has no CRC-32C)."""
+    detected by its magic bytes. Both CRCs are checked, as TensorFlow's reader does (a mismatch is its
+    DataLossError), and a length is bounded by what the file can hold: a bad record is a UsageError naming
+    FILE:INDEX."""
     with open(path, "rb") as raw:
+        size = os.fstat(raw.fileno()).st_size
         gzipped = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
         stream = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
         offset, index = 0, 0
+
+        def bad(problem: str, fix: str = _FIX_DAMAGED) -> UsageError:
+            return UsageError(f"record {path}:{index} (byte {offset}): {problem}", fix)
+
         try:
             while True:
                 header = stream.read(12)
                 if not header:
                     return
-                (length,) = struct.unpack("<Q", header[:8]) if len(header) == 12 else (-1,)
-                data = stream.read(length) if 0 <= length < (1 << 40) else b""
-                if len(header) < 12 or len(data) != length or len(stream.read(4)) != 4:
-                    raise UsageError(f"{path}: record {index} at byte {offset} is truncated or not TFRecord framing",
-                                     "pass TFRecord files (tf.io.TFRecordWriter), uncompressed or GZIP, or .npz shards")
+                if len(header) < 12:
+                    raise bad("truncated (the file ends inside its length field)")
+                if masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
+                    raise bad("its length CRC does not match (corrupted, or not TFRecord framing)", _FIX_TFRECORD)
+                (length,) = struct.unpack("<Q", header[:8])
+                room = size * _GZIP_MAX_RATIO if gzipped else size - offset - 16
+                if length > room:
+                    raise bad(f"declares {length} bytes, more than the file can hold")
+                data = _read_exactly(stream, length)
+                crc = stream.read(4)
+                if len(data) != length or len(crc) != 4:
+                    raise bad("truncated")
+                if masked_crc32c(data) != struct.unpack("<I", crc)[0]:
+                    raise bad("its data CRC does not match (the record is corrupted)")
                 yield index, offset, data, raw.tell()
                 offset += 16 + length
                 index += 1
         except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
-            raise UsageError(f"{path}: cannot read record {index}: {err}",
+            raise UsageError(f"record {path}:{index}: cannot read it: {err}",
                              "pass TFRecord files, uncompressed or GZIP (other compressions are not supported)") from None
+
+
+def _read_exactly(stream, length: int) -> bytes:
+    """Up to `length` bytes, in blocks: a short file returns short data without first allocating `length`."""
+    if length <= _READ_BLOCK:
+        return stream.read(length)
+    parts, left = [], length
+    while left:
+        block = stream.read(min(left, _READ_BLOCK))
+        if not block:
+            break
+        parts.append(block)
+        left -= len(block)
+    return b"".join(parts)
 
 
 # --------------------------------------------------------------------------------------------- save / load
@@ -401,15 +470,21 @@ def save_batches(dir: str | os.PathLike, batches: list[dict[str, np.ndarray]], p
     Returns the paths written.
     """
     d = Path(dir)
-    d.mkdir(parents=True, exist_ok=True)
     paths = []
-    for i, batch in enumerate(batches):
-        path = d / _batch_name(prefix, i)
-        tmp = path.with_name(path.name + ".tmp")
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            write_batch_members(zf, batch)
-        os.replace(tmp, path)
-        paths.append(path)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        for i, batch in enumerate(batches):
+            path = d / _batch_name(prefix, i)
+            with atomic_path(path, str(path)) as tmp:
+                with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+                    write_batch_members(zf, batch)
+            paths.append(path)
+    except OSError as err:  # mkdir: a file in the way, a read-only parent
+        raise os_error(err, str(d)) from None
+    except BaseException:  # all the batches or none: a full disk leaves no partial set behind
+        for path in paths:
+            path.unlink(missing_ok=True)
+        raise
     return paths
 
 
@@ -446,7 +521,8 @@ def load_batches(dir: str | os.PathLike, prefix: str = "") -> list[dict[str, np.
     """Read what `save_batches` wrote, in batch order; strings come back as object arrays of bytes."""
     d = Path(dir)
     pat = re.compile(re.escape(f"{prefix}_batch_" if prefix else "batch_") + r"(\d+)\.npz")
-    found = sorted((int(m.group(1)), f) for f in (d.iterdir() if d.is_dir() else []) if (m := pat.fullmatch(f.name)))
+    found = sorted((int(m.group(1)), f) for f in (d.iterdir() if d.is_dir() else [])
+                   if (m := pat.fullmatch(f.name)) and f.is_file())  # a FIFO would block the read
     if not found:
         raise UsageError(f"no {_batch_name(prefix, 0).replace('0', '<i>')} files in {d}",
                          "pass the directory --save-inputs/--save-outputs wrote")

@@ -5,6 +5,7 @@ TensorFlow is imported lazily by the commands that need it, so `inspect` stays f
 """
 from __future__ import annotations
 
+import errno
 import functools
 import inspect as _inspect  # (the `inspect` command below takes the name)
 import os
@@ -16,6 +17,7 @@ from typing import List, NamedTuple, Optional, get_type_hints
 import typer
 
 from exportkit.errors import EXIT_INFRA, ExportkitError
+from exportkit.files import GuardedStream, OutputFault
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Export Keras/TensorFlow models for TF Serving and prove they compute what the model computed.")
@@ -36,6 +38,8 @@ def _run(fn, debug: bool) -> None:
         if debug:
             raise
         _fail(err.message, err.remedy, err.exit_code)
+    except OutputFault as fault:
+        _output_fault(fault)
     except KeyboardInterrupt:
         _fail("interrupted", "run the command again; nothing half-written was left behind (an export leaves its base "
                              "directory as it was)", 130)
@@ -333,15 +337,52 @@ def runtimes_remove(version: str = typer.Argument(..., metavar="X.Y"), debug: bo
 
 
 def main() -> None:
-    if hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `exportkit ... | head` ends quietly
+    if _closed_stdio():
+        typer.echo("error: standard output is closed (started with >&-): the output has nowhere to go", err=True)
+        typer.echo("  fix: redirect it (>/dev/null or >FILE) instead of closing it", err=True)
+        sys.exit(EXIT_INFRA)
+    sys.stdout = GuardedStream(sys.stdout)  # SIGPIPE stays ignored: `| head` ends quietly in _output_fault
     if "--debug" not in sys.argv:
         warnings.simplefilter("ignore")  # Keras' UserWarnings about the user's model are noise in a CI log
     try:
-        app()
+        try:
+            app()
+        finally:
+            sys.stdout.flush()
+    except OutputFault as fault:
+        try:
+            _output_fault(fault)
+        except typer.Exit as done:
+            _exit_fast(done.exit_code)
+            sys.exit(done.exit_code)
     except SystemExit as done:
         _exit_fast(done.code)
         raise
+
+
+def _closed_stdio() -> bool:
+    """True when stdout was closed; a closed fd 1 or 2 is pointed at /dev/null first, so no file opened later
+    (or a child's output) lands on it."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+            os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+    if 2 in closed:
+        sys.stderr = open(2, "w", closefd=False)
+    return 1 in closed
+
+
+def _output_fault(fault: OutputFault) -> None:
+    """stdout failed: a reader that left (`| head`) ends the command quietly with 141 (what the shell reports for
+    SIGPIPE); a full device is exit 3 with a message. Later writes go to /dev/null."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    if fault.err.errno == errno.EPIPE:
+        raise typer.Exit(128 + signal.SIGPIPE)
+    _fail(f"cannot write to standard output: {fault.err.strerror or fault.err}",
+          "free space on the device it goes to, or redirect it elsewhere", EXIT_INFRA)
 
 
 def _exit_fast(code) -> None:

@@ -3,6 +3,7 @@ checkpoint (or --spec FILE) with CLI flags, which win."""
 from __future__ import annotations
 
 import ast
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -104,6 +105,9 @@ def parse_signature_arg(text: str) -> SignatureSpec:
         if not sep or not key.strip():
             raise UsageError(f"--signature {text!r}: {item!r} is not key=value",
                              "write --signature NAME:outputs=a+b,input=examples,method=predict")
+        if key.strip() in values:
+            raise UsageError(f"--signature {text!r}: {key.strip()}= is given twice",
+                             f"give each key once (several outputs: {key.strip()}=a+b)")
         values[key.strip()] = value.strip()
     return signature_spec(name.strip(), values, f"--signature {text!r}")
 
@@ -180,6 +184,18 @@ class VerifyOptions:
     runner: str = "in-process"
     beam_options: list[str] = field(default_factory=list)
     tf_versions: list[str] = field(default_factory=list)  # --tf: also session@X.Y in managed environments
+
+    def __post_init__(self):
+        check_tolerances(self.atol, self.rtol)
+
+
+def check_tolerances(atol: float | None, rtol: float | None) -> None:
+    """--atol/--rtol: finite and >= 0 (NaN compares false everywhere and -inf made the search for the required
+    tolerance spin): a UsageError naming the flag."""
+    for flag, value in (("--atol", atol), ("--rtol", rtol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"{flag} {value} must be a finite number >= 0",
+                             f"pass {flag} 1e-5 (for example), or leave it out for the dtype's default")
 
 
 def parse_builder_args(items: list[str]) -> dict:

@@ -66,12 +66,14 @@ def derive_features(specs: list[InputSpec], signature: str) -> list[ExampleFeatu
 def apply_feature_spec(features: list[ExampleFeature], path: str) -> list[ExampleFeature]:
     """--feature-spec FILE: `{"INPUT": {"feature": NAME, "storage": float32|int64|string, "default": [...]}}`.
 
-    Shapes and input dtypes stay the model's; an unknown input, key or storage is a UsageError.
+    Shapes and input dtypes stay the model's; the file is checked against that schema (an unknown input, key or
+    storage, a feature name that is not a string, a default that its value list cannot hold) as a UsageError.
     """
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise UsageError(f"--feature-spec {path} is not readable JSON ({err})", "fix the file") from None
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: nesting deeper than the parser goes
+        reason = "nested too deeply" if isinstance(err, RecursionError) else err
+        raise UsageError(f"--feature-spec {path} is not readable JSON ({reason})", "fix the file") from None
     by_input = {f.input: f for f in features}
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise UsageError(f"--feature-spec {path}: expected an object of objects keyed by model input",
@@ -87,20 +89,46 @@ def apply_feature_spec(features: list[ExampleFeature], path: str) -> list[Exampl
         if bad:
             raise UsageError(f"--feature-spec {path}: input '{f.input}': unknown key(s) {', '.join(bad)}",
                              "use feature, storage and default")
+        where = f"--feature-spec {path}: input '{f.input}'"
+        if "feature" in override and not (isinstance(override["feature"], str) and override["feature"]):
+            raise UsageError(f"{where}: feature {json.dumps(override['feature'])[:40]} is not a name",
+                             'write the feature name as a JSON string: "feature": "age"')
+        if "storage" in override and override["storage"] not in STORAGE:
+            raise UsageError(f"{where}: storage {json.dumps(override['storage'])} is not one of {', '.join(STORAGE)}",
+                             "use float32 or int64 for numbers, string for strings")
         new = ExampleFeature(**{**asdict(f), **override})
-        if new.storage not in STORAGE or (new.storage == "string") != is_string(new.dtype):
-            raise UsageError(f"--feature-spec {path}: input '{f.input}' ({f.dtype}) cannot be stored as {new.storage}",
+        if (new.storage == "string") != is_string(new.dtype):
+            raise UsageError(f"{where} ({f.dtype}) cannot be stored as {new.storage}",
                              "use float32 or int64 for numbers, string for strings")
         if new.default is not None:
             new.default = list(new.default) if isinstance(new.default, list) else [new.default]
-            if len(new.default) != new.length:
-                raise UsageError(f"--feature-spec {path}: input '{f.input}' default has {len(new.default)} values, "
-                                 f"the feature {new.length}", f"give {new.length} default values")
+            _check_default(where, new)
         out.append(new)
     names = [f.feature for f in out]
     if len(set(names)) != len(names):
         raise UsageError(f"--feature-spec {path}: two inputs read the same feature", "give each input its own feature")
     return out
+
+
+def _check_default(where: str, feature: ExampleFeature) -> None:
+    """A default is `length` values its value list holds: finite numbers for float32, integers for int64 (in
+    range), strings for string."""
+    if len(feature.default) != feature.length:
+        raise UsageError(f"{where}: default has {len(feature.default)} values, the feature {feature.length}",
+                         f"give {feature.length} default values")
+    for value in feature.default:
+        if feature.storage == "string":
+            ok = isinstance(value, str)
+        elif feature.storage == "int64":
+            ok = isinstance(value, int) and not isinstance(value, bool) and -2 ** 63 <= value < 2 ** 63
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok:
+            kind = {"string": "strings", "int64": "64-bit integers", "float32": "finite numbers"}[feature.storage]
+            raise UsageError(f"{where}: default value {json.dumps(value)[:40]} is not one of the {kind} a "
+                             f"{FEATURE_LISTS[feature.storage]} holds",
+                             f"give {feature.length} default value(s) of that kind, e.g. \"default\": "
+                             + json.dumps([{"string": "", "int64": 0, "float32": 0.0}[feature.storage]] * feature.length))
 
 
 def to_manifest(features: list[ExampleFeature]) -> list[dict]:

@@ -4,13 +4,22 @@ Each holds `tensorflow-cpu==X.Y.*` (the C++ core TF Serving X.Y is built on) and
 it (TF 2.12 needs numpy < 2); exportkit itself is not installed there: the worker is the standalone script
 `exportkit/compat/worker.py`. The version of the TensorFlow this Python imports needs no environment.
 An environment is built in a hidden sibling directory and renamed into place once `import tensorflow` works
-in it, so an interrupted install leaves nothing half-built behind.
+in it, so an interrupted install leaves nothing half-built behind; pip runs in its own process group, killed
+with the install (and when the install is SIGKILLed: the kernel's parent-death signal), and the next install
+removes the build directories of installs that died.
+
+An environment is checked every time it is used: its interpreter must exist and its TensorFlow must be X.Y. The
+check is cheap: the stamp in exportkit-env.json (the files' mtimes when TensorFlow was last probed) is compared
+with the files; when they changed, `import tensorflow` is run again.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +28,7 @@ from pathlib import Path
 
 from exportkit.compat import check_version
 from exportkit.errors import InfraError, UsageError
+from exportkit.files import os_error
 from exportkit.lint import cache_dir
 from exportkit.tfenv import tensorflow_version
 
@@ -47,7 +57,7 @@ def current_version() -> str | None:
 @dataclass
 class EnvInfo:
     version: str
-    state: str  # "built-in" | "installed" | "absent"
+    state: str  # "built-in" | "installed" | "broken" (no interpreter) | "absent"
     python: str | None
     tensorflow: str | None  # exact release, e.g. "2.12.1"
     numpy: str | None
@@ -71,8 +81,81 @@ def info(version: str) -> EnvInfo:
     except (OSError, ValueError):
         return EnvInfo(version, "absent", None, None, None, None, None)
     size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file() and not f.is_symlink())
-    return EnvInfo(version, "installed", str(_python(directory)), meta.get("tensorflow"), meta.get("numpy"),
+    state = "installed" if _python(directory).exists() else "broken"
+    return EnvInfo(version, state, str(_python(directory)), meta.get("tensorflow"), meta.get("numpy"),
                    str(directory), size)
+
+
+def _stamp(directory: Path) -> list:
+    """What changes when the environment's interpreter or TensorFlow changes: mtimes (ns) of the interpreter,
+    of site-packages (a package installed or removed) and of tensorflow/ and its __init__.py."""
+    site = sorted(directory.glob("lib/python*/site-packages"))
+    paths = [_python(directory)] + [q for s in site[:1] for q in (s, s / "tensorflow", s / "tensorflow" / "__init__.py")]
+    out = []
+    for path in paths:
+        try:
+            out.append([str(path.relative_to(directory)), path.stat().st_mtime_ns])
+        except OSError:
+            out.append([str(path.relative_to(directory)), None])
+    return out
+
+
+def _probe(python: str, timeout: float = 300) -> dict | str:
+    """{"tensorflow", "numpy"} as the interpreter imports them, or why it could not (the last line it said)."""
+    try:
+        proc = subprocess.run(
+            [python, "-I", "-c", "import json, numpy, tensorflow as tf; "
+             "print(json.dumps({'tensorflow': tf.__version__, 'numpy': numpy.__version__}))"],
+            capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=timeout,
+            **_child_group())
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return str(err)
+    if proc.returncode != 0:
+        died = f" (killed by {signal.Signals(-proc.returncode).name})" if proc.returncode < 0 else ""
+        return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}{died}, no output"])[-1] + died
+    try:
+        meta = json.loads(proc.stdout.strip().splitlines()[-1])
+        if isinstance(meta, dict) and isinstance(meta.get("tensorflow"), str):
+            return meta
+    except (ValueError, IndexError):
+        pass
+    return f"it printed {proc.stdout.strip()[-80:]!r}, not its TensorFlow version"
+
+
+def checked(version: str) -> EnvInfo:
+    """The environment of `version`, trusted only after its TensorFlow is shown to be X.Y (re-probed when its
+    files changed since the last probe): a broken one is exit 3 with the command that rebuilds it."""
+    env = info(version)
+    if env.state in ("built-in", "absent"):
+        return env
+    directory = Path(env.path)
+    fix = f"rebuild it: `{install_command(version)} --force`"
+    if env.state == "broken":
+        raise InfraError(f"the TensorFlow {version} environment in {directory} has no interpreter (bin/python)", fix)
+    meta_path = directory / READY
+    meta = json.loads(meta_path.read_text())
+    stamp = _stamp(directory)
+    if meta.get("stamp") != stamp:
+        probed = _probe(env.python)
+        if isinstance(probed, str):
+            raise InfraError(f"TensorFlow does not import in the TensorFlow {version} environment ({directory}): "
+                             f"{probed}", fix)
+        meta.update(probed, stamp=stamp)
+        try:
+            _write_meta(directory, meta)
+        except OSError:
+            pass  # a read-only cache: the probe is repeated next time
+    found = ".".join(str(meta.get("tensorflow", "")).split(".")[:2])
+    if found != version:
+        raise InfraError(f"the TensorFlow {version} environment in {directory} holds TensorFlow "
+                         f"{meta.get('tensorflow')}, not {version}", fix)
+    return info(version)
+
+
+def _write_meta(directory: Path, meta: dict) -> None:
+    tmp = directory / (READY + ".tmp")
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, directory / READY)
 
 
 def list_envs() -> list[EnvInfo]:
@@ -90,54 +173,136 @@ def install(version: str, force: bool = False) -> EnvInfo:
     """Create the environment of TF `version` (about a minute and 1.7 GB), showing progress on stderr."""
     version = check_version(version)
     current = info(version)
-    if current.state != "absent" and not force:
+    if current.state not in ("absent", "broken") and not force:
         return current
     target = env_dir(version)
-    root().mkdir(parents=True, exist_ok=True)
+    try:
+        root().mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise os_error(err, f"the cache directory {root()} (EXPORTKIT_CACHE_DIR or XDG_CACHE_HOME)") from None
+    _remove_stale_builds()
     building = root() / f".{version}.building-{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)
     began = time.monotonic()
     _progress(f"creating the TensorFlow {version} environment in {target} (once; about a minute and 1.7 GB)")
+    previous = signal.getsignal(signal.SIGTERM)
     try:
-        subprocess.run([sys.executable, "-m", "venv", str(building)],
-                       check=True, capture_output=True, text=True)
+        signal.signal(signal.SIGTERM, _terminated)  # SIGTERM, too, kills pip's group and removes the build
+        _run_child([sys.executable, "-m", "venv", str(building)], f"python -m venv {building}")
         python = str(_python(building))
         spec = f"tensorflow-cpu=={version}.*"
         _progress(f"pip install {spec}")
         _pip(python, [spec], version)
-        probe = subprocess.run(
-            [python, "-I", "-c", "import json, numpy, tensorflow as tf; "
-             "print(json.dumps({'tensorflow': tf.__version__, 'numpy': numpy.__version__}))"],
-            capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=300)
-        if probe.returncode != 0:
-            tail = (probe.stderr.strip().splitlines() or ["no output"])[-1]
-            raise InfraError(f"TensorFlow {version} does not import in its new environment: {tail}",
+        meta = _probe(python)
+        if isinstance(meta, str):
+            raise InfraError(f"TensorFlow {version} does not import in its new environment: {meta}",
                              f"report it; retry with `{install_command(version)}`")
-        meta = json.loads(probe.stdout.strip().splitlines()[-1])
-        (building / READY).write_text(json.dumps({**meta, "version": version, "python": sys.version.split()[0]}))
+        _write_meta(building, {**meta, "version": version, "python": sys.version.split()[0],
+                               "stamp": _stamp(building)})
         if target.exists():
             shutil.rmtree(target)
         os.replace(building, target)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     _progress(f"TensorFlow {meta['tensorflow']} (numpy {meta['numpy']}) ready in {time.monotonic() - began:.0f} s")
     return info(version)
 
 
-def _pip(python: str, requirements: list[str], version: str) -> None:
-    """pip install with its progress lines relayed to stderr; a failure (no network, no wheel) is exit 3."""
-    command = [python, "-m", "pip", "install", "--progress-bar", "off", "--disable-pip-version-check", *requirements]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    tail: list[str] = []
-    for line in proc.stdout:
-        line = line.rstrip()
-        if not line or line.startswith("WARNING: Location"):
+_BUILDING = re.compile(r"\.(\d+\.\d+)\.building-(\d+)")
+
+
+def _remove_stale_builds() -> None:
+    """Remove the build directories of installs whose process is gone (SIGKILLed, machine rebooted), and the
+    processes still running from them (pip's own children outlive a parent-death signal), and say so."""
+    for path in sorted(root().iterdir()):
+        match = _BUILDING.fullmatch(path.name)
+        if match and path.is_dir() and not _alive(int(match.group(2))):
+            _progress(f"removing {path}: left by an install of TensorFlow {match.group(1)} that did not finish")
+            _kill_running_from(path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _kill_running_from(directory: Path) -> None:
+    """SIGKILL every process whose command line runs from `directory` (Linux /proc; elsewhere nothing)."""
+    needle = str(directory).encode() + b"/"
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
             continue
-        tail = (tail + [line])[-6:]
-        if line.startswith(("Collecting", "Downloading", "Installing", "Successfully")):
-            _progress(f"  {line[:150]}")
-    if proc.wait() != 0:
+
+
+def _terminated(signum, frame):
+    raise InfraError("terminated (SIGTERM) while installing", "run the install again; nothing half-built was left")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid != os.getpid()  # our own pid reused from a dead install's: stale too
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: its own process group, and SIGKILL when the install's process dies (Linux)."""
+    os.setpgid(0, 0)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _child_group() -> dict:
+    return {"preexec_fn": _die_with_parent} if sys.platform.startswith("linux") else {"start_new_session": True}
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child's whole process group (pip and the builds it started) and reap it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
+
+
+def _run_child(command: list[str], what: str) -> None:
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **_child_group())
+    try:
+        out, _ = proc.communicate()
+    finally:
+        _kill_group(proc)
+    if proc.returncode != 0:
+        raise InfraError(f"{what} failed (exit {proc.returncode}): {(out.strip().splitlines() or [''])[-1]}",
+                         "check that this Python has its venv module (Debian: apt-get install python3-venv)")
+
+
+def _pip(python: str, requirements: list[str], version: str) -> None:
+    """pip install with its progress lines relayed to stderr; a failure (no network, no wheel) is exit 3. pip runs
+    in its own process group, which dies with the install (interrupted, killed, or failed)."""
+    command = [python, "-m", "pip", "install", "--progress-bar", "off", "--disable-pip-version-check", *requirements]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **_child_group())
+    tail: list[str] = []
+    try:
+        for line in proc.stdout:
+            line = line.rstrip()
+            if not line or line.startswith("WARNING: Location"):
+                continue
+            tail = (tail + [line])[-6:]
+            if line.startswith(("Collecting", "Downloading", "Installing", "Successfully")):
+                _progress(f"  {line[:150]}")
+        proc.wait()
+    finally:
+        _kill_group(proc)
+    if proc.returncode != 0:
         reason = next((t for t in reversed(tail) if "ERROR" in t or "Error" in t), tail[-1] if tail else "")
         raise InfraError(f"could not install tensorflow-cpu=={version}.* (pip exit {proc.returncode}): {reason}",
                          f"make PyPI reachable (network, proxy, PIP_INDEX_URL) and run `{install_command(version)}`")
@@ -157,8 +322,8 @@ def remove(version: str) -> bool:
 
 
 def python_for(version: str, install_missing: bool = True) -> str:
-    """The interpreter whose TensorFlow is X.Y, installing its environment on first use."""
-    env = info(version)
+    """The interpreter whose TensorFlow is X.Y (checked, see `checked`), installing its environment on first use."""
+    env = checked(version)
     if env.state == "absent":
         if not install_missing:
             raise InfraError(f"no TensorFlow {version} environment", f"run `{install_command(version)}`")

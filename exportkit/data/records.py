@@ -6,9 +6,9 @@ every Beam worker form the very same batches: a model's float results can depend
 two runners must agree to the last bit. Every record keeps its position (file number, index in the file, byte
 offset in the uncompressed stream) so a failing record can be found and re-run.
 
-TFRecord framing is read in Python (uint64 length, uint32 length CRC, data, uint32 data CRC); the CRCs are not
-checked (CRC-32C is not in the standard library), a short read is reported as a truncated file. Failing
-records are written back with TensorFlow's own TFRecordWriter, so the CRCs in what we write are right.
+TFRecord framing is read and written in Python (uint64 length, masked CRC-32C of it, data, masked CRC-32C of the
+data: exportkit.batches.tfrecord_records checks both, as TensorFlow's reader does); a bad record is a UsageError
+naming FILE:INDEX.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import glob as globlib
 import json
 import math
 import os
+import struct
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +24,11 @@ from typing import Iterator
 
 import numpy as np
 
-from exportkit.batches import InputSpec, cast_input, load_inputs, tfrecord_records
+from exportkit.batches import InputSpec, cast_input, load_inputs, masked_crc32c, tfrecord_records
 from exportkit.dtypes import is_string
 from exportkit.errors import UsageError
+from exportkit.files import os_error
+from exportkit.examples import check_examples
 from exportkit.tfexample import FEATURE_LISTS, storage_of
 from exportkit.runtimes import Runtime
 
@@ -241,18 +244,23 @@ class ExampleParser:
 class FailureWriter:
     """`--save-failures DIR`: failing TFRecord records as they were read (failures.tfrecord), npz rows as
     failures-N.npz, and where each came from (failures.index.jsonl). Written under temporary names and renamed
-    when the run completes, so an interrupted run leaves no half-written files."""
+    when the run completes, so an interrupted run (or a full disk) leaves no half-written files; a DIR that cannot
+    be written is refused before any runtime starts (exit 2; a full disk is exit 3)."""
 
     def __init__(self, directory: str, source: DataSource):
         self.dir = Path(directory)
+        self.what = f"--save-failures {directory}"
         self.source = source
         self.count = 0
-        self._writer = None
+        self._records = None  # the open failures.tfrecord (TFRecord framing, as TFRecordWriter writes it)
         self._npz = 0
         self._created = not self.dir.exists()
-        self.dir.mkdir(parents=True, exist_ok=True)
         self._tmp: list[Path] = []
-        self._index = self._open_tmp("failures.index.jsonl").open("w")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._index = self._open_tmp("failures.index.jsonl").open("w")
+        except OSError as err:
+            raise os_error(err, self.what) from None
 
     def _open_tmp(self, name: str) -> Path:
         path = self.dir / f".{name}.tmp"
@@ -263,13 +271,20 @@ class FailureWriter:
         rows = np.flatnonzero(failing)
         if not len(rows):
             return
-        if batch.records is not None:
-            if self._writer is None:
-                import tensorflow as tf
+        try:
+            self._write(batch, rows)
+        except OSError as err:
+            raise os_error(err, self.what) from None
 
-                self._writer = tf.io.TFRecordWriter(str(self._open_tmp("failures.tfrecord")))
+    def _write(self, batch: RecordBatch, rows: np.ndarray) -> None:
+        if batch.records is not None:
+            if self._records is None:
+                self._records = self._open_tmp("failures.tfrecord").open("wb")
             for r in rows:
-                self._writer.write(batch.records[r])
+                data = batch.records[r]
+                length = struct.pack("<Q", len(data))
+                self._records.write(length + struct.pack("<I", masked_crc32c(length)) + data
+                                    + struct.pack("<I", masked_crc32c(data)))
         else:
             from exportkit.batches import save_batches
 
@@ -283,16 +298,26 @@ class FailureWriter:
         self.count += len(rows)
 
     def close(self, commit: bool) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        self._index.close()
+        """Rename the files into place (commit), else remove them; a close that fails (a full disk flushing the
+        last bytes) removes them too."""
+        try:
+            for stream in (self._records, self._index):
+                if stream is not None:
+                    stream.close()
+        except OSError as err:
+            commit = False
+            failure = os_error(err, self.what)
+        else:
+            failure = None
         for tmp in self._tmp:
             if commit and tmp.exists():
                 os.replace(tmp, tmp.with_name(tmp.name[1:-len(".tmp")]))
             else:
                 tmp.unlink(missing_ok=True)
-        if not commit and self._created and not any(self.dir.iterdir()):
+        if not commit and self._created and self.dir.is_dir() and not any(self.dir.iterdir()):
             self.dir.rmdir()
+        if failure:
+            raise failure
 
 
 class Feeder:
@@ -301,6 +326,7 @@ class Feeder:
 
     def __init__(self, source: DataSource, specs: list[InputSpec], example_key: str | None):
         self.source, self.example_key = source, example_key
+        self._examples = next((s.examples for s in specs if s.key == example_key), None)
         needs_parser = example_key is None and any(not f.endswith(".npz") for f in source.files)
         self._parser = ExampleParser(specs) if needs_parser else None
 
@@ -308,8 +334,22 @@ class Feeder:
         if batch.rows is not None:
             return batch.rows
         if self.example_key is not None:
-            return {self.example_key: np.asarray(batch.records, dtype=object)}
+            records = np.asarray(batch.records, dtype=object)
+            self._check_examples(batch, records)
+            return {self.example_key: records}
         return self._parser(batch.records, lambda row: self.source.where(batch.file_no, int(batch.indices[row])))
+
+    def _check_examples(self, batch: RecordBatch, records: np.ndarray) -> None:
+        """Records the signature cannot parse are the data's fault, not the model's: a UsageError naming
+        FILE:INDEX before any runtime sees them."""
+        if self._examples is None or check_examples(self._examples, records) is None:
+            return
+        for row, record in enumerate(records):
+            problem = check_examples(self._examples, [record])  # "element 0 ..." of a one-record batch
+            if problem:
+                raise UsageError(f"record {self.source.where(batch.file_no, int(batch.indices[row]))}"
+                                 f"{problem[len('element 0'):]} (the signature parses {self._examples.describe()})",
+                                 "write tf.train.Example protos with the features the model parses")
 
 
 class ExampleParsing(Runtime):

@@ -16,6 +16,7 @@ from exportkit import layout
 from exportkit.version import __version__
 from exportkit import reference as refs
 from exportkit.errors import CheckFailed, UsageError
+from exportkit.files import write_atomic
 from exportkit.dtypes import HALF_DTYPES, name_of, name_of_array
 from exportkit.export import selfcheck
 from exportkit.export import signature as sig
@@ -504,5 +505,5 @@ def export_command(*, src, output=None, spec_path=None, json_out=None, **flags) 
         return 0
     print(render_summary(result))
     if json_out:
-        Path(json_out).write_text(json.dumps(summary_json(result), indent=2) + "\n")
+        write_atomic(json_out, json.dumps(summary_json(result), indent=2) + "\n", f"--json {json_out}")
     return 0

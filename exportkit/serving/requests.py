@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -116,21 +117,50 @@ def request_samples(signature_name: str, signature: dict, batch: dict[str, np.nd
                           "inputs": {k: _tensor_json(v, dtypes[k]) for k, v in sorted(batch.items())}}}
 
 
+_ADDRESS = re.compile(r"[A-Za-z0-9.:\[\]-]+")  # host:port, [v6]:port: safe inside "${VAR:-default}"
+
+
+def _file_stem(name: str, taken: set[str]) -> str:
+    """A file name part from a signature key: [A-Za-z0-9_.-] only, never hidden or an option (no leading `.`
+    or `-`), at most 100 characters, unique among the signatures written."""
+    stem = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in name)[:100]
+    stem = stem if stem[:1].isalnum() or stem[:1] == "_" else "_" + stem
+    unique, n = stem, 1
+    while unique in taken:
+        n += 1
+        unique = f"{stem}_{n}"
+    taken.add(unique)
+    return unique
+
+
+def _comment(text: str) -> str:
+    """`text` for a one-line shell comment: JSON-quoted, so no newline (or anything else) ends the comment."""
+    return json.dumps(text)
+
+
 def write_request_samples(out_dir: str | Path, samples: dict[str, dict], model_name: str,
                           rest_address: str = "localhost:8501", grpc_address: str = "localhost:8500") -> list[Path]:
-    """NAME.rest.json + NAME.curl.sh and NAME.grpc.json + NAME.grpcurl.sh per signature; returns the paths."""
+    """NAME.rest.json + NAME.curl.sh and NAME.grpc.json + NAME.grpcurl.sh per signature; returns the paths.
+
+    Signature keys and the model name come from the model, which may be anyone's: every value that reaches a
+    script is quoted for the shell (shlex.quote) or JSON-quoted inside a comment, and file names are sanitised.
+    """
+    for address in (rest_address, grpc_address):
+        if not _ADDRESS.fullmatch(address):
+            raise ValueError(f"not a HOST:PORT address: {address!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = []
+    written, taken = [], set()
     for name, sample in sorted(samples.items()):
-        stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+        stem = _file_stem(name, taken)
         rest_json = out / f"{stem}.rest.json"
         rest_json.write_text(json.dumps(sample["rest_body"], indent=2) + "\n")
-        url = f"http://${{REST_ADDRESS:-{rest_address}}}/v1/models/{model_name}:{sample['rest_verb']}"
+        path = f"/v1/models/{model_name}:{sample['rest_verb']}"  # not %-encoded: TF Serving matches the raw path
+        url = f'"http://${{REST_ADDRESS:-{rest_address}}}"{shlex.quote(path)}'
         curl = out / f"{stem}.curl.sh"
         curl.write_text("#!/bin/sh\n# TF Serving REST API, signature "
-                        f"'{name}' ({sample['api']})\ncd \"$(dirname \"$0\")\"\n"
-                        f"curl -sS -X POST \"{url}\" -H 'Content-Type: application/json' "
+                        f"{_comment(name)} ({sample['api']})\ncd \"$(dirname \"$0\")\"\n"
+                        f"curl -sS -X POST {url} -H 'Content-Type: application/json' "
                         f"-d @{shlex.quote(rest_json.name)}\n")
         curl.chmod(0o755)
         grpc_json = out / f"{stem}.grpc.json"
@@ -138,7 +168,7 @@ def write_request_samples(out_dir: str | Path, samples: dict[str, dict], model_n
         grpcurl = out / f"{stem}.grpcurl.sh"
         grpcurl.write_text(
             "#!/bin/sh\n# TF Serving gRPC API, signature "
-            f"'{name}' ({sample['api']}). TF Serving has no server reflection: point PROTO_ROOT at a checkout\n"
+            f"{_comment(name)} ({sample['api']}). TF Serving has no server reflection: point PROTO_ROOT at a checkout\n"
             "# of tensorflow/serving and tensorflow/tensorflow's protos (both under one include root).\n"
             "cd \"$(dirname \"$0\")\"\n"
             f"grpcurl -plaintext -import-path \"${{PROTO_ROOT:-.}}\" "

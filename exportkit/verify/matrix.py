@@ -92,8 +92,11 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
                    int_range=None, atol=None, rtol=None, tol=None, json_out=None) -> int:
     from exportkit.compat import analysis, parse_versions
     from exportkit.savedmodel import select_meta_graph
+    from exportkit.files import write_atomic
+    from exportkit.spec import check_tolerances
     from exportkit.verify.plan import read_model
 
+    check_tolerances(atol, rtol)
     versions = parse_versions(tf)
     if device not in ("cpu", "gpu"):
         raise UsageError(f"--device {device!r} is not cpu or gpu", "pass --device cpu or --device gpu")
@@ -116,7 +119,7 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
     else:
         print(render_text(report, run))
         if json_out:
-            Path(json_out).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+            write_atomic(json_out, json.dumps(report.to_json(), indent=2) + "\n", f"--json {json_out}")
     sys.stdout.flush()
     return 0 if report.passed else 1
 

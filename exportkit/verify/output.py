@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
-
+from exportkit.files import write_atomic
 from exportkit.verify.report import VerifyReport
 
 
@@ -19,9 +18,9 @@ def finish(report: VerifyReport, json_out, junit) -> int:
     else:
         print(render_text(report))
         if json_out:
-            Path(json_out).write_text(json.dumps(to_json(report), indent=2) + "\n")
+            write_atomic(json_out, json.dumps(to_json(report), indent=2) + "\n", f"--json {json_out}")
     if junit:
-        Path(junit).write_text(to_junit_xml(report))
+        write_atomic(junit, to_junit_xml(report), f"--junit {junit}")
     sys.stdout.flush()
     return 0 if report.passed else 1
 

@@ -1,0 +1,89 @@
+"""Files and streams the user asked for (--json, --junit, --save-outputs, --save-failures, stdout): written whole
+or not at all, and an OSError said as the exception family says it (bad path: exit 2; disk full: exit 3)."""
+from __future__ import annotations
+
+import errno
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from exportkit.errors import ExportkitError, InfraError, UsageError
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+
+
+def os_error(err: OSError, what: str) -> ExportkitError:
+    """`err` met while writing `what` (e.g. "--json r.json") as one message and its fix."""
+    reason = err.strerror or str(err)
+    if err.errno in _FULL:
+        return InfraError(f"cannot write {what}: {reason}", "free space on that file system (or write elsewhere) "
+                                                            "and run the command again; nothing was left half-written")
+    if err.errno == errno.ENOENT:
+        return UsageError(f"cannot write {what}: {reason}", "create its directory first, or pass another path")
+    if err.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+        return UsageError(f"cannot write {what}: {reason} (a file is in the way of a directory, or the other way)",
+                          "pass a path whose parent directories are directories and that names no existing directory")
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return UsageError(f"cannot write {what}: {reason}", "pass a path in a directory you can write to")
+    return InfraError(f"cannot write {what}: {reason}", "check the path and the file system, then run it again")
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, what: str):
+    """Yield a temporary path next to `path`; renamed onto `path` when the block succeeds, removed otherwise, so
+    a full disk or an interrupt never leaves a partial file. OSErrors become os_error(..., what). A path that is
+    not a regular file (/dev/stdout, a FIFO) is written in place: there is nothing to rename onto."""
+    target = Path(path)
+    if target.exists() and not target.is_file() and not target.is_dir():
+        try:
+            yield target
+        except OSError as err:
+            raise os_error(err, what) from None
+        return
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    except OSError as err:
+        raise os_error(err, what) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: str | os.PathLike, text: str, what: str) -> None:
+    """`text` into `path`, whole or not at all (see atomic_path)."""
+    with atomic_path(path, what) as tmp:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+
+
+class OutputFault(Exception):
+    """Standard output could not be written: its reader left (EPIPE) or its device is full."""
+
+    def __init__(self, err: OSError):
+        super().__init__(str(err))
+        self.err = err
+
+
+class GuardedStream:
+    """sys.stdout whose write/flush failures are an OutputFault: the CLI answers a gone reader (`| head`) quietly
+    and a full disk with a message, instead of an "unexpected OSError" (SIGPIPE stays ignored, so a write to a
+    dead pipe or socket never kills a server)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as err:
+            raise OutputFault(err) from None
+
+    def flush(self):
+        try:
+            return self._stream.flush()
+        except OSError as err:
+            raise OutputFault(err) from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
