@@ -3,15 +3,23 @@
 A .keras/.h5 file stores each custom object as its config; loading calls `cls.from_config(config)`. When
 get_config() forgets a constructor argument, the reloaded model silently uses that argument's default and
 the export computes something else than the trained model. The reloaded instance cannot tell (its attribute
-*is* the default by then), so the check compares the config with the `__init__` signature, then rebuilds the
-object from its config and runs both on the golden inputs.
+*is* the default by then), so the check compares the config with the `__init__` signature and with the
+arguments the constructor received, then rebuilds the object from its config and replays both with the very
+arguments the model's call gave the original (positional and keyword tensors, masks, `training`), recorded by
+running the model once on the golden inputs.
+
+Only objects a reloaded model rebuilds from a stored config are checked: the model itself and what its saved
+config names (the layers of a functional graph, objects a layer serializes). Layers a custom layer creates in
+its own code are rebuilt by that code, so their parent's replay covers them (keras-hub's backbones store only
+their constructor arguments and build every layer themselves).
 
 Findings (errors, or warnings with --allow-incomplete-config): `custom-config-unserializable`,
-`custom-config-incomplete`, `custom-config-roundtrip`; `custom-config-unchecked` (info) where a layer's input
-cannot be captured.
+`custom-config-incomplete`, `custom-config-roundtrip`; `custom-config-unchecked` (info) where the check cannot
+decide (a layer the model never called, or one whose replay fails on the original too).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect as pyinspect
 import json
@@ -25,12 +33,16 @@ from exportkit.findings import Finding
 _BASE_ARGS = {"name", "dtype", "trainable", "autocast", "activity_regularizer", "input_shape", "input_dim",
               "batch_size", "batch_input_shape", "inputs", "outputs"}
 _FRAMEWORK_MODULES = ("keras", "tensorflow", "tf_keras", "builtins", "numpy")
+_CALLS_PER_LAYER = 4  # recorded calls replayed per layer (a shared layer or a loop calls it more often)
+
+
+def _is_framework(module: str | None) -> bool:
+    return (module or "").split(".")[0] in _FRAMEWORK_MODULES
 
 
 def is_custom(obj) -> bool:
     """Defined outside Keras/TensorFlow: a user's layer, model, initializer, ... or function."""
-    module = obj.__module__ if isinstance(obj, types.FunctionType) else type(obj).__module__
-    return not (module or "").split(".")[0] in _FRAMEWORK_MODULES
+    return not _is_framework(obj.__module__ if isinstance(obj, types.FunctionType) else type(obj).__module__)
 
 
 def _plain(value):
@@ -48,17 +60,53 @@ def _where(obj) -> str:
     return f"{type(obj).__name__} '{name}'" if name else type(obj).__name__
 
 
+def _class_key(obj) -> str:
+    import keras
+
+    return keras.saving.get_registered_name(type(obj))
+
+
+def _stored_objects(model) -> set[tuple[str, str | None]] | None:
+    """(registered class name, object name) of every object the model's saved config stores, or None when the
+    config cannot be serialized (then every custom object counts; the unserializable one is reported)."""
+    import keras
+
+    stored: set[tuple[str, str | None]] = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("class_name"), str) and "config" in node:
+                config = node["config"]
+                name = config.get("name") if isinstance(config, dict) else None
+                stored.add((node.get("registered_name") or node["class_name"], name if isinstance(name, str) else None))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    try:
+        walk(json.loads(json.dumps(keras.saving.serialize_keras_object(model))))
+    except Exception:  # a get_config() somewhere returns what JSON cannot hold
+        return None
+    return stored
+
+
 def custom_objects_of(model) -> list:
-    """Custom layers and nested models (the model itself included), then the custom initializers, regularizers,
-    constraints and functions (activations) they hold as attributes, each once."""
+    """The custom objects a reloaded model rebuilds from a stored config, each once: the model itself (when its
+    class is custom), the custom layers and nested models its config stores, then the custom initializers,
+    regularizers, constraints and functions (activations) those layers serialize."""
     found, seen = [], set()
+    stored = _stored_objects(model)
+    stored_classes = {key for key, _ in stored} if stored is not None else None
 
     def add(obj):
         if id(obj) not in seen and is_custom(obj):
             seen.add(id(obj))
             found.append(obj)
 
-    layers = list(model._flatten_layers(include_self=True, recursive=True))
+    layers = [layer for layer in model._flatten_layers(include_self=True, recursive=True)
+              if layer is model or stored is None or (_class_key(layer), layer.name) in stored]
     for layer in layers:
         add(layer)
     for layer in layers:
@@ -67,7 +115,8 @@ def custom_objects_of(model) -> list:
                 if isinstance(item, types.FunctionType):
                     if item.__name__ in {n.split(">")[-1] for n in _serialized_function_names(layer)}:
                         add(item)
-                elif hasattr(item, "get_config") and hasattr(type(item), "from_config") and not _is_layer(item):
+                elif (hasattr(item, "get_config") and hasattr(type(item), "from_config") and not _is_layer(item)
+                      and (stored_classes is None or _class_key(item) in stored_classes)):
                     add(item)
     return found
 
@@ -101,6 +150,49 @@ def _is_layer(obj) -> bool:
     return isinstance(obj, keras.layers.Layer)
 
 
+@contextlib.contextmanager
+def _recording_calls(layers: list):
+    """{id(layer): [(args, kwargs), ...]}: what each layer's call() receives inside the block (after Keras
+    filled in masks and `training`). The instance's own `call` attribute shadows the method for the block."""
+    calls: dict[int, list] = {id(layer): [] for layer in layers}
+    missing = object()
+    saved = {id(layer): layer.__dict__.get("call", missing) for layer in layers}
+
+    def recorder(layer, original):
+        def call(*args, **kwargs):
+            if len(calls[id(layer)]) < _CALLS_PER_LAYER:
+                calls[id(layer)].append((args, kwargs))
+            return original(*args, **kwargs)
+
+        return call
+
+    try:
+        for layer in layers:
+            object.__setattr__(layer, "call", recorder(layer, layer.call))
+        yield calls
+    finally:
+        for layer in layers:
+            if saved[id(layer)] is missing:
+                object.__delattr__(layer, "call")
+            else:
+                object.__setattr__(layer, "call", saved[id(layer)])
+
+
+def _recorded_calls(model, layers: list, batches: list[dict]) -> dict[int, list]:
+    """The arguments each of `layers` was really called with when the model ran on the golden batches."""
+    import tensorflow as tf
+
+    from exportkit.sources.model_io import feed_model
+
+    with _recording_calls(layers) as calls:
+        for batch in batches:
+            try:
+                feed_model(model, {k: tf.constant(v) for k, v in batch.items()})
+            except Exception:  # the golden record ran; what was recorded until here is still a real call
+                break
+    return calls
+
+
 def check_contracts(model, batches: list[dict], custom_objects: dict, allow_incomplete: bool = False,
                     compare=None) -> list[Finding]:
     """Findings for every custom object of `model`; `batches` are golden inputs keyed by input name.
@@ -110,12 +202,15 @@ def check_contracts(model, batches: list[dict], custom_objects: dict, allow_inco
     shapes are checked.
     """
     severity = "warning" if allow_incomplete else "error"
+    objects = custom_objects_of(model)
+    layers = [obj for obj in objects if _is_layer(obj)]
+    calls = _recorded_calls(model, layers, batches) if batches and layers else {}
     findings: list[Finding] = []
-    for obj in custom_objects_of(model):
+    for obj in objects:
         if isinstance(obj, types.FunctionType):
             findings += _check_function(obj, custom_objects, severity)
         else:
-            findings += _check_object(obj, model, batches, custom_objects, severity, compare)
+            findings += _check_object(obj, calls.get(id(obj)), custom_objects, severity, compare)
     return findings
 
 
@@ -136,7 +231,7 @@ def _check_function(fn, custom_objects: dict, severity: str) -> list[Finding]:
                     f"@keras.saving.register_keras_serializable() or pass --custom-objects {fn.__module__}")]
 
 
-def _check_object(obj, model, batches, custom_objects, severity, compare) -> list[Finding]:
+def _check_object(obj, calls, custom_objects, severity, compare) -> list[Finding]:
     import keras
 
     where = _where(obj)
@@ -150,45 +245,63 @@ def _check_object(obj, model, batches, custom_objects, severity, compare) -> lis
                         f"model cannot be saved and rebuilt; fix: return only plain values (numbers, strings, lists, "
                         f"serialized Keras objects) from get_config()")]
     findings = _check_coverage(obj, config, where, severity)
-    findings += _check_roundtrip(obj, config, serialized, model, batches, custom_objects, where, severity, compare)
+    findings += _check_roundtrip(obj, config, serialized, calls, custom_objects, where, severity, compare)
     return findings
 
 
+def _constructor_arguments(obj) -> dict | None:
+    """The arguments `obj`'s constructor received, defaults filled in (Keras 3 records them for its auto-config
+    when all are plain values), or None when they are not known."""
+    auto = getattr(obj, "_auto_config", None)
+    config = getattr(auto, "config", None)
+    return config if isinstance(config, dict) else None
+
+
+def _own_init(cls) -> bool:
+    """The class (or a custom base) defines the constructor: a custom subclass that inherits a Keras class's
+    __init__ adds no argument of its own, and Keras' own config contract is not this check's business."""
+    owner = next((klass for klass in cls.__mro__ if "__init__" in vars(klass)), object)
+    return not _is_framework(owner.__module__)
+
+
+def _scalar(value) -> bool:
+    return isinstance(value, (bool, int, float, str))
+
+
 def _check_coverage(obj, config: dict, where: str, severity: str) -> list[Finding]:
-    """Every __init__ argument is in the config; where the instance keeps it under the same name, with its value."""
+    """Every __init__ argument is in the config, with the value the constructor received (where it is known:
+    an attribute of the same name may hold a derived value, and None defaults are resolved later on purpose)."""
     findings = []
+    if not _own_init(type(obj)):
+        return []
     try:
         params = pyinspect.signature(type(obj).__init__).parameters
     except (TypeError, ValueError):
         return []
-    attrs = vars(obj)
+    received = _constructor_arguments(obj) or {}
     for name, param in list(params.items())[1:]:
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or name in _BASE_ARGS:
             continue
+        ok, value = _plain(received.get(name))
         if name not in config:
-            if name in _BASE_ARGS:
-                continue
             if param.default is param.empty:
                 uses = "nothing: from_config() fails without it"
             else:
                 uses = f"{name}={param.default!r} (the default)"
-            ok, value = _plain(attrs.get(name))
-            trained = (f", although this instance has {name}={value!r}"
-                       if name in attrs and ok and value != _plain(param.default)[1] else "")
+            trained = (f", although this instance has {name}={value!r} (its constructor received it)"
+                       if name in received and ok and value != _plain(param.default)[1] else "")
             findings.append(Finding(severity, "custom-config-incomplete",
                                     f"{where}: get_config() does not return __init__ argument '{name}'; a model "
                                     f"rebuilt from the config (a reloaded .keras/.h5) uses {uses}{trained}; fix: add "
                                     f"'{name}' to get_config() (or --allow-incomplete-config if it is derived)"))
             continue
-        if name in attrs:
-            ok_attr, attr_value = _plain(attrs[name])
-            ok_cfg, cfg_value = _plain(config[name])
-            if ok_attr and ok_cfg and attr_value != cfg_value:
-                findings.append(Finding(severity, "custom-config-incomplete",
-                                        f"{where}: get_config() returns {name}={cfg_value!r}, but the instance has "
-                                        f"{name}={attr_value!r}; a model rebuilt from the config uses {cfg_value!r}; "
-                                        f"fix: return self.{name} from get_config() (or --allow-incomplete-config "
-                                        f"if the attribute is derived from the argument)"))
+        ok_cfg, cfg_value = _plain(config[name])
+        if name in received and ok and ok_cfg and _scalar(value) and _scalar(cfg_value) and value != cfg_value:
+            findings.append(Finding(severity, "custom-config-incomplete",
+                                    f"{where}: get_config() returns {name}={cfg_value!r}, but the constructor "
+                                    f"received {name}={value!r}; a model rebuilt from the config is built with "
+                                    f"{cfg_value!r}; fix: return the constructor's argument from get_config() "
+                                    f"(keep it as received, e.g. self._{name} = {name})"))
     return findings
 
 
@@ -200,8 +313,13 @@ def _without_names(config):
     return config
 
 
-def _check_roundtrip(obj, config, serialized, model, batches, custom_objects, where, severity,
-                     compare) -> list[Finding]:
+def _one_line(err: Exception) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+
+
+def _check_roundtrip(obj, config, serialized, calls, custom_objects, where, severity, compare) -> list[Finding]:
+    """Rebuild `obj` from its config; for layers, replay the recorded calls on the original and on the rebuilt
+    layer (same weights) and compare."""
     import keras
 
     def finding(what: str) -> list[Finding]:
@@ -209,40 +327,46 @@ def _check_roundtrip(obj, config, serialized, model, batches, custom_objects, wh
                         f"{where}: {type(obj).__name__}.from_config(get_config()) {what}; fix: make get_config() "
                         f"return every constructor argument and from_config() rebuild the same object")]
 
+    def unchecked(why: str) -> list[Finding]:
+        return [Finding("info", "custom-config-unchecked", f"{where}: the rebuilt layer was not run: {why}; its "
+                                                           f"config was checked")]
+
     try:
         with keras.saving.custom_object_scope(custom_objects):
             clone = type(obj).from_config(copy.deepcopy(config))
         clone_config = json.loads(json.dumps(keras.saving.serialize_keras_object(clone.get_config())))
     except Exception as err:
-        return finding(f"fails ({type(err).__name__}: {' '.join(str(err).split())[:200]})")
+        return finding(f"fails ({_one_line(err)})")
     if _without_names(clone_config) != _without_names(serialized):
         changed = sorted(k for k in set(serialized) | set(clone_config)
                          if k != "name" and serialized.get(k) != clone_config.get(k))
         return finding(f"gives an object with another config (differs in: {', '.join(changed)})")
-    if not _is_layer(obj) or not obj.weights and not batches:
+    if not _is_layer(obj) or calls is None:
         return []
-    inputs = _layer_inputs(obj, model, batches) if batches else None
-    if inputs is None:
+    if not calls:
         built = not obj.weights or _build_like(clone, obj)
         if built and [tuple(w.shape) for w in obj.weights] != [tuple(w.shape) for w in clone.weights]:
             return finding("builds weights of other shapes")
-        return [Finding("info", "custom-config-unchecked",
-                        f"{where}: the rebuilt {'layer' if built else 'layer (no build config)'} was not run: its "
-                        f"inputs cannot be captured from the model's inputs; its config was checked")]
+        return unchecked("the model never called it on the golden inputs"
+                         + ("" if built else " (and it has no build config)"))
     try:
-        if obj.weights:
-            _build_like(clone, obj) or _call(clone, inputs[0])
+        expected = [obj(*args, **kwargs) for args, kwargs in calls]
+    except Exception as err:  # the original itself does not replay: the check cannot decide
+        return unchecked(f"replaying its recorded call fails on the original layer too ({_one_line(err)})")
+    try:
+        if obj.weights and not _build_like(clone, obj):
+            args, kwargs = calls[0]
+            clone(*args, **kwargs)
         shapes = [tuple(w.shape) for w in obj.weights], [tuple(w.shape) for w in clone.weights]
         if shapes[0] != shapes[1]:
             return finding(f"builds weights of other shapes ({shapes[1]} instead of {shapes[0]})")
         if compare is None:
             return []
         clone.set_weights(obj.get_weights())
-        pairs = [(_call(obj, x), _call(clone, x)) for x in inputs]
+        actual = [clone(*args, **kwargs) for args, kwargs in calls]
     except Exception as err:
-        return finding(f"gives a layer that fails on the golden inputs ({type(err).__name__}: "
-                       f"{' '.join(str(err).split())[:200]})")
-    return _compare_outputs(pairs, finding, compare)
+        return finding(f"gives a layer that fails on the arguments the original was called with ({_one_line(err)})")
+    return _compare_outputs(list(zip(expected, actual)), finding, compare)
 
 
 def _build_like(clone, obj) -> bool:
@@ -253,40 +377,12 @@ def _build_like(clone, obj) -> bool:
     return clone.built
 
 
-def _call(layer, x):
-    import keras
-
-    from exportkit.sources.model_io import feed_model, is_functional
-
-    if isinstance(layer, keras.Model) and isinstance(x, dict) and not is_functional(layer):
-        return feed_model(layer, x)
-    return layer(x, training=False)
-
-
-def _layer_inputs(layer, model, batches) -> list | None:
-    """What `layer` receives when the model runs on each golden batch, or None where that cannot be captured."""
-    import keras
-    import tensorflow as tf
-
-    from exportkit.sources.model_io import feed_model, is_functional
-
-    tensors = [{k: tf.constant(v) for k, v in batch.items()} for batch in batches]
-    if layer is model:
-        return tensors
-    if not is_functional(model):
-        return None
-    try:
-        probe = keras.Model(model.inputs, layer.input)
-        return [feed_model(probe, t) for t in tensors]
-    except Exception:  # shared layers (several inbound nodes), layers inside nested models or custom layers
-        return None
-
-
 def _compare_outputs(pairs, finding, compare) -> list[Finding]:
     import keras
 
     def as_dict(outputs):
-        return {f"output_{i}": np.asarray(t) for i, t in enumerate(keras.tree.flatten(outputs))}
+        tensors = [t for t in keras.tree.flatten(outputs) if hasattr(t, "shape") and hasattr(t, "dtype")]
+        return {f"output_{i}": np.asarray(t) for i, t in enumerate(tensors)}
 
     results = compare([as_dict(a) for a, _ in pairs], [as_dict(b) for _, b in pairs])
     failed = [r for r in results if not r.passed]
