@@ -536,6 +536,12 @@ def versioned_sessions(pythons: dict[str, str], version_dir, signature_name) -> 
     return built
 
 
+def _launch_options(o: VerifyOptions):
+    from exportkit.serving.launcher import LaunchOptions
+
+    return LaunchOptions(container_cli=o.container_cli, pull=o.pull, batching_parameters=o.batching_parameters)
+
+
 def _close_all(runtimes_) -> None:
     """Close every runtime at once: worker and server shutdowns overlap instead of adding up."""
 
@@ -607,7 +613,7 @@ def _build_runtimes(o: VerifyOptions, names, devices, version_dir, first: Signat
         runtime = ServingRuntime(str(version_dir), mode=o.serving, signature_name=first.name,
                                  model_name=o.model_name, model_version=o.model_version, binary=o.model_server_bin,
                                  load_timeout=o.load_timeout, device=devices[-1], signatures=signatures,
-                                 rest="rest" in names, worker=workers[devices[-1]])
+                                 rest="rest" in names, worker=workers[devices[-1]], launch=_launch_options(o))
         if "serving" in names:
             built.append(_Labeled(runtime, "serving"))
         if "rest" in names:
