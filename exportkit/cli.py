@@ -54,6 +54,8 @@ def _run(fn, debug: bool) -> None:
 
 
 DEBUG = typer.Option(False, "--debug", help="Show tracebacks.")
+CONTAINER_CLI = typer.Option("docker", "--container-cli", help="--serving docker: the container CLI (docker, podman or a path).")
+PULL = typer.Option(False, "--pull", help="--serving docker: pull the image if it is not on this machine.")
 CUSTOM_OBJECTS = typer.Option(None, "--custom-objects", help="module or module:Name offering custom Keras objects (repeatable).")
 PYTHON_PATH = typer.Option(None, "--python-path", help="Directory searched first for custom objects and builders (repeatable).")
 BUILDER = typer.Option(None, "--builder", help="module:function that builds the model for a checkpoint.")
@@ -176,9 +178,15 @@ def verify(
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance for every output."),
     tol: Optional[List[str]] = typer.Option(None, "--tol", help="KEY=ATOL,RTOL for one output (repeatable)."),
     runtimes: Optional[str] = typer.Option(None, "--runtimes", help="Comma-separated subset of golden,keras,saved_model,session,serving,rest."),
-    serving: str = typer.Option("auto", "--serving", help="auto | binary | embedded | none | HOST:PORT."),
+    serving: str = typer.Option("auto", "--serving", help="auto | binary | embedded | docker[:TAG] | none | HOST:PORT "
+                                "(docker: TF Serving's official image, e.g. docker:2.14.1, docker:2.14.1-gpu)."),
     serving_protocol: Optional[str] = typer.Option(None, "--serving-protocol", help="grpc | rest | both (default: both for servers exportkit launches, grpc for HOST:PORT)."),
     model_server_bin: Optional[str] = typer.Option(None, "--model-server-bin", help="Path of tensorflow_model_server."),
+    container_cli: str = CONTAINER_CLI,
+    pull: bool = PULL,
+    batching_parameters: Optional[str] = typer.Option(None, "--batching-parameters", help="Run a launched server "
+                                                      "with TF Serving's batching (--enable_batching) and this "
+                                                      "BatchingParameters text proto."),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name on the server (default: base directory name)."),
     model_version: Optional[int] = typer.Option(None, "--model-version", help="Version to ask a remote server for."),
     load_timeout: float = typer.Option(120.0, "--load-timeout", help="Seconds to wait for the server to report AVAILABLE."),
@@ -207,10 +215,12 @@ def verify(
         from exportkit.verify.command import verify_command
 
         return verify_command(VerifyOptions(
-            path=path, against=source.options(against) if against else None, signature_name=signature_name, inputs=inputs, samples=samples, seed=seed,
+            path=path, against=source.options(against) if against else None, signature_name=signature_name,
+            inputs=inputs, samples=samples, seed=seed,
             int_range=int_range, save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
             tol=tol or [], runtimes=runtimes, serving=serving, serving_protocol=serving_protocol,
-            model_server_bin=model_server_bin, model_name=model_name, model_version=model_version,
+            model_server_bin=model_server_bin, container_cli=container_cli, pull=pull,
+            batching_parameters=batching_parameters, model_name=model_name, model_version=model_version,
             load_timeout=load_timeout, device=device, allow_tf32=allow_tf32, allow_io_ops=allow_io_ops,
             allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json_out=json_out,
             junit=junit, data=data, limit=limit, batch_size=batch_size, sample=sample, save_failures=save_failures,
@@ -336,12 +346,18 @@ def runtimes_remove(version: str = typer.Argument(..., metavar="X.Y"), debug: bo
     _run(go, debug)
 
 
+def _terminated(signum, frame) -> None:
+    """SIGTERM (CI cancelling a job, `timeout`) unwinds like Ctrl-C, so servers and containers are stopped."""
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     if _closed_stdio():
         typer.echo("error: standard output is closed (started with >&-): the output has nowhere to go", err=True)
         typer.echo("  fix: redirect it (>/dev/null or >FILE) instead of closing it", err=True)
         sys.exit(EXIT_INFRA)
     sys.stdout = GuardedStream(sys.stdout)  # SIGPIPE stays ignored: `| head` ends quietly in _output_fault
+    signal.signal(signal.SIGTERM, _terminated)
     if "--debug" not in sys.argv:
         warnings.simplefilter("ignore")  # Keras' UserWarnings about the user's model are noise in a CI log
     try:

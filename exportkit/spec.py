@@ -164,6 +164,9 @@ class VerifyOptions:
     serving: str = "auto"
     serving_protocol: str | None = None  # grpc | rest | both; None: both for launched servers, grpc for HOST:PORT
     model_server_bin: str | None = None
+    container_cli: str = "docker"  # --serving docker: docker, podman or a path
+    pull: bool = False  # --serving docker: pull a missing image
+    batching_parameters: str | None = None  # TF Serving BatchingParameters text proto for a launched server
     model_name: str | None = None
     model_version: int | None = None
     load_timeout: float = 120.0

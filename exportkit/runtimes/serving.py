@@ -22,8 +22,10 @@ class ServingRuntime(Runtime):
     def __init__(self, path: str | None, mode: str = "auto", *, model_name: str | None = None,
                  model_version: int | None = None, signature_name: str = DEFAULT_SIGNATURE,
                  binary: str | None = None, device: str = "cpu", load_timeout: float = 120.0,
-                 timeout: float = 30.0, signatures: dict | None = None, rest: bool = False, worker=None):
-        """`mode`: auto | binary | embedded | HOST:PORT (see serving.launcher.start). `worker`: a
+                 timeout: float = 30.0, signatures: dict | None = None, rest: bool = False, worker=None,
+                 launch=None):
+        """`mode`: auto | binary | embedded | docker[:TAG] | HOST:PORT (see serving.launcher.start); `launch`:
+        serving.launcher.LaunchOptions (container CLI, --pull, batching parameters). `worker`: a
         runtimes.session.TfWorker for the model; the embedded server then runs in it, on its session loader's load.
 
         `signatures` ({name: savedmodel.signatures_of's form}) pick the API of the signature in use: Classify or
@@ -42,10 +44,11 @@ class ServingRuntime(Runtime):
         self.model_version = model_version
         self.signature_name = signature_name
         self.binary = binary
+        self.launch = launch
         self.load_timeout = load_timeout
         self.timeout = timeout
         # A remote server's device is not ours to know.
-        self.device = device if mode in ("auto", "binary", "embedded") else None
+        self.device = device if mode in ("auto", "binary", "embedded") or mode.startswith("docker") else None
         self._device = device
         self.server: dict | None = None
         self.loaded = False
@@ -65,7 +68,8 @@ class ServingRuntime(Runtime):
             self._pending = _serve_in_worker(self.worker, self.model_name, self.rest, self._device)
             return
         self._pending = start(self.mode, self.path, model_name=self.model_name, model_version=self.model_version,
-                              binary=self.binary, device=self._device, load_timeout=self.load_timeout, rest=self.rest)
+                              binary=self.binary, device=self._device, load_timeout=self.load_timeout, rest=self.rest,
+                              launch=self.launch)
 
     def load(self) -> None:
         """Wait for a server with the model AVAILABLE (CheckFailed if it fails to load, InfraError if no server)."""

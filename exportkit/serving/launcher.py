@@ -1,13 +1,14 @@
-"""Three ways to get a TF Serving-compatible server, one result: `ServerHandle` (address, description, stop()).
+"""Four ways to get a TF Serving-compatible server, one result: `ServerHandle` (address, description, stop()).
 
+    docker    the real TF Serving: its official image (docker[:TAG], or a private image) in a container
     binary    the real `tensorflow_model_server` (explicit path, else $EXPORTKIT_MODEL_SERVER, else PATH)
     remote    HOST:PORT of a server someone else runs; nothing is launched
     embedded  `python -I -m exportkit serve` in a child process: the TF1-style loader, no user code on sys.path
     auto      binary if found, else embedded
 
-Launched servers run in their own process group and are stopped (SIGTERM, wait, SIGKILL to the group) on
-success, error and Ctrl-C, so no server outlives the check. A model that fails to load is `CheckFailed` with
-the tail of the server's log; a missing binary or a server that cannot start is `InfraError`.
+Launched servers run in their own process group (containers: labelled, removed) and are stopped (SIGTERM, wait,
+SIGKILL to the group) on success, error and Ctrl-C, so no server outlives the check. A model that fails to load is
+`CheckFailed` with the tail of the server's log; a missing binary or a server that cannot start is `InfraError`.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from typing import Callable
 
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.savedmodel import list_versions, resolve_model_path
+from exportkit.serving.container import batching_flags, is_container_mode
 from exportkit.tfenv import child_env
 
 BINARY_NAME = "tensorflow_model_server"
@@ -205,8 +207,26 @@ def _died(child: "_Child", what: str) -> Exception:
                        "the server log says why the model did not load")
 
 
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How a launched server is run: the container CLI (docker, podman or a path) and whether a missing image may
+    be pulled (docker mode), and a TF Serving BatchingParameters text proto to serve with `--enable_batching`."""
+
+    container_cli: str = "docker"
+    pull: bool = False
+    batching_parameters: str | None = None
+
+
 def _model_name(path: str, model_name: str | None) -> str:
     return model_name or resolve_model_path(path).default_name
+
+
+def _batching_file(options: LaunchOptions | None) -> str | None:
+    path = options.batching_parameters if options else None
+    if path and not os.path.isfile(path):
+        raise UsageError(f"--batching-parameters {path}: no such file",
+                         "pass a TF Serving BatchingParameters text proto (e.g. max_batch_size { value: 32 })")
+    return os.path.abspath(path) if path else None
 
 
 # --------------------------------------------------------------------------------------------------- binary
@@ -291,7 +311,7 @@ class PendingServer:
 
 
 def start_binary(path: str, model_name: str | None = None, binary: str | None = None, device: str = "cpu",
-                 load_timeout: float = 120.0, rest: bool = False) -> PendingServer:
+                 load_timeout: float = 120.0, rest: bool = False, launch: LaunchOptions | None = None) -> PendingServer:
     """Spawn the real tensorflow_model_server on a free loopback port (InfraError if there is none)."""
     found = find_binary(binary)
     if found is None:
@@ -309,6 +329,7 @@ def start_binary(path: str, model_name: str | None = None, binary: str | None = 
         rest_port = free_port() if rest else 0
         argv = [found, f"--port={port}", f"--rest_api_port={rest_port}", f"--model_name={name}",
                 f"--model_base_path={os.path.abspath(base_dir)}"]
+        argv += batching_flags(_batching_file(launch))
         child = _Child(argv, child_env(device), label="binary")
     except BaseException:
         clean()
@@ -338,6 +359,62 @@ def launch_binary(path: str, model_name: str | None = None, binary: str | None =
                   load_timeout: float = 120.0) -> ServerHandle:
     """Run the real tensorflow_model_server; return once the model is AVAILABLE."""
     return start_binary(path, model_name, binary, device, load_timeout).wait()
+
+
+# --------------------------------------------------------------------------------------------------- docker
+def start_container(serving: str, path: str, model_name: str | None = None, device: str = "cpu",
+                    load_timeout: float = 120.0, options: LaunchOptions | None = None) -> PendingServer:
+    """TF Serving's image on the model (serving.container); `wait()` returns once the model is AVAILABLE."""
+    from exportkit.serving import container as containers
+
+    options = options or LaunchOptions()
+    image = containers.image_for(serving, device)
+    _batching_file(options)
+    cli = containers.ContainerCli(options.container_cli)
+    removed = containers.remove_stale(cli)
+    for stale in removed:
+        print(f"note: removed container {stale}, left behind by an exportkit run that was killed", file=sys.stderr)
+    image_id, digest = containers.image_identity(cli, image, options.pull)
+    loc = resolve_model_path(path)
+    name = model_name or loc.default_name
+    grpc_port, rest_port = free_port(), free_port()
+    container = containers.Container.run(cli, image, model_name=name, version_dir=str(loc.version_dir),
+                                         version=loc.version, grpc_port=grpc_port, rest_port=rest_port,
+                                         gpu=device == "gpu", batching_parameters=options.batching_parameters)
+    address = f"127.0.0.1:{grpc_port}"
+    what = f"TF Serving in {image} (container {container.name})"
+    log = f"container log (last {containers.LOG_TAIL_LINES} lines)"
+
+    def finish() -> ServerHandle:
+        from exportkit.serving.client import ModelLoadFailed, ServingClient, ServingError
+
+        def check() -> None:
+            if not container.running():
+                raise CheckFailed(f"{what} exited before the model was AVAILABLE; {log}:\n{container.tail()}",
+                                  "the container log says why TF Serving did not load the model")
+
+        with ServingClient(address, name, loc.version) as client:
+            try:
+                client.wait_available(load_timeout, check=check)
+            except ModelLoadFailed as err:
+                raise CheckFailed(f"{what}: {err.message}\n{log}:\n{container.tail()}",
+                                  "the container log says why TF Serving did not load the model") from None
+            except ServingError as err:
+                hint = ("raise --load-timeout if the model is big" if err.code == "DEADLINE_EXCEEDED"
+                        else "the container log says what went wrong")
+                raise CheckFailed(f"{what}: {err}\n{log}:\n{container.tail()}", hint) from None
+        description = {"kind": "docker", "version": containers.server_version(cli, image), "address": address,
+                       "binary": None, "image": image, "image_id": image_id, "digest": digest,
+                       "container": container.name, "cli": cli.name, "model_name": name,
+                       "model_version": loc.version}
+        if removed:
+            description["removed_stale"] = removed
+        handle = ServerHandle(address, description, name, loc.version, container.remove, None, container.tail,
+                              rest_address=f"127.0.0.1:{rest_port}")
+        _live.add(handle)
+        return handle
+
+    return PendingServer(finish, container.remove)
 
 
 # --------------------------------------------------------------------------------------------------- embedded
@@ -489,12 +566,12 @@ def _check_listening(address: str) -> None:
 
 
 def check_serving_mode(serving: str) -> None:
-    """UsageError unless `serving` is auto, binary, embedded, none, HOST:PORT or remote:HOST:PORT."""
-    if serving in ("auto", "binary", "embedded", "none"):
+    """UsageError unless `serving` is auto, binary, embedded, none, docker[:TAG], HOST:PORT or remote:HOST:PORT."""
+    if serving in ("auto", "binary", "embedded", "none") or is_container_mode(serving):
         return
     address = serving[len("remote:"):] if serving.startswith("remote:") else serving
     if not _ADDRESS.fullmatch(address):
-        raise UsageError(f"--serving {serving!r} is not auto, binary, embedded, none or HOST:PORT",
+        raise UsageError(f"--serving {serving!r} is not auto, binary, embedded, docker[:TAG], none or HOST:PORT",
                          "pass --serving embedded (no binary needed), or the address of a running server, "
                          "e.g. --serving localhost:8500")
 
@@ -502,8 +579,9 @@ def check_serving_mode(serving: str) -> None:
 # --------------------------------------------------------------------------------------------------- one entry
 def start(serving: str, path: str | None = None, *, model_name: str | None = None, model_version: int | None = None,
           binary: str | None = None, device: str = "cpu", load_timeout: float = 120.0,
-          rest: bool = False) -> PendingServer:
-    """`serving`: "auto" | "binary" | "embedded" | "HOST:PORT" (remote; "remote:HOST:PORT" also accepted).
+          rest: bool = False, launch: LaunchOptions | None = None) -> PendingServer:
+    """`serving`: "auto" | "binary" | "embedded" | "docker[:TAG]" | "HOST:PORT" (remote; "remote:HOST:PORT" also
+    accepted). `launch`: how a launched server runs (container CLI, --pull, batching parameters).
 
     `rest`: a launched server also serves the REST API (its address: ServerHandle.rest_address).
 
@@ -512,9 +590,11 @@ def start(serving: str, path: str | None = None, *, model_name: str | None = Non
     if serving == "auto":
         serving = "binary" if find_binary(binary) else "embedded"
     if serving == "binary":
-        return start_binary(path, model_name, binary, device, load_timeout, rest)
+        return start_binary(path, model_name, binary, device, load_timeout, rest, launch)
     if serving == "embedded":
         return start_embedded(path, model_name, device, load_timeout, rest)
+    if is_container_mode(serving):
+        return start_container(serving, path, model_name, device, load_timeout, launch)
     address = serving[len("remote:"):] if serving.startswith("remote:") else serving
     check_serving_mode(serving)
     if model_name is None and path is not None:

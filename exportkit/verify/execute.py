@@ -101,7 +101,7 @@ def _build(o: VerifyOptions, plan: Plan, planned: PlannedRuntime, worker, shared
             shared["server"] = ServingRuntime(
                 str(plan.version_dir), mode=o.serving, signature_name=first.name, model_name=o.model_name,
                 model_version=o.model_version, binary=o.model_server_bin, load_timeout=o.load_timeout, device=dev,
-                signatures=plan.signatures, rest="rest" in names, worker=worker(dev))
+                signatures=plan.signatures, rest="rest" in names, worker=worker(dev), launch=_launch_options(o))
         if planned.name == "serving":
             return shared["server"]
         return RestRuntime(shared["server"], owns="serving" not in names)
@@ -269,3 +269,10 @@ def _run_all(runtime, batches) -> list:
             return None
 
     return [run(item) for item in batches]
+
+
+def _launch_options(o: VerifyOptions):
+    """How a server verify launches is run (container CLI, --pull, batching parameters)."""
+    from exportkit.serving.launcher import LaunchOptions
+
+    return LaunchOptions(container_cli=o.container_cli, pull=o.pull, batching_parameters=o.batching_parameters)

@@ -1,0 +1,198 @@
+"""TF Serving's official image in a container (Docker, or Podman with the same command line), as TFX's
+InfraValidator runs it: the model mounted read-only, ports published on loopback only, wait for GetModelStatus
+AVAILABLE with a deadline, the container's log when loading fails, and the container removed whatever happens.
+
+The image's entrypoint (tensorflow_serving/tools/docker/Dockerfile) runs
+    tensorflow_model_server --port=8500 --rest_api_port=8501 \
+        --model_name=${MODEL_NAME} --model_base_path=${MODEL_BASE_PATH}/${MODEL_NAME} "$@"
+with MODEL_BASE_PATH=/models, so the version dir is mounted at /models/NAME/VERSION and extra flags are appended.
+
+Every container carries the label LABEL=HOST:PID of the exportkit process that started it; a run finds the
+containers of runs that were killed (their PID is gone) and removes them first.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+
+from exportkit.errors import InfraError, UsageError
+
+IMAGE_REPO = "tensorflow/serving"
+LABEL = "org.exportkit.run"
+GRPC_PORT, REST_PORT = 8500, 8501
+MODELS_DIR = "/models"
+CONFIG_DIR = "/etc/exportkit"
+CLI_TIMEOUT_S = 120.0
+LOG_TAIL_LINES = 40
+
+
+def is_container_mode(serving: str) -> bool:
+    return serving == "docker" or serving.startswith("docker:")
+
+
+def image_for(serving: str, device: str = "cpu") -> str:
+    """`docker` -> tensorflow/serving:latest (latest-gpu with --device gpu); `docker:2.14.1` ->
+    tensorflow/serving:2.14.1; `docker:NAME[:TAG]` with a `/` in it: that image, as given (a private build)."""
+    tag = serving.partition(":")[2]
+    if "/" in tag:
+        return tag
+    if not tag:
+        tag = "latest-gpu" if device == "gpu" else "latest"
+    if not re.fullmatch(r"[\w][\w.-]{0,127}", tag):
+        raise UsageError(f"--serving {serving!r}: {tag!r} is not an image tag",
+                         "pass --serving docker:2.14.1 (a tensorflow/serving tag) or docker:REGISTRY/IMAGE:TAG")
+    if device == "gpu" and not tag.endswith("gpu"):
+        raise UsageError(f"--device gpu with {IMAGE_REPO}:{tag}, which is a CPU-only build of TF Serving",
+                         f"pass --serving docker:{tag}-gpu (the GPU image of the same release)")
+    return f"{IMAGE_REPO}:{tag}"
+
+
+def image_for_version(tf_version: str, device: str = "cpu") -> str:
+    """The image of TF Serving X.Y for `compat --serving docker` (TF Serving X.Y is built on TF X.Y)."""
+    return image_for(f"docker:{tf_version}.0" + ("-gpu" if device == "gpu" else ""), device)
+
+
+class ContainerCli:
+    """The container command line (`docker` or `podman`): run one subcommand, errors as InfraError."""
+
+    def __init__(self, cli: str = "docker"):
+        found = shutil.which(cli)
+        if found is None:
+            raise InfraError(f"{cli} not found (--container-cli {cli}): no container runtime on this machine",
+                             "install Docker or Podman (or pass --container-cli PATH), or use --serving embedded")
+        self.name = os.path.basename(cli)
+        self.path = found
+
+    def run(self, *args: str, timeout: float = CLI_TIMEOUT_S, check: bool = True) -> subprocess.CompletedProcess:
+        try:
+            proc = subprocess.run([self.path, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise InfraError(f"`{self.name} {args[0]}` did not answer within {timeout:g}s",
+                             f"check that the {self.name} daemon is running (`{self.name} info`)") from None
+        except OSError as err:
+            raise InfraError(f"cannot run {self.path}: {err}", "check --container-cli") from None
+        if check and proc.returncode != 0:
+            raise InfraError(f"`{self.name} {' '.join(args[:2])}` failed: {_last_line(proc.stderr or proc.stdout)}",
+                             f"check that the {self.name} daemon is running and that you may use it (`{self.name} info`)")
+        return proc
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def image_identity(cli: ContainerCli, image: str, pull: bool) -> tuple[str, str | None]:
+    """(image id, repo digest or None) of a local image; pulled first only with `pull`, else InfraError."""
+    def inspect() -> subprocess.CompletedProcess:
+        return cli.run("image", "inspect", "--format", '{{.Id}}|{{join .RepoDigests ","}}', image, check=False)
+
+    proc = inspect()
+    if proc.returncode != 0 and pull:
+        pulled = cli.run("pull", image, timeout=1800.0, check=False)
+        if pulled.returncode != 0:
+            raise InfraError(f"`{cli.name} pull {image}` failed: {_last_line(pulled.stderr or pulled.stdout)}",
+                             "check the image name and tag (https://hub.docker.com/r/tensorflow/serving/tags) and "
+                             "the network")
+        proc = inspect()
+    if proc.returncode != 0:
+        raise InfraError(f"image {image} is not on this machine (exportkit pulls nothing unless asked)",
+                         f"{cli.name} pull {image}   (or pass --pull)")
+    image_id, _, digests = proc.stdout.strip().partition("|")
+    return image_id, (digests.split(",")[0] or None) if digests else None
+
+
+def server_version(cli: ContainerCli, image: str) -> str:
+    """The image's own answer to `tensorflow_model_server --version` ("2.14.1-rc0" ...), or "unknown"."""
+    proc = cli.run("run", "--rm", "--network", "none", "--entrypoint", "tensorflow_model_server", image, "--version",
+                   timeout=60.0, check=False)
+    match = re.search(r"TensorFlow ModelServer:\s*(\S+)", proc.stdout + proc.stderr)
+    return match.group(1) if match else "unknown"
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale(cli: ContainerCli) -> list[str]:
+    """Remove the containers that exportkit runs on this host left behind when they were killed; their names."""
+    proc = cli.run("ps", "-a", "--filter", f"label={LABEL}", "--format", '{{.ID}} {{.Label "%s"}} {{.Names}}' % LABEL,
+                   check=False)
+    removed = []
+    host = socket.gethostname()
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        container, owner, name = parts[0], parts[1], parts[2]
+        owner_host, _, pid = owner.rpartition(":")
+        if owner_host != host or not pid.isdigit() or _pid_alive(int(pid)):
+            continue  # another machine's, or a run still going
+        cli.run("rm", "-f", container, check=False)
+        removed.append(name)
+    return removed
+
+
+def batching_flags(path: str | None) -> list[str]:
+    """The server flags that turn on TF Serving's batching with a parameters file at `path` (as the server sees it)."""
+    return ["--enable_batching=true", f"--batching_parameters_file={path}"] if path else []
+
+
+class Container:
+    """One container of TF Serving: started detached, asked whether it still runs, its log tail, `remove()`."""
+
+    def __init__(self, cli: ContainerCli, container_id: str, name: str):
+        self.cli, self.id, self.name = cli, container_id, name
+
+    @classmethod
+    def run(cls, cli: ContainerCli, image: str, *, model_name: str, version_dir: str, version: int, grpc_port: int,
+            rest_port: int, gpu: bool, batching_parameters: str | None) -> "Container":
+        """Detached, labelled with this run, ports published on 127.0.0.1 only, the version dir read-only."""
+        name = f"exportkit-{os.getpid()}-{secrets.token_hex(3)}"
+        args = ["run", "-d", "--name", name, "--label", f"{LABEL}={_owner()}",
+                "-p", f"127.0.0.1:{grpc_port}:{GRPC_PORT}", "-p", f"127.0.0.1:{rest_port}:{REST_PORT}",
+                "-v", f"{os.path.abspath(version_dir)}:{MODELS_DIR}/{model_name}/{version}:ro",
+                "-e", f"MODEL_NAME={model_name}"]
+        if gpu:
+            args += ["--gpus", "all"]
+        inside = None
+        if batching_parameters:
+            inside = f"{CONFIG_DIR}/batching_parameters.txt"
+            args += ["-v", f"{os.path.abspath(batching_parameters)}:{inside}:ro"]
+        proc = cli.run(*args, image, *batching_flags(inside), check=False)
+        if proc.returncode != 0:
+            cli.run("rm", "-f", name, check=False)  # created but not started: nothing may stay behind
+            raise InfraError(f"`{cli.name} run {image}` failed: {_last_line(proc.stderr or proc.stdout)}",
+                             f"check that {cli.name} can start containers (`{cli.name} run --rm {image} --version`)")
+        return cls(cli, proc.stdout.strip().splitlines()[-1], name)
+
+    def running(self) -> bool:
+        proc = self.cli.run("ps", "-q", "--filter", f"id={self.id}", check=False)
+        return bool(proc.stdout.strip())
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        if self.id is None:
+            return ""
+        proc = self.cli.run("logs", "--tail", str(lines), self.id, check=False)
+        return "\n".join((proc.stdout + proc.stderr).splitlines()[-lines:])
+
+    def remove(self) -> None:
+        """Idempotent: from finally, atexit, Ctrl-C and SIGTERM alike."""
+        if self.id is not None:
+            container, self.id = self.id, None
+            self.cli.run("rm", "-f", container, timeout=60.0, check=False)
