@@ -280,16 +280,24 @@ def compat(
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance for every output."),
     tol: Optional[List[str]] = typer.Option(None, "--tol", help="KEY=ATOL,RTOL for one output (repeatable)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON matrix here ('-' for stdout)."),
+    serving: Optional[str] = typer.Option(None, "--serving", help="docker | docker:TAG: also observe each version "
+                                          "on TF Serving's official image (tensorflow/serving:X.Y.Z)."),
+    container_cli: str = CONTAINER_CLI,
+    pull: bool = PULL,
+    load_timeout: float = typer.Option(120.0, "--load-timeout", help="--serving: seconds to wait for AVAILABLE."),
     debug: bool = DEBUG,
 ):
-    """Will it load, run and agree on TF Serving 2.12 ... 2.21? Predicted statically; observed with --run."""
+    """Will it load, run and agree on TF Serving 2.12 ... 2.21? Predicted statically; observed with --run, and on
+    TF Serving itself with --serving docker."""
 
     def go():
+        from exportkit.serving.launcher import LaunchOptions
         from exportkit.verify.matrix import compat_command
 
         return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
                               samples=samples, seed=seed, int_range=int_range, atol=atol, rtol=rtol, tol=tol,
-                              json_out=json_out)
+                              json_out=json_out, serving=serving, load_timeout=load_timeout,
+                              launch=LaunchOptions(container_cli=container_cli, pull=pull))
 
     _run(go, debug)
 

@@ -3,7 +3,7 @@
 Only the container runtime and the binary's packaging stand in: the server inside is `exportkit serve`, started with
 the very flags TF Serving's image entrypoint passes (tensorflow_serving/tools/docker/Dockerfile), so the gRPC and REST
 protocol the tests see is real. The `docker` stand-in implements the subcommands exportkit calls: `run` (detached,
-and `--rm --entrypoint tensorflow_model_server IMAGE --version`), `ps`, `logs`, `rm`, `image inspect` and `pull`.
+and `--rm --entrypoint tensorflow_model_server IMAGE --version`), `ps`, `logs`, `rm`, `image inspect|ls`, `pull`.
 
 State lives in $EXPORTKIT_STANDIN_STATE: `images.json` ({image: digest}: what is "pulled"), `registry.json` (what
 `pull` can fetch), and one `containers/ID.json` per container. A container's "filesystem" is a directory of
@@ -209,8 +209,14 @@ def cmd_rm(args):
 
 
 def cmd_image(args):
+    if args[0] == "ls":  # image ls REPO --format {{.Tag}}
+        for image in images():
+            repo, _, tag = image.rpartition(":")
+            if repo == args[1]:
+                print(tag)
+        return
     if args[0] != "inspect":
-        sys.exit("docker stand-in: only `image inspect`")
+        sys.exit("docker stand-in: only `image inspect` and `image ls`")
     image = args[-1]
     digest = images().get(image)
     if digest is None:

@@ -161,3 +161,18 @@ def test_binary_standin_speaks_tf_servings_flags(ranker, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     server = _serving(tmp_path / "r.json")[0]["server"]
     assert server["kind"] == "binary" and server["version"] == standins.VERSION
+
+
+def test_compat_observes_each_version_on_its_image(ranker, docker, tmp_path):
+    env, state = docker
+    proc = run_cli("compat", ranker, "--tf", "2.14", "--serving", "docker", "--json", tmp_path / "c.json", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = json.loads((tmp_path / "c.json").read_text())["versions"][0]
+    assert row["tf"] == "2.14" and row["served"] == "ok" and row["observed"] is None
+    assert row["server"]["image"] == IMAGE and row["server"]["version"] == standins.VERSION  # newest local 2.14.Z
+    assert "TF SERVING" in proc.stdout and IMAGE in proc.stdout
+    assert standins.containers(state) == []
+    missing = run_cli("compat", ranker, "--tf", "2.13", "--serving", "docker", env=env)
+    assert missing.returncode == 3 and "docker pull tensorflow/serving:2.13.0" in missing.stderr
+    one_image = run_cli("compat", ranker, "--tf", "2.13,2.14", "--serving", "docker:2.14.1", env=env)
+    assert one_image.returncode == 2 and "fix:" in one_image.stderr

@@ -51,9 +51,6 @@ def image_for(serving: str, device: str = "cpu") -> str:
     return f"{IMAGE_REPO}:{tag}"
 
 
-def image_for_version(tf_version: str, device: str = "cpu") -> str:
-    """The image of TF Serving X.Y for `compat --serving docker` (TF Serving X.Y is built on TF X.Y)."""
-    return image_for(f"docker:{tf_version}.0" + ("-gpu" if device == "gpu" else ""), device)
 
 
 class ContainerCli:
@@ -105,6 +102,16 @@ def image_identity(cli: ContainerCli, image: str, pull: bool) -> tuple[str, str 
                          f"{cli.name} pull {image}   (or pass --pull)")
     image_id, _, digests = proc.stdout.strip().partition("|")
     return image_id, (digests.split(",")[0] or None) if digests else None
+
+
+def image_of_version(cli: "ContainerCli", tf_version: str, device: str = "cpu") -> str:
+    """TF Serving X.Y's image for `compat --serving docker` (TF Serving X.Y is built on TF X.Y): the newest
+    tensorflow/serving:X.Y.Z[-gpu] on this machine, else X.Y.0 (whose absence then says what to pull)."""
+    proc = cli.run("image", "ls", IMAGE_REPO, "--format", "{{.Tag}}", check=False)
+    suffix = "-gpu" if device == "gpu" else ""
+    pattern = re.compile(re.escape(tf_version) + r"\.(\d+)" + re.escape(suffix))
+    patches = [int(m.group(1)) for tag in proc.stdout.split() if (m := pattern.fullmatch(tag))]
+    return f"{IMAGE_REPO}:{tf_version}.{max(patches, default=0)}{suffix}"
 
 
 def server_version(cli: ContainerCli, image: str) -> str:
