@@ -15,7 +15,7 @@ import pytest
 
 from tfs_models import build_half_plus, build_half_plus_two_tf2
 
-pytestmark = [pytest.mark.serving]
+pytestmark = [pytest.mark.slow, pytest.mark.serving]
 
 
 def _config(models: dict) -> str:

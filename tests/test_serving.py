@@ -405,7 +405,8 @@ def test_embedded_failing_warmup_is_check_failed(tmp_path, model_base):
                          signature_def=_float64_signature())
     with pytest.raises(CheckFailed) as info:
         launcher.launch("embedded", str(bad.parent), load_timeout=120)
-    assert "warm-up record 0" in info.value.message and "float64" in info.value.message
+    # The session refuses the float64 feed as TF Serving's C++ session does ("... float but double is provided").
+    assert "warm-up record 0" in info.value.message and "double" in info.value.message
 
 
 def _float64_signature():
