@@ -22,8 +22,9 @@ log = logging.getLogger("exportkit.serve")
 
 class ServerCore:
     def __init__(self, servables: list[ServedModel] = (), device: str = "cpu", session_config=None, batching=None,
-                 metrics=None):
+                 metrics=None, method_name_check: bool = False):
         self.device = device
+        self.method_name_check = method_name_check
         self.session_config = session_config
         self.batching = batching
         self.metrics = metrics  # monitoring.Metrics or None
@@ -119,7 +120,7 @@ class ServerCore:
                 if known is None or (known.state == "END" and known.error is None):  # new, or unloaded earlier
                     location = ModelLocation(config.base_path, directory, version, config.name)
                     current[version] = ServedModel(location, config.name, self.device, self.session_config,
-                                                   self.batching)
+                                                   self.batching, self.method_name_check)
             self._wanted[config.name] = set(aspired)
 
     def _sync_versions(self) -> None:
