@@ -15,7 +15,7 @@ import pytest
 
 from tfs_models import build_half_plus, build_half_plus_two_tf2
 
-pytestmark = [pytest.mark.serving]
+pytestmark = [pytest.mark.slow, pytest.mark.serving]
 
 
 def _config(models: dict) -> str:
@@ -335,3 +335,30 @@ def test_batching_merges_concurrent_requests_and_pads_to_allowed_sizes(tmp_path)
         assert together == [[4.0], [8.0], [12.0]]  # merged into one run of 3 rows, padded to 4
     finally:
         core.close()
+
+
+def test_the_method_name_check_when_asked_for(tmp_path):
+    from tensorflow_serving.apis import classification_pb2
+
+    from exportkit.serving.classifier import classify
+    from exportkit.serving.config import ModelConfig
+    from exportkit.serving.server_core import ServerCore
+    from exportkit.serving.status import RpcError
+
+    build_half_plus(str(tmp_path / "m" / "1"))
+    checked, default = ServerCore(method_name_check=True), ServerCore()
+    try:
+        for core in (checked, default):
+            core.reload_config([ModelConfig("m", str(tmp_path / "m"))])
+        request = _examples_request(classification_pb2.ClassificationRequest, "m", "regress_x_to_y")
+        with pytest.raises(RpcError) as info:
+            classify(checked, request)
+        assert (info.value.code.name, info.value.message) == (
+            "INVALID_ARGUMENT", "Expected classification signature method_name to be tensorflow/serving/classify. "
+                                "Was: tensorflow/serving/regress")
+        with pytest.raises(RpcError) as info:  # without it, the structure decides: no "scores"/"classes" output
+            classify(default, request)
+        assert info.value.message.startswith('Expected classification signature outputs to contain at least one of')
+    finally:
+        checked.close()
+        default.close()

@@ -273,7 +273,8 @@ def test_client_round_trip_and_error_codes(embedded, reference):
             np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-7)
         with pytest.raises(ServingError) as info:
             client.predict({"x": inputs["x"].astype(np.float64), "k": inputs["k"]})
-        assert info.value.code == "INVALID_ARGUMENT" and "'x'" in info.value.message
+        # what the session says, as in TF Serving (no SignatureDef dtype check in predict_util.cc)
+        assert info.value.code == "INVALID_ARGUMENT" and "double" in info.value.message
     with ServingClient(embedded.address, "nope", timeout=5) as client:
         with pytest.raises(ServingError) as info:
             client.wait_available(5)
@@ -405,7 +406,8 @@ def test_embedded_failing_warmup_is_check_failed(tmp_path, model_base):
                          signature_def=_float64_signature())
     with pytest.raises(CheckFailed) as info:
         launcher.launch("embedded", str(bad.parent), load_timeout=120)
-    assert "warm-up record 0" in info.value.message and "float64" in info.value.message
+    # The session refuses the float64 feed as TF Serving's C++ session does ("... float but double is provided").
+    assert "warm-up record 0" in info.value.message and "double" in info.value.message
 
 
 def _float64_signature():

@@ -58,6 +58,7 @@ def main() -> int:
     parser.add_argument("-k", default="", help="run only tests whose id contains this")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below when stopped
 
     tmp = tempfile.mkdtemp(prefix="tfs-suite-")
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from exportkit.savedmodel import CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_SCORES
+from exportkit.savedmodel import CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES
 from exportkit.serving.status import RpcError
 from exportkit.serving.util import dt_name, run_example_method, shape_text, signature_text
 
@@ -17,7 +17,7 @@ def classify(core, request):
 def run_classify(servable, request):
     from tensorflow_serving.apis import classification_pb2
 
-    return run_example_method(servable, request, classification_pb2.ClassificationResponse(),
+    return run_example_method(servable, request, classification_pb2.ClassificationResponse(), CLASSIFY_METHOD,
                               preprocess_classification, classification_output_names, CLASSIFY_INPUTS,
                               postprocess_classification)
 

@@ -81,6 +81,7 @@ class ServerOptions:
     grpc_channel_arguments: str = ""
     tensorflow_intra_op_parallelism: int = 0
     tensorflow_inter_op_parallelism: int = 0
+    enable_signature_method_name_check: bool = False
     device: str = "cpu"
     debug: bool = False
 
@@ -127,6 +128,8 @@ def parse_flags(argv: list[str]) -> ServerOptions:
     p.add_argument("--grpc_channel_arguments", default="", help="k=v,k2=v2 gRPC server arguments")
     p.add_argument("--tensorflow_intra_op_parallelism", type=int, default=0, help="threads per op (0 = TF's choice)")
     p.add_argument("--tensorflow_inter_op_parallelism", type=int, default=0, help="ops at once (0 = TF's choice)")
+    p.add_argument("--enable_signature_method_name_check", type=_bool, nargs="?", const=True, default=False,
+                   help="Classify/Regress/Predict check the signature's method_name (TF Serving's default: off)")
     p.add_argument("--prefer_tflite_model", type=_bool, nargs="?", const=True, default=False,
                    help="not supported: exportkit serve serves SavedModels only")
     p.add_argument("--device", default="cpu", help="cpu | gpu")
@@ -229,7 +232,7 @@ def serve(options: ServerOptions) -> int:
     metrics = _metrics(options)
     exportkit_form = options.path is not None
     core = ServerCore(device=options.device, session_config=_session_config(options), batching=batching,
-                      metrics=metrics)
+                      metrics=metrics, method_name_check=options.enable_signature_method_name_check)
     core.plan(configs)  # versions registered (LOADING) before any port opens: GetModelStatus sees them at once
 
     stop = threading.Event()

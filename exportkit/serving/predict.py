@@ -4,7 +4,8 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from exportkit.savedmodel import DEFAULT_SIGNATURE, signature_names
+from exportkit.savedmodel import (CLASSIFY_METHOD, DEFAULT_SIGNATURE, PREDICT_METHOD, REGRESS_METHOD,
+                                  signature_names)
 from exportkit.serving.status import RpcError
 from exportkit.serving.util import fill_model_spec
 
@@ -27,6 +28,10 @@ def run_predict(servable, request):
                        f'Serving signature key "{signature_name}" not found. '
                        f"Available: {signature_names(servable.model.signatures)}")
 
+    if servable.method_name_check and signature.method_name not in (PREDICT_METHOD, CLASSIFY_METHOD, REGRESS_METHOD):
+        raise RpcError(grpc.StatusCode.INTERNAL,  # predict_util.cc VerifySignature
+                       f"Expected prediction signature method_name to be one of {{{PREDICT_METHOD}, "
+                       f"{CLASSIFY_METHOD}, {REGRESS_METHOD}}}. Was: {signature.method_name}")
     sent, expected = set(request.inputs), set(signature.inputs)
     # VerifyRequestInputsSize: names are checked by count only when the signature has defaults.
     if len(sent) > len(expected) or (len(sent) < len(expected) and not signature.defaults):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from exportkit.savedmodel import REGRESS_INPUTS, REGRESS_OUTPUTS
+from exportkit.savedmodel import REGRESS_INPUTS, REGRESS_METHOD, REGRESS_OUTPUTS
 from exportkit.serving.status import RpcError
 from exportkit.serving.util import dt_name, run_example_method, shape_text, signature_text
 
@@ -17,8 +17,8 @@ def regress(core, request):
 def run_regress(servable, request):
     from tensorflow_serving.apis import regression_pb2
 
-    return run_example_method(servable, request, regression_pb2.RegressionResponse(), preprocess_regression,
-                              regression_output_names, REGRESS_INPUTS, postprocess_regression)
+    return run_example_method(servable, request, regression_pb2.RegressionResponse(), REGRESS_METHOD,
+                              preprocess_regression, regression_output_names, REGRESS_INPUTS, postprocess_regression)
 
 
 def preprocess_regression(signature) -> None:

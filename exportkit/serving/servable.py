@@ -33,8 +33,10 @@ UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
 class ServedModel:
     """One model version and its state: LOADING -> AVAILABLE, or END with `error` (tf error code, message)."""
 
-    def __init__(self, location, name: str, device: str = "cpu", session_config=None, batching=None):
-        """`location`: the version's ModelLocation (savedmodel.resolve_model_path)."""
+    def __init__(self, location, name: str, device: str = "cpu", session_config=None, batching=None,
+                 method_name_check: bool = False):
+        """`location`: the version's ModelLocation (savedmodel.resolve_model_path). `method_name_check`:
+        --enable_signature_method_name_check (off in TF Serving by default: the signature's structure decides)."""
         self.location = location
         self.version_dir = location.version_dir
         self.name = name
@@ -42,6 +44,7 @@ class ServedModel:
         self.device = device
         self.session_config = session_config
         self.batching = batching  # BatchingParameters, or None for no batching
+        self.method_name_check = method_name_check
         self.state = "LOADING"
         self.error: tuple[int, str] | None = None
         self.model = None

@@ -22,8 +22,9 @@ log = logging.getLogger("exportkit.serve")
 
 class ServerCore:
     def __init__(self, servables: list[ServedModel] = (), device: str = "cpu", session_config=None, batching=None,
-                 metrics=None):
+                 metrics=None, method_name_check: bool = False):
         self.device = device
+        self.method_name_check = method_name_check
         self.session_config = session_config
         self.batching = batching
         self.metrics = metrics  # monitoring.Metrics or None
@@ -42,6 +43,9 @@ class ServerCore:
     def versions(self, name: str) -> list[ServedModel]:
         """Every version of `name` the server knows, highest first (ServableStateMonitor's order)."""
         self.ready.wait()
+        return self._versions(name)
+
+    def _versions(self, name: str) -> list[ServedModel]:
         with self._lock:
             return sorted(self._servables.get(name, {}).values(), key=lambda s: -s.version)
 
@@ -83,7 +87,7 @@ class ServerCore:
             self._configs = {c.name: c for c in configs}
         for name in list(self._servables):
             if name not in self._configs:
-                for servable in self.versions(name):
+                for servable in self._versions(name):
                     self._unload(servable)
         for config in configs:
             self._aspire(config)
@@ -116,13 +120,13 @@ class ServerCore:
                 if known is None or (known.state == "END" and known.error is None):  # new, or unloaded earlier
                     location = ModelLocation(config.base_path, directory, version, config.name)
                     current[version] = ServedModel(location, config.name, self.device, self.session_config,
-                                                   self.batching)
+                                                   self.batching, self.method_name_check)
             self._wanted[config.name] = set(aspired)
 
     def _sync_versions(self) -> None:
         """Load what is LOADING, then unload what is no longer aspired (AvailabilityPreservingPolicy: new first)."""
         for name in list(self._servables):
-            for servable in sorted(self.versions(name), key=lambda s: s.version):
+            for servable in sorted(self._versions(name), key=lambda s: s.version):
                 if servable.state == "LOADING" and servable.model is None:
                     log.info("loading model '%s' version %d from %s", name, servable.version, servable.version_dir)
                     servable.load()
@@ -132,7 +136,7 @@ class ServerCore:
             wanted = self._wanted.get(name)
             if wanted is None:
                 continue
-            for servable in self.versions(name):
+            for servable in self._versions(name):
                 if servable.version not in wanted and servable.state == "AVAILABLE":
                     self._unload(servable)
 
@@ -147,7 +151,7 @@ class ServerCore:
         with self._lock:
             configs = list(self._configs.values())
         for config in configs:
-            available = {s.version for s in self.versions(config.name) if s.state == "AVAILABLE"}
+            available = {s.version for s in self._versions(config.name) if s.state == "AVAILABLE"}
             for label, version in config.labels.items():
                 if version not in available:
                     raise RpcError(grpc.StatusCode.FAILED_PRECONDITION,
@@ -164,7 +168,7 @@ class ServerCore:
 
     def close(self) -> None:
         for name in list(self._servables):
-            for servable in self.versions(name):
+            for servable in self._versions(name):
                 servable.close()
 
     def model_names(self) -> list[str]:

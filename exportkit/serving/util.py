@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from exportkit.savedmodel import DEFAULT_SIGNATURE
+from exportkit.savedmodel import CLASSIFY_METHOD, DEFAULT_SIGNATURE
 from exportkit.serving.status import RpcError
 
 
@@ -54,13 +54,18 @@ def dt_name(value: np.ndarray) -> str:
         value.dtype.name, value.dtype.name.upper())
 
 
-def run_example_method(servable, request, response, preprocess, output_names, input_key: str, postprocess):
+def run_example_method(servable, request, response, method: str, preprocess, output_names, input_key: str,
+                       postprocess):
     """Classify and Regress (classifier.cc, regressor.cc): check the signature, feed the Examples to its one
     input, run once, and turn the outputs into the method's result."""
     name = request.model_spec.signature_name or DEFAULT_SIGNATURE
     signature = servable.model.signatures.get(name)
     if signature is None:
         raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"No signature was found with the name: {name}")
+    if servable.method_name_check and signature.method_name != method:  # classifier.cc / regressor.cc
+        what = "classification" if method == CLASSIFY_METHOD else "regression"
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       f"Expected {what} signature method_name to be {method}. Was: {signature.method_name}")
     preprocess(signature)  # TF Serving's default: no method-name check, the structural one instead
     n, values = run_examples(servable, request.input, [signature.inputs[input_key].name], output_names(signature))
     fill_model_spec(response.model_spec, servable, request.model_spec.signature_name)
