@@ -14,7 +14,6 @@ Examples encoded from the very tensor batches its tensor twin gets, and the two 
 """
 from __future__ import annotations
 
-from exportkit.version import __version__
 from exportkit.batches import parse_int_range
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.layout import read_manifest
@@ -28,12 +27,51 @@ from exportkit.verify.execute import Execution, run_plan, started, versioned_pyt
 from exportkit.verify.inputs import rows
 from exportkit.verify.output import finish, save
 from exportkit.verify.pairs import agreement, compare_all
-from exportkit.verify.plan import (Plan, check_tol_keys, devices_of, make_plan, protocol_of, read_model,
+from exportkit.verify.plan import (Model, Plan, check_tol_keys, devices_of, make_plan, protocol_of, read_model,
                                    selected_runtimes, selected_signatures)
 from exportkit.verify.report import RuntimeResult, VerifyReport
+from exportkit.version import __version__
 
 
 def verify_command(o: VerifyOptions) -> int:
+    devices, names, per_output = _options(o)
+    model, report, refused = _read(o, devices, per_output)
+    if not model.selected:
+        return finish(report, o.json_out, o.junit)
+    if refused:  # static findings come first: nothing was started, nothing runs
+        _refuse(o, report, names, model.manifest)
+    # Managed TF X.Y environments next (after the static verdict): a missing one is installed (or exit 3) before
+    # any process starts.
+    pythons = versioned_pythons(o.tf_versions)
+    if o.data:
+        return verify_data(o, report, model, names, devices, per_output)
+
+    plan = make_plan(o, model, names, devices, per_output, pythons)
+    report.inputs = _inputs_summary(o, plan)
+    if o.save_inputs:
+        for c in plan.checks:
+            save(o.save_inputs, "inputs" if len(plan.checks) == 1 else f"inputs.{c.name}", [b for _, b in c.batches])
+    report.tf32 = o.allow_tf32 if "gpu" in devices else None
+    with started(o, plan) as runtimes_:  # the worker first: it imports TensorFlow while we work here
+        execution = run_plan(o, plan, runtimes_)
+        checks.serving_checks(runtimes_, model.signatures, model.selected, model.version_dir, execution.results,
+                              report, execution.infra)
+        report.findings += checks.rejected_inputs_findings(runtimes_)
+        report.findings += tf2_only_failures([r for per in execution.results.values() for r in per])
+    _judge(o, plan, execution, report, model)
+    if o.save_outputs:
+        for c in plan.checks:
+            for label, per_batch in execution.outputs[c.name].items():
+                save(o.save_outputs, label if len(plan.checks) == 1 else f"{label}.{c.name}",
+                     [out for out in per_batch if out is not None])
+    code = finish(report, o.json_out, o.junit)
+    if execution.infra:  # the report above shows what did run; the infrastructure failure decides the exit code
+        raise execution.infra[0]
+    return code
+
+
+def _options(o: VerifyOptions):
+    """(devices, runtime names, per-output tolerances): the flags that need no model, checked first."""
     devices = devices_of(o.device)
     if o.data and o.tf_versions:
         raise UsageError("--tf runs on the generated/golden batches, not on --data records (not supported yet)",
@@ -43,9 +81,13 @@ def verify_command(o: VerifyOptions) -> int:
         from exportkit.serving.launcher import check_serving_mode
 
         check_serving_mode(o.serving)
-    lo_hi = parse_int_range(o.int_range) if o.int_range else None
-    per_output = dict(parse_tol(t) for t in o.tol)
+    return devices, names, dict(parse_tol(t) for t in o.tol)
 
+
+def _read(o: VerifyOptions, devices: list[str], per_output: dict):
+    """(Model, the report with the static findings, the io-op findings that refuse execution): the SavedModel read
+    and linted (pure protobuf, no TensorFlow import, nothing started)."""
+    lo_hi = parse_int_range(o.int_range) if o.int_range else None
     version_dir, proto, signatures = read_model(o.path)
     selected = selected_signatures(o.signature_name, signatures)
     findings, refused = checks.static_findings(o, proto, version_dir)
@@ -61,42 +103,10 @@ def verify_command(o: VerifyOptions) -> int:
         lo_hi = parse_int_range((manifest or {}).get("golden", {}).get("int_range") or "0:10")
     if o.baseline:
         findings += checks.baseline_findings(o, signatures, selected)
-
     report = VerifyReport(path=str(version_dir), signature=", ".join(selected) or (o.signature_name or ""),
                           reference="", runtimes=[], findings=list(findings), inputs={}, tf32=None,
                           exportkit_version=__version__, signatures=list(selected))
-    if not selected:
-        return finish(report, o.json_out, o.junit)
-    if refused:  # static findings come first: nothing was started, nothing runs
-        _refuse(o, report, names, manifest)
-    # Managed TF X.Y environments next (after the static verdict): a missing one is installed (or exit 3) before
-    # any process starts.
-    pythons = versioned_pythons(o.tf_versions)
-    if o.data:
-        return verify_data(o, report, version_dir, proto, signatures, selected, manifest, names, devices, per_output)
-
-    plan = make_plan(o, version_dir, signatures, selected, manifest, names, devices, per_output, lo_hi, pythons)
-    report.inputs = _inputs_summary(o, plan)
-    if o.save_inputs:
-        for c in plan.checks:
-            save(o.save_inputs, "inputs" if len(plan.checks) == 1 else f"inputs.{c.name}", [b for _, b in c.batches])
-    report.tf32 = o.allow_tf32 if "gpu" in devices else None
-    with started(o, plan) as runtimes_:  # the worker first: it imports TensorFlow while we work here
-        execution = run_plan(o, plan, runtimes_)
-        checks.serving_checks(runtimes_, signatures, selected, version_dir, execution.results, report,
-                             execution.infra)
-        report.findings += checks.rejected_inputs_findings(runtimes_)
-        report.findings += tf2_only_failures([r for per in execution.results.values() for r in per])
-    _judge(o, plan, execution, report, proto)
-    if o.save_outputs:
-        for c in plan.checks:
-            for label, per_batch in execution.outputs[c.name].items():
-                save(o.save_outputs, label if len(plan.checks) == 1 else f"{label}.{c.name}",
-                     [out for out in per_batch if out is not None])
-    code = finish(report, o.json_out, o.junit)
-    if execution.infra:  # the report above shows what did run; the infrastructure failure decides the exit code
-        raise execution.infra[0]
-    return code
+    return Model(version_dir, proto, signatures, selected, manifest, lo_hi), report, refused
 
 
 def _refuse(o: VerifyOptions, report: VerifyReport, names: list[str], manifest) -> None:
@@ -118,24 +128,26 @@ def _inputs_summary(o: VerifyOptions, plan: Plan) -> dict:
     """What the runtimes are fed, for the report's `inputs`."""
     origins = sorted({origin for c in plan.checks for origin in c.origins if origin != "repeat"} | {"generated"},
                      key=["golden", "reference", "file", "generated"].index)  # (generated ones may be golden ones)
-    summary = {"source": "+".join(origins), "batch_sizes": [rows(b) for _, b in plan.checks[0].batches], "seed": o.seed}
+    summary = {"source": "+".join(origins), "batch_sizes": [rows(b) for _, b in plan.checks[0].batches],
+               "seed": o.seed}
     if plan.trained is not None:
         summary["reference"] = plan.trained.path
-    examples = {f"{c.name}.{s.key}" if len(plan.checks) > 1 else s.key: f"serialized tf.Example ({s.examples.parse_op}: "
+    several = len(plan.checks) > 1
+    examples = {f"{c.name}.{s.key}" if several else s.key: f"serialized tf.Example ({s.examples.parse_op}: "
                 f"{s.examples.describe()})" for c in plan.checks for s in c.specs if s.examples is not None}
     if examples:
         summary["examples"] = examples
     return summary
 
 
-def _judge(o: VerifyOptions, plan: Plan, execution: Execution, report: VerifyReport, proto) -> None:
+def _judge(o: VerifyOptions, plan: Plan, execution: Execution, report: VerifyReport, model: Model) -> None:
     """Per signature: the behaviours, then the plan's pairs compared, the reference chain, the twin agreement.
 
     A stateful signature (its answers depend on earlier calls) is run but not compared (runtimes/verdicts.py)."""
     from exportkit.savedmodel import select_meta_graph
 
     by_name = {c.name: c for c in plan.checks}
-    stateful = signature_state(select_meta_graph(proto), [c.name for c in plan.checks])
+    stateful = signature_state(select_meta_graph(model.proto), [c.name for c in plan.checks])
     for c in plan.checks:
         outputs = execution.outputs[c.name]
         if c.name in stateful:

@@ -21,7 +21,7 @@ from exportkit.verify.checks import serving_checks
 from exportkit.verify.compare import OutputComparison, _value_reasons
 from exportkit.verify.execute import started
 from exportkit.verify.output import finish
-from exportkit.verify.plan import Plan, SignatureCheck, plan_runtimes, tolerances_for
+from exportkit.verify.plan import Model, Plan, SignatureCheck, plan_runtimes, tolerances_for
 from exportkit.verify.report import RuntimeResult, VerifyReport
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines on stderr (a short run prints none)
@@ -44,14 +44,14 @@ def check_data_options(o: VerifyOptions, devices: list[str]) -> None:
                          "re-run the worst records (listed with their file and index) in-process with --save-failures")
 
 
-def verify_data(o: VerifyOptions, report: VerifyReport, version_dir, proto, signatures, selected, manifest, names,
-                devices, per_output) -> int:
+def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, devices, per_output) -> int:
     """--data streams records of one signature's inputs: --signature NAME, else serving_default (or the only one)."""
     import dataclasses
 
     from exportkit.examples import input_specs
     from exportkit.savedmodel import DEFAULT_SIGNATURE, select_meta_graph
 
+    version_dir, signatures, selected = model.version_dir, model.signatures, model.selected
     name = o.signature_name or (DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in signatures or len(selected) != 1
                                 else selected[0])
     if name not in signatures:
@@ -60,8 +60,8 @@ def verify_data(o: VerifyOptions, report: VerifyReport, version_dir, proto, sign
     o = dataclasses.replace(o, signature_name=name)
     report.signature, report.signatures = name, [name]
     signature = signatures[name]
-    specs = input_specs(select_meta_graph(proto), name, signature, version_dir)  # tf.Example inputs found here
-    tolerance = tolerances_for(o.atol, o.rtol, per_output, signature_entries(manifest).get(name))
+    specs = input_specs(select_meta_graph(model.proto), name, signature, version_dir)  # tf.Example inputs found here
+    tolerance = tolerances_for(o.atol, o.rtol, per_output, signature_entries(model.manifest).get(name))
     check_data_options(o, devices)
     source = DataSource(o.data, specs, batch_size=o.batch_size, sample=o.sample, seed=o.seed, limit=o.limit)
     # A signature over serialized tf.Example takes the records as they are.

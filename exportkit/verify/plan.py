@@ -24,6 +24,18 @@ PER_DEVICE = ("keras", "saved_model", "session")  # runtimes that run once per -
 
 
 @dataclass
+class Model:
+    """The SavedModel as verify reads it before anything starts (protobuf only, no TensorFlow)."""
+
+    version_dir: Path
+    proto: Any = field(repr=False)
+    signatures: dict = field(repr=False)  # {name: signature in savedmodel.signatures_of's form}
+    selected: list[str]  # the signatures to verify
+    manifest: dict | None = field(repr=False)  # exportkit's manifest (None: a SavedModel exportkit did not write)
+    int_range: tuple | None = None  # (LO, HI) for generated integer inputs
+
+
+@dataclass
 class SignatureCheck:
     """One signature to verify: its inputs, its batches, and what the export recorded about it."""
 
@@ -311,19 +323,20 @@ def pairs_for(signature: str, labels: list[str], devices: list[str]) -> list[Pai
     return pairs
 
 
-def make_plan(o: VerifyOptions, version_dir, signatures: dict, selected: list[str], manifest, names: list[str],
-              devices: list[str], per_output: dict, lo_hi, pythons: dict[str, str]) -> Plan:
+def make_plan(o: VerifyOptions, model: Model, names: list[str], devices: list[str], per_output: dict,
+              pythons: dict[str, str]) -> Plan:
     """The whole plan. Without a golden record (a third-party SavedModel) or a training-time reference, the
     runtimes that would replay them are left out; the others still agree or not."""
-    checks = signature_checks(o, signatures, selected, version_dir, manifest, lo_hi, per_output)
+    version_dir, manifest = model.version_dir, model.manifest
+    checks = signature_checks(o, model.signatures, model.selected, version_dir, manifest, model.int_range, per_output)
     names = list(names)
     if "golden" in names and all(c.golden[0] is None for c in checks):
         names.remove("golden")
     trained = trained_reference(o, manifest, version_dir, checks)
     if trained is None and "trained" in names:
         names.remove("trained")
-    plan = Plan(Path(version_dir), devices, checks, plan_runtimes(names, devices, pythons), [], trained, signatures,
-                (manifest or {}).get("output_names"))
+    plan = Plan(Path(version_dir), devices, checks, plan_runtimes(names, devices, pythons), [], trained,
+                model.signatures, (manifest or {}).get("output_names"))
     by_name = {c.name: c for c in checks}
     for check in checks:
         labels = [r.label for r in plan.answering(check)]
