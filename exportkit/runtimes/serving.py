@@ -309,7 +309,8 @@ class RestRuntime(Runtime):
             dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
             if api == "Regress":
                 values = self._client.regress(inputs[next(iter(inputs))], name)
-                return {"outputs": regress_shaped(values, signature, lambda: self._client.predict(inputs, dtypes, name))}
+                return {"outputs": regress_shaped(values, signature,
+                                                  lambda: self._client.predict(inputs, dtypes, name))}
             return self._client.predict(inputs, dtypes, name)
         except ServingError as err:
             if err.code == "UNAVAILABLE":

@@ -156,7 +156,8 @@ def no_shape(root: Path, name: str = "tf1_tensorinfo_without_shape") -> CorpusMo
 
 
 def regress_unknown_rank(root: Path, name: str = "tf1_regress_unknown_rank") -> CorpusModel:
-    """A regress signature over Examples whose output has unknown rank in the graph ([batch, 1] when run, as Estimator regressors answer)."""
+    """A regress signature over Examples whose output has unknown rank in the graph ([batch, 1] when run, as
+    Estimator regressors answer)."""
     tf = _tf()
     v1 = tf.compat.v1
     base = root / name
@@ -248,7 +249,7 @@ def tf_module(root: Path, name: str = "tf2_module_half_plus_two") -> CorpusModel
 
     class HalfPlusTwo(tf.Module):
         def __init__(self):
-            super().__init__()
+            tf.Module.__init__(self)  # (autograph may convert this class's methods: no zero-argument super())
             self.a, self.b, self.c = tf.Variable(0.5), tf.Variable(2.0), tf.Variable(3.0)
 
         @tf.function(input_signature=[tf.TensorSpec([1], tf.float32)])
@@ -298,7 +299,8 @@ def session_bundle(root: Path, name: str = "session_bundle") -> CorpusModel:
         saver.save(sess, str(version / "export"), write_meta_graph=False)
         v1.train.export_meta_graph(str(version / "export.meta"))
     return CorpusModel(name, root / name, Expected(
-        False, refusal="Session Bundle", why="session_bundle_util.cc: \"Session Bundle is deprecated and removed.\""))
+        False, refusal="Session Bundle is deprecated",
+        why="session_bundle_util.cc: \"Session Bundle is deprecated and removed.\""))
 
 
 def tflite_version(root: Path, name: str = "tflite_only") -> CorpusModel:
@@ -307,7 +309,7 @@ def tflite_version(root: Path, name: str = "tflite_only") -> CorpusModel:
     version.mkdir(parents=True)
     # A FlatBuffer header with the TFLite file identifier "TFL3" (the content is never parsed here).
     (version / "model.tflite").write_bytes(struct.pack("<I", 28) + b"TFL3" + bytes(24))
-    return CorpusModel(name, root / name, Expected(False, refusal="TFLite",
+    return CorpusModel(name, root / name, Expected(False, refusal="--prefer_tflite_model",
                                                    why="saved_model_bundle_factory: no saved_model.pb; TFLite "
                                                        "models need --prefer_tflite_model"))
 
@@ -375,8 +377,8 @@ def _mask(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-BUILDERS = (half_plus_two, counter, no_shape, regress_unknown_rank, regress_wide_output, missing_tensor, estimator_style, tf_module,
-            keras_export, session_bundle, tflite_version, snappy_checkpoint)
+BUILDERS = (half_plus_two, counter, no_shape, regress_unknown_rank, regress_wide_output, missing_tensor,
+            estimator_style, tf_module, keras_export, session_bundle, tflite_version, snappy_checkpoint)
 
 
 def build_all(root: Path) -> list[CorpusModel]:

@@ -79,7 +79,8 @@ def main() -> int:
             for command, (ok, said) in results.items():
                 total += 1
                 agree += ok
-                print(f"{'ok  ' if ok else 'FAIL'} {model.name:<36} {command:<8}" + (f" {said[:300]}" if args.verbose or not ok else ""))
+                detail = f" {said[:300]}" if args.verbose or not ok else ""
+                print(f"{'ok  ' if ok else 'FAIL'} {model.name:<36} {command:<8}{detail}")
             per_model += all(ok for ok, _ in results.values())
             sys.stdout.flush()
         print(f"\n{per_model} of {len(models)} models: every command gives TF Serving's verdict; "

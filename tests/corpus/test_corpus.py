@@ -110,7 +110,7 @@ def test_refused_formats_say_what_they_are(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- verify
 def _verify(model, *args):
-    got = invoke("verify", model.base, "--json", *args)
+    got = invoke("verify", model.base, "--json", "-", *args)
     return got, json.loads(got.stdout) if got.stdout.strip().startswith("{") else None
 
 
