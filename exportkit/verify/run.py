@@ -451,14 +451,20 @@ def verify_command(options: VerifyOptions) -> int:
 
     stateful = signature_state(select_meta_graph(proto), [c.name for c in checks])
     for check in checks:
-        if check.name in stateful:  # answers depend on earlier calls: run, not compared (runtimes/verdicts.py)
-            report.findings.append(stateful[check.name])
+        state = stateful.get(check.name)  # answers that depend on earlier calls (runtimes/verdicts.py)
+        if state is not None and not state.writes:  # another signature's calls changed what it reads
+            report.findings.append(state.finding)
             outputs[check.name] = {label: [None] * len(check.batches) for label in outputs[check.name]}
         sub = VerifyReport(path=report.path, signature=check.name, reference="", runtimes=results[check.name])
         tolerance = _per_output_tolerances(o.atol, o.rtol, per_output, check.entry)
-        noisy = _behaviours(report, outputs[check.name], check.batches, tolerance, o.allow_nondeterministic,
-                            check.output_dtypes, check.name if len(checks) > 1 else None)
-        if noisy and o.allow_nondeterministic:
+        before = len(report.findings)
+        noisy = _behaviours(report, outputs[check.name], check.batches, tolerance,
+                            o.allow_nondeterministic or state is not None, check.output_dtypes,
+                            check.name if len(checks) > 1 else None)
+        if noisy and state is not None:  # the cause is state, not randomness: say so instead
+            report.findings[before:] = [f for f in report.findings[before:] if f.code != "nondeterministic"]
+            report.findings.append(state.finding)
+        if noisy and (o.allow_nondeterministic or state is not None):
             for per_batch in outputs[check.name].values():
                 for out in per_batch:
                     for key in noisy & set(out or {}):

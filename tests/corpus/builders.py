@@ -30,6 +30,11 @@ class Expected:
     apis: dict[str, str] = field(default_factory=dict)
     refusal: str = ""
     why: str = ""  # where in TF Serving's sources the verdict comes from
+    loads: bool | None = None  # it loads and runs, and an API refuses it (None: loads == serves)
+
+    @property
+    def loaded(self) -> bool:
+        return self.serves if self.loads is None else self.loads
 
 
 @dataclass(frozen=True)
@@ -185,7 +190,7 @@ def regress_wide_output(root: Path, name: str = "tf1_regress_two_columns") -> Co
         x = v1.parse_example(serialized, {"x": v1.FixedLenFeature([1], tf.float32)})["x"]
         y = tf.concat([x * 2.0, x * 3.0], axis=1, name="prediction")
         _save(sess, base / "1", {"serving_default": _signature({"inputs": serialized}, {"outputs": y}, REGRESS_METHOD)})
-    return CorpusModel(name, base, Expected(False, refusal="refuses the model's output",
+    return CorpusModel(name, base, Expected(False, refusal="refuses the model's output", loads=True,
                                             why="regressor.cc: output dims must be 1, or 2 with dim 1"))
 
 
