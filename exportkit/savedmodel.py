@@ -452,6 +452,19 @@ def graph_tensor_names(meta_graph) -> set[str]:
     return {node.name for node in meta_graph.graph_def.node}
 
 
+def tensor_info_names(info) -> list[str]:
+    """The graph tensors a TensorInfo names: one, or a sparse tensor's three, or a composite's components."""
+    encoding = info.WhichOneof("encoding")
+    if encoding == "name":
+        return [info.name]
+    if encoding == "coo_sparse":
+        return [info.coo_sparse.values_tensor_name, info.coo_sparse.indices_tensor_name,
+                info.coo_sparse.dense_shape_tensor_name]
+    if encoding == "composite_tensor":
+        return [name for c in info.composite_tensor.components for name in tensor_info_names(c)]
+    return []
+
+
 def missing_tensor_findings(meta_graph) -> list:
     """One `missing-tensor` error per signature tensor the graph does not have (see missing_signature_tensors)."""
     from exportkit.findings import Finding
@@ -474,11 +487,7 @@ def missing_signature_tensors(meta_graph) -> list[tuple[str, str, str]]:
         for noun, infos in (("input", sig.inputs), ("output", sig.outputs)):
             for key in sorted(infos):
                 info = infos[key]
-                encoding = info.WhichOneof("encoding")
-                names = ([info.name] if encoding == "name" else
-                         [info.coo_sparse.values_tensor_name, info.coo_sparse.indices_tensor_name,
-                          info.coo_sparse.dense_shape_tensor_name] if encoding == "coo_sparse" else [])
-                for tensor in names:
+                for tensor in tensor_info_names(info):
                     if tensor and tensor.lstrip("^").partition(":")[0] not in nodes:
                         missing.append((name, f"{noun} {key!r}", tensor))
     return missing

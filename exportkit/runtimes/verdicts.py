@@ -34,15 +34,9 @@ def _tensor_node(name: str) -> str:
 
 
 def _signature_roots(signature) -> list[str]:
-    roots = []
-    for info in signature.outputs.values():
-        which = info.WhichOneof("encoding")
-        if which == "name":
-            roots.append(info.name)
-        elif which == "coo_sparse":
-            roots += [info.coo_sparse.values_tensor_name, info.coo_sparse.indices_tensor_name,
-                      info.coo_sparse.dense_shape_tensor_name]
-    return roots
+    from exportkit.savedmodel import tensor_info_names
+
+    return [name for info in signature.outputs.values() for name in tensor_info_names(info)]
 
 
 def _variables(meta_graph, roots: list[str]) -> tuple[set[str], set[str]]:

@@ -160,38 +160,39 @@ def no_shape(root: Path, name: str = "tf1_tensorinfo_without_shape") -> CorpusMo
                                             why="a TensorInfo shape is not checked by Predict"))
 
 
-def regress_unknown_rank(root: Path, name: str = "tf1_regress_unknown_rank") -> CorpusModel:
-    """A regress signature over Examples whose output has unknown rank in the graph ([batch, 1] when run, as
-    Estimator regressors answer)."""
+def _regress_over_examples(export_dir: Path, prediction) -> None:
+    """A TF1 graph with one regress signature over serialized Examples ({"x": float [1]}), the Estimator way;
+    `prediction(tf, x)` builds its output."""
     tf = _tf()
     v1 = tf.compat.v1
-    base = root / name
     with tf.Graph().as_default(), v1.Session() as sess:
         serialized = v1.placeholder(tf.string, name="input_example_tensor", shape=[None])
         x = v1.parse_example(serialized, {"x": v1.FixedLenFeature([1], tf.float32)})["x"]
-        w = v1.Variable(3.0, name="w")
-        shape = v1.placeholder_with_default(tf.constant([-1, 1]), shape=[None], name="output_shape")
-        y = tf.reshape(w * x, shape, name="prediction")  # rank unknown to shape inference
+        y = tf.identity(prediction(tf, x), name="prediction")
         sess.run(v1.global_variables_initializer())
-        _save(sess, base / "1", {
-            "serving_default": _signature({"inputs": serialized}, {"outputs": y}, REGRESS_METHOD)})
-    return CorpusModel(name, base, Expected(True, {"serving_default": REGRESS},
-                                            why="regressor.cc checks the run output's dims (1, or 2 with dim 1)"))
+        _save(sess, export_dir, {"serving_default": _signature({"inputs": serialized}, {"outputs": y}, REGRESS_METHOD)})
+
+
+def regress_unknown_rank(root: Path, name: str = "tf1_regress_unknown_rank") -> CorpusModel:
+    """A regress signature whose output has unknown rank in the graph ([batch, 1] when run, as Estimator
+    regressors answer)."""
+
+    def prediction(tf, x):
+        shape = tf.compat.v1.placeholder_with_default(tf.constant([-1, 1]), shape=[None], name="output_shape")
+        return tf.reshape(tf.compat.v1.Variable(3.0, name="w") * x, shape)  # rank unknown to shape inference
+
+    _regress_over_examples(root / name / "1", prediction)
+    return CorpusModel(name, root / name, Expected(True, {"serving_default": REGRESS},
+                                                   why="regressor.cc checks the run output's dims (1, or 2 with "
+                                                       "dim 1)"))
 
 
 def regress_wide_output(root: Path, name: str = "tf1_regress_two_columns") -> CorpusModel:
-    """A regress signature over Examples whose output is [batch, 2]: TF Serving loads it and answers Predict, and its
-    Regress refuses the output ("Expected output Tensor shape to be either [batch_size] or [batch_size, 1]")."""
-    tf = _tf()
-    v1 = tf.compat.v1
-    base = root / name
-    with tf.Graph().as_default(), v1.Session() as sess:
-        serialized = v1.placeholder(tf.string, name="input_example_tensor", shape=[None])
-        x = v1.parse_example(serialized, {"x": v1.FixedLenFeature([1], tf.float32)})["x"]
-        y = tf.concat([x * 2.0, x * 3.0], axis=1, name="prediction")
-        _save(sess, base / "1", {"serving_default": _signature({"inputs": serialized}, {"outputs": y}, REGRESS_METHOD)})
-    return CorpusModel(name, base, Expected(False, refusal="refuses the model's output", loads=True,
-                                            why="regressor.cc: output dims must be 1, or 2 with dim 1"))
+    """A regress signature whose output is [batch, 2]: TF Serving loads it and answers Predict, and its Regress
+    refuses the output ("Expected output Tensor shape to be either [batch_size] or [batch_size, 1]")."""
+    _regress_over_examples(root / name / "1", lambda tf, x: tf.concat([x * 2.0, x * 3.0], axis=1))
+    return CorpusModel(name, root / name, Expected(False, refusal="refuses the model's output", loads=True,
+                                                   why="regressor.cc: output dims must be 1, or 2 with dim 1"))
 
 
 def missing_tensor(root: Path, name: str = "tf1_signature_tensor_missing") -> CorpusModel:
