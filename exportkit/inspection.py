@@ -98,7 +98,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     """
     from exportkit.lint import asset_findings, lint_saved_model, op_counts
     from exportkit.savedmodel import (missing_tensor_findings, read_saved_model_proto, resolve_savedmodel_dir,
-                                      select_meta_graph, signatures_of)
+                                      select_meta_graph, serving_api_findings, signatures_of)
 
     directory = resolve_savedmodel_dir(path)
     proto = read_saved_model_proto(directory)
@@ -106,7 +106,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     assets = sorted(a for d in ASSET_DIRS if (directory / d).is_dir() for a in _files_under(directory / d, directory))
     manifest, manifest_findings = read_manifest(directory)
     findings = (lint_saved_model(proto, signature_name, check_registry=check_registry) + asset_findings(directory)
-                + manifest_findings + missing_tensor_findings(meta_graph))
+                + manifest_findings + missing_tensor_findings(meta_graph) + serving_api_findings(meta_graph))
     from exportkit.compat.analysis import oldest_accepted
     return SavedModelInfo(
         path=os.path.abspath(directory),

@@ -351,6 +351,44 @@ def serving_api(signature: dict) -> tuple[str, str | None]:
     return api, None
 
 
+def serving_api_findings(meta_graph) -> list:
+    """What TF Serving's Classify/Regress will do with each classify/regress signature, from its static shapes and
+    dtypes: `predict-only` (info) when they cannot call it (serving_api), `api-output` (error) when their answer
+    check refuses an output (regressor.cc: [batch] or [batch, 1] float; classifier.cc: [batch, classes] float
+    scores, string classes). Unknown dims and ranks are left to the run."""
+    from exportkit.findings import Finding
+
+    found = []
+    for name, signature in signatures_of(meta_graph).items():
+        api, why = serving_api(signature)
+        if why:
+            found.append(Finding("info", "predict-only", f"signature '{name}': {why}"))
+        outputs = signature["outputs"]
+        if api == "Regress":
+            wants = {REGRESS_OUTPUTS: ("float32", lambda s: len(s) == 1 or (len(s) == 2 and s[1] in (1, -1)),
+                                       "[batch_size] or [batch_size, 1]")}
+        elif api == "Classify":
+            wants = {CLASSIFY_SCORES: ("float32", lambda s: len(s) == 2, "[batch_size, num_classes]"),
+                     CLASSIFY_CLASSES: ("string", lambda s: len(s) == 2, "[batch_size, num_classes]")}
+        else:
+            continue
+        for key, (dtype, fits, shape) in wants.items():
+            info = outputs.get(key)
+            if info is None:
+                continue
+            bad = []
+            if info["dtype"] != dtype:
+                bad.append(f"is {info['dtype']}, not {dtype}")
+            if info["shape"] is not None and not fits(info["shape"]):
+                bad.append(f"has shape {info['shape']}, not {shape}")
+            if bad:
+                found.append(Finding("error", "api-output", (
+                    f"signature '{name}' output '{key}' {' and '.join(bad)}: TF Serving's {api} refuses the model's "
+                    f"output (INVALID_ARGUMENT on every request); fix: export it as {api} defines it, or give the "
+                    f"signature the predict method")))
+    return found
+
+
 INIT_OP_SIGNATURE = "__saved_model_init_op"  # TF's table/asset initializer: not servable, hidden by default
 
 
@@ -414,6 +452,19 @@ def graph_tensor_names(meta_graph) -> set[str]:
     return {node.name for node in meta_graph.graph_def.node}
 
 
+def tensor_info_names(info) -> list[str]:
+    """The graph tensors a TensorInfo names: one, or a sparse tensor's three, or a composite's components."""
+    encoding = info.WhichOneof("encoding")
+    if encoding == "name":
+        return [info.name]
+    if encoding == "coo_sparse":
+        return [info.coo_sparse.values_tensor_name, info.coo_sparse.indices_tensor_name,
+                info.coo_sparse.dense_shape_tensor_name]
+    if encoding == "composite_tensor":
+        return [name for c in info.composite_tensor.components for name in tensor_info_names(c)]
+    return []
+
+
 def missing_tensor_findings(meta_graph) -> list:
     """One `missing-tensor` error per signature tensor the graph does not have (see missing_signature_tensors)."""
     from exportkit.findings import Finding
@@ -436,11 +487,7 @@ def missing_signature_tensors(meta_graph) -> list[tuple[str, str, str]]:
         for noun, infos in (("input", sig.inputs), ("output", sig.outputs)):
             for key in sorted(infos):
                 info = infos[key]
-                encoding = info.WhichOneof("encoding")
-                names = ([info.name] if encoding == "name" else
-                         [info.coo_sparse.values_tensor_name, info.coo_sparse.indices_tensor_name,
-                          info.coo_sparse.dense_shape_tensor_name] if encoding == "coo_sparse" else [])
-                for tensor in names:
+                for tensor in tensor_info_names(info):
                     if tensor and tensor.lstrip("^").partition(":")[0] not in nodes:
                         missing.append((name, f"{noun} {key!r}", tensor))
     return missing

@@ -106,11 +106,9 @@ class ServingRuntime(Runtime):
         from exportkit.serving.client import INFRA_CODES, as_exportkit_error
 
         where = f"{self.server['kind']} server at {self.server['address']}" if self.server else "server"
-        refused = output_refusal(err.message)
+        refused = output_refusal(err.message, f"{what} on the {where}", self.api)
         if refused:
-            raise CheckFailed(f"{what} on the {where}: {self.api} refuses the model's output: {refused}", (
-                f"the model's fault, not the inputs': TF Serving's {self.api} answers only outputs of the shapes and "
-                f"dtypes its API defines; export the signature's outputs so, or call it with Predict")) from None
+            raise refused from None
         if err.code not in INFRA_CODES:
             raise as_exportkit_error(err, f"{what} on the {where}",
                                      "the server's answer says what it refused; the SavedModel's signature "
@@ -214,11 +212,15 @@ OUTPUT_REFUSALS = ("Expected output Tensor", "Expected Tensor shape", "Input bat
                    "Expected classification signature outputs")
 
 
-def output_refusal(message: str) -> str | None:
-    """The server's words when Classify/Regress refused the model's output (INVALID_ARGUMENT, like a bad request,
-    but the output is at fault), else None."""
+def output_refusal(message: str, what: str, api: str) -> CheckFailed | None:
+    """The model's failure when Classify/Regress refused its output (INVALID_ARGUMENT, as for a bad request, but
+    the output is at fault: not "the inputs were wrong"), else None."""
     text = " ".join(str(message or "").split())
-    return text if any(words in text for words in OUTPUT_REFUSALS) else None
+    if not any(words in text for words in OUTPUT_REFUSALS):
+        return None
+    return CheckFailed(f"{what}: {api} refuses the model's output: {text}",
+                       f"the model's fault, not the inputs': TF Serving's {api} answers only outputs of the shapes "
+                       f"and dtypes its API defines; export the signature's outputs so, or call it with Predict")
 
 
 def regress_shaped(values: np.ndarray, signature: dict, predict) -> np.ndarray:
@@ -313,17 +315,16 @@ class RestRuntime(Runtime):
             dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
             if api == "Regress":
                 values = self._client.regress(inputs[next(iter(inputs))], name)
-                return {"outputs": regress_shaped(values, signature, lambda: self._client.predict(inputs, dtypes, name))}
+                return {"outputs": regress_shaped(values, signature,
+                                                  lambda: self._client.predict(inputs, dtypes, name))}
             return self._client.predict(inputs, dtypes, name)
         except ServingError as err:
             if err.code == "UNAVAILABLE":
                 raise InfraError(f"REST {api.lower()} at {self.server['address']} failed: {err.message}") from None
-            refused = output_refusal(err.message)
+            refused = output_refusal(err.message, f"REST :{api.lower()} (signature '{name}') at "
+                                                  f"{self.server['address']}", api)
             if refused:
-                raise CheckFailed(f"REST :{api.lower()} (signature '{name}') at {self.server['address']}: {api} "
-                                  f"refuses the model's output: {refused}",
-                                  f"the model's fault, not the inputs': export the outputs as TF Serving's {api} "
-                                  f"defines them, or call the signature with Predict") from None
+                raise refused from None
             raise CheckFailed(f"REST :{api.lower()} (signature '{self.grpc.signature_name}') at "
                               f"{self.server['address']} failed: {err.code}: {err.message}") from None
 

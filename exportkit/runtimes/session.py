@@ -116,7 +116,6 @@ class TfWorker:
                              "re-run with --debug") from None
         if line is None:
             self._lines.put(None)  # every later read sees the end too
-            self._proc.wait()
             raise self._died()
         return json.loads(line)
 

@@ -13,6 +13,8 @@ import verify.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from exportkit.findings import Finding
 from exportkit.lint import reachable_nodes
 
@@ -32,15 +34,9 @@ def _tensor_node(name: str) -> str:
 
 
 def _signature_roots(signature) -> list[str]:
-    roots = []
-    for info in signature.outputs.values():
-        which = info.WhichOneof("encoding")
-        if which == "name":
-            roots.append(info.name)
-        elif which == "coo_sparse":
-            roots += [info.coo_sparse.values_tensor_name, info.coo_sparse.indices_tensor_name,
-                      info.coo_sparse.dense_shape_tensor_name]
-    return roots
+    from exportkit.savedmodel import tensor_info_names
+
+    return [name for info in signature.outputs.values() for name in tensor_info_names(info)]
 
 
 def _variables(meta_graph, roots: list[str]) -> tuple[set[str], set[str]]:
@@ -59,29 +55,38 @@ def _variables(meta_graph, roots: list[str]) -> tuple[set[str], set[str]]:
     return writes, reads
 
 
-def signature_state(meta_graph, names) -> dict[str, Finding]:
-    """{signature: a `stateful` warning} for the signatures among `names` whose answers depend on state: those
-    that update a variable, and those that read a variable another signature updates."""
-    from exportkit.savedmodel import signature_names
+@dataclass(frozen=True)
+class SignatureState:
+    """Why a signature's answers depend on state: `writes` (it updates a variable: two runs of one request may
+    differ) or not (it reads a variable another checked signature updates: runtimes that ran other calls before
+    it hold other values). `finding` says so (code `stateful`)."""
 
-    every = signature_names(meta_graph)
-    state = {name: _variables(meta_graph, _signature_roots(meta_graph.signature_def[name])) for name in every}
+    writes: bool
+    finding: Finding
+
+
+def signature_state(meta_graph, names) -> dict[str, SignatureState]:
+    """The signatures among `names` (those verify calls, in turn, in every runtime) whose answers depend on state:
+    those that update a variable, and those that read a variable another of them updates. (A variable only the
+    warm-up updates is not state verify adds: the server answering from it must agree with a fresh load.)"""
+    state = {name: _variables(meta_graph, _signature_roots(meta_graph.signature_def[name]))
+             for name in names if name in meta_graph.signature_def}
     written = {v: name for name, (writes, _) in state.items() for v in writes}
     found = {}
     for name in names:
         writes, reads = state.get(name, (set(), set()))
         if writes:
-            why = f"updates variable(s) {', '.join(sorted(writes))}"
+            why = f"updates variable(s) {', '.join(sorted(writes))}: two runs of the same request differ"
         elif reads & set(written):
             variable = sorted(reads & set(written))[0]
             why = f"reads variable {variable}, which signature '{written[variable]}' updates"
         else:
             continue
-        found[name] = Finding("warning", "stateful", (
+        found[name] = SignatureState(bool(writes), Finding("warning", "stateful", (
             f"signature '{name}' {why}: its answers depend on the calls made before it (state, not randomness), "
-            f"and every loaded copy of the model keeps its own state, so its outputs were run but not compared. "
-            f"TF Serving answers it from one state shared by all clients; check its values with your own "
-            f"sequence of requests"))
+            f"and every loaded copy of the model keeps its own state, so those outputs are left out of the "
+            f"comparisons. TF Serving answers it from one state shared by all clients; check its values with your "
+            f"own sequence of requests")))
     return found
 
 

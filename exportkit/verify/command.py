@@ -143,21 +143,27 @@ def _inputs_summary(o: VerifyOptions, plan: Plan) -> dict:
 def _judge(o: VerifyOptions, plan: Plan, execution: Execution, report: VerifyReport, model: Model) -> None:
     """Per signature: the behaviours, then the plan's pairs compared, the reference chain, the twin agreement.
 
-    A stateful signature (its answers depend on earlier calls) is run but not compared (runtimes/verdicts.py)."""
+    A stateful signature (its answers depend on earlier calls, runtimes/verdicts.py): the outputs that do differ
+    between runs are left out of the comparisons, and the finding says the cause is state."""
     from exportkit.savedmodel import select_meta_graph
 
     by_name = {c.name: c for c in plan.checks}
     stateful = signature_state(select_meta_graph(model.proto), [c.name for c in plan.checks])
     for c in plan.checks:
         outputs = execution.outputs[c.name]
-        if c.name in stateful:
-            report.findings.append(stateful[c.name])
+        state = stateful.get(c.name)
+        if state is not None and not state.writes:  # another signature's calls changed what it reads
+            report.findings.append(state.finding)
             for label in outputs:
                 outputs[label] = [None] * len(c.batches)
         sub = VerifyReport(path=report.path, signature=c.name, reference="", runtimes=execution.results[c.name])
-        noisy = checks.behaviours(report, outputs, c.batches, c.tolerance, o.allow_nondeterministic,
+        before = len(report.findings)
+        noisy = checks.behaviours(report, outputs, c.batches, c.tolerance, o.allow_nondeterministic or state is not None,
                                  c.output_dtypes, c.name if len(plan.checks) > 1 else None)
-        if noisy and o.allow_nondeterministic:
+        if noisy and state is not None:  # the cause is state, not randomness: say so instead
+            report.findings[before:] = [f for f in report.findings[before:] if f.code != "nondeterministic"]
+            report.findings.append(state.finding)
+        if noisy and (o.allow_nondeterministic or state is not None):
             checks.drop_outputs(outputs, noisy)
         compare_all(sub, outputs, c.batches, c.tolerance, plan.devices, plan.pairs_of(c, "reference")
                     + plan.pairs_of(c, "device"))

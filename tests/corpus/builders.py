@@ -30,6 +30,11 @@ class Expected:
     apis: dict[str, str] = field(default_factory=dict)
     refusal: str = ""
     why: str = ""  # where in TF Serving's sources the verdict comes from
+    loads: bool | None = None  # it loads and runs, and an API refuses it (None: loads == serves)
+
+    @property
+    def loaded(self) -> bool:
+        return self.serves if self.loads is None else self.loads
 
 
 @dataclass(frozen=True)
@@ -155,37 +160,39 @@ def no_shape(root: Path, name: str = "tf1_tensorinfo_without_shape") -> CorpusMo
                                             why="a TensorInfo shape is not checked by Predict"))
 
 
-def regress_unknown_rank(root: Path, name: str = "tf1_regress_unknown_rank") -> CorpusModel:
-    """A regress signature over Examples whose output has unknown rank in the graph ([batch, 1] when run, as Estimator regressors answer)."""
+def _regress_over_examples(export_dir: Path, prediction) -> None:
+    """A TF1 graph with one regress signature over serialized Examples ({"x": float [1]}), the Estimator way;
+    `prediction(tf, x)` builds its output."""
     tf = _tf()
     v1 = tf.compat.v1
-    base = root / name
     with tf.Graph().as_default(), v1.Session() as sess:
         serialized = v1.placeholder(tf.string, name="input_example_tensor", shape=[None])
         x = v1.parse_example(serialized, {"x": v1.FixedLenFeature([1], tf.float32)})["x"]
-        w = v1.Variable(3.0, name="w")
-        shape = v1.placeholder_with_default(tf.constant([-1, 1]), shape=[None], name="output_shape")
-        y = tf.reshape(w * x, shape, name="prediction")  # rank unknown to shape inference
+        y = tf.identity(prediction(tf, x), name="prediction")
         sess.run(v1.global_variables_initializer())
-        _save(sess, base / "1", {
-            "serving_default": _signature({"inputs": serialized}, {"outputs": y}, REGRESS_METHOD)})
-    return CorpusModel(name, base, Expected(True, {"serving_default": REGRESS},
-                                            why="regressor.cc checks the run output's dims (1, or 2 with dim 1)"))
+        _save(sess, export_dir, {"serving_default": _signature({"inputs": serialized}, {"outputs": y}, REGRESS_METHOD)})
+
+
+def regress_unknown_rank(root: Path, name: str = "tf1_regress_unknown_rank") -> CorpusModel:
+    """A regress signature whose output has unknown rank in the graph ([batch, 1] when run, as Estimator
+    regressors answer)."""
+
+    def prediction(tf, x):
+        shape = tf.compat.v1.placeholder_with_default(tf.constant([-1, 1]), shape=[None], name="output_shape")
+        return tf.reshape(tf.compat.v1.Variable(3.0, name="w") * x, shape)  # rank unknown to shape inference
+
+    _regress_over_examples(root / name / "1", prediction)
+    return CorpusModel(name, root / name, Expected(True, {"serving_default": REGRESS},
+                                                   why="regressor.cc checks the run output's dims (1, or 2 with "
+                                                       "dim 1)"))
 
 
 def regress_wide_output(root: Path, name: str = "tf1_regress_two_columns") -> CorpusModel:
-    """A regress signature over Examples whose output is [batch, 2]: TF Serving loads it and answers Predict, and its
-    Regress refuses the output ("Expected output Tensor shape to be either [batch_size] or [batch_size, 1]")."""
-    tf = _tf()
-    v1 = tf.compat.v1
-    base = root / name
-    with tf.Graph().as_default(), v1.Session() as sess:
-        serialized = v1.placeholder(tf.string, name="input_example_tensor", shape=[None])
-        x = v1.parse_example(serialized, {"x": v1.FixedLenFeature([1], tf.float32)})["x"]
-        y = tf.concat([x * 2.0, x * 3.0], axis=1, name="prediction")
-        _save(sess, base / "1", {"serving_default": _signature({"inputs": serialized}, {"outputs": y}, REGRESS_METHOD)})
-    return CorpusModel(name, base, Expected(False, refusal="refuses the model's output",
-                                            why="regressor.cc: output dims must be 1, or 2 with dim 1"))
+    """A regress signature whose output is [batch, 2]: TF Serving loads it and answers Predict, and its Regress
+    refuses the output ("Expected output Tensor shape to be either [batch_size] or [batch_size, 1]")."""
+    _regress_over_examples(root / name / "1", lambda tf, x: tf.concat([x * 2.0, x * 3.0], axis=1))
+    return CorpusModel(name, root / name, Expected(False, refusal="refuses the model's output", loads=True,
+                                                   why="regressor.cc: output dims must be 1, or 2 with dim 1"))
 
 
 def missing_tensor(root: Path, name: str = "tf1_signature_tensor_missing") -> CorpusModel:
@@ -248,7 +255,7 @@ def tf_module(root: Path, name: str = "tf2_module_half_plus_two") -> CorpusModel
 
     class HalfPlusTwo(tf.Module):
         def __init__(self):
-            super().__init__()
+            tf.Module.__init__(self)  # (autograph may convert this class's methods: no zero-argument super())
             self.a, self.b, self.c = tf.Variable(0.5), tf.Variable(2.0), tf.Variable(3.0)
 
         @tf.function(input_signature=[tf.TensorSpec([1], tf.float32)])
@@ -298,7 +305,8 @@ def session_bundle(root: Path, name: str = "session_bundle") -> CorpusModel:
         saver.save(sess, str(version / "export"), write_meta_graph=False)
         v1.train.export_meta_graph(str(version / "export.meta"))
     return CorpusModel(name, root / name, Expected(
-        False, refusal="Session Bundle", why="session_bundle_util.cc: \"Session Bundle is deprecated and removed.\""))
+        False, refusal="Session Bundle is deprecated",
+        why="session_bundle_util.cc: \"Session Bundle is deprecated and removed.\""))
 
 
 def tflite_version(root: Path, name: str = "tflite_only") -> CorpusModel:
@@ -307,7 +315,7 @@ def tflite_version(root: Path, name: str = "tflite_only") -> CorpusModel:
     version.mkdir(parents=True)
     # A FlatBuffer header with the TFLite file identifier "TFL3" (the content is never parsed here).
     (version / "model.tflite").write_bytes(struct.pack("<I", 28) + b"TFL3" + bytes(24))
-    return CorpusModel(name, root / name, Expected(False, refusal="TFLite",
+    return CorpusModel(name, root / name, Expected(False, refusal="--prefer_tflite_model",
                                                    why="saved_model_bundle_factory: no saved_model.pb; TFLite "
                                                        "models need --prefer_tflite_model"))
 
@@ -375,8 +383,8 @@ def _mask(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-BUILDERS = (half_plus_two, counter, no_shape, regress_unknown_rank, regress_wide_output, missing_tensor, estimator_style, tf_module,
-            keras_export, session_bundle, tflite_version, snappy_checkpoint)
+BUILDERS = (half_plus_two, counter, no_shape, regress_unknown_rank, regress_wide_output, missing_tensor,
+            estimator_style, tf_module, keras_export, session_bundle, tflite_version, snappy_checkpoint)
 
 
 def build_all(root: Path) -> list[CorpusModel]:

@@ -110,7 +110,7 @@ def test_refused_formats_say_what_they_are(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- verify
 def _verify(model, *args):
-    got = invoke("verify", model.base, "--json", *args)
+    got = invoke("verify", model.base, "--json", "-", *args)
     return got, json.loads(got.stdout) if got.stdout.strip().startswith("{") else None
 
 
@@ -123,7 +123,7 @@ def test_half_plus_two_passes_with_the_api_tf_serving_uses(corpus):
     """Classify/Regress on Example signatures; Predict on the classify/regress signatures over a float input,
     which TF Serving's Classify/Regress refuse (the report names the API)."""
     model = corpus(b.half_plus_two)
-    got, report = _verify(model)
+    got, report = _verify(model, "--runtimes", "session,serving,rest")  # (the server is the subject: no TF2 load)
     assert got.returncode == 0, got.stdout[-3000:]
     for signature, api in model.expected.apis.items():
         rows = _rows(report, signature)
@@ -142,9 +142,10 @@ def test_counter_state_zero_inputs_and_a_tf2_only_failure(corpus):
     codes = {f["code"]: f for f in report["findings"]}
     assert "nondeterministic" not in codes
     assert codes["tf2-load-failed"]["severity"] == "warning" and "TF1 loader" in codes["tf2-load-failed"]["message"]
-    stateful = [f["message"] for f in report["findings"] if f["code"] == "stateful"]
-    assert len(stateful) == 4 and all("state, not randomness" in m for m in stateful)
-    assert any("'get_counter' reads variable counter" in m for m in stateful)
+    stateful = {f["message"].split("'")[1]: f["message"] for f in report["findings"] if f["code"] == "stateful"}
+    assert set(stateful) == {"get_counter", "incr_counter", "incr_counter_by"}, stateful  # reset: always 0
+    assert all("state, not randomness" in m for m in stateful.values())
+    assert "reads variable counter, which signature" in stateful["get_counter"]
     for signature in ("get_counter", "incr_counter", "reset_counter"):
         rest = _rows(report, signature)["rest"]
         assert rest["status"] == "skipped" and "without inputs" in rest["error"]
@@ -153,12 +154,11 @@ def test_counter_state_zero_inputs_and_a_tf2_only_failure(corpus):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("builder", [b.regress_unknown_rank, b.estimator_style, b.snappy_checkpoint],
-                         ids=lambda f: f.__name__)
-def test_models_tf_serving_serves_pass(corpus, builder):
-    got, report = _verify(corpus(builder))
+def test_a_regress_output_of_unknown_rank_passes(corpus):
+    """[batch, 1] at run time, rank unknown in the signature: Regress's flat answer is shaped as Predict's."""
+    got, report = _verify(corpus(b.regress_unknown_rank), "--runtimes", "session,serving,rest")
     assert got.returncode == 0, got.stdout[-3000:]
-    assert all(r["status"] == "ok" for r in report["runtimes"]), report["runtimes"]
+    assert all(r["status"] == "ok" and r["passed"] for r in report["runtimes"]), report["runtimes"]
 
 
 @pytest.mark.slow
@@ -175,7 +175,7 @@ def test_a_tensorinfo_without_shape_is_fed_what_the_graph_takes(corpus):
 
 @pytest.mark.slow
 def test_an_output_regress_refuses_is_the_models_fault(corpus):
-    got = invoke("verify", corpus(b.regress_wide_output).base)
+    got = invoke("verify", corpus(b.regress_wide_output).base, "--runtimes", "session,serving")
     assert got.returncode == 1
     assert "Regress refuses the model's output" in got.stdout and "inputs were wrong" not in got.stdout, got.stdout
 
@@ -244,7 +244,8 @@ def test_models_tf_2_12_wrote_get_tf_servings_verdict(tmp_path):
     if info("2.12").state == "absent":
         pytest.skip("the managed TF 2.12 environment is not installed (`exportkit runtimes install 2.12`)")
     for model in b.write_in_env(python_for("2.12", install_missing=False), tmp_path):
-        got, report = _verify(model)
-        assert got.returncode == 0, (model.name, got.stdout[-2000:])
-        compat = invoke("compat", model.base, "--tf", "2.12,2.21", "--run")
+        compat = invoke("compat", model.base, "--tf", "2.12", "--run")  # TF 2.12's loader against this one's
         assert compat.returncode == 0, (model.name, compat.stdout)
+        if model.name.endswith("tf1_graph"):  # every runtime of this TensorFlow on what TF 2.12 wrote
+            got, _ = _verify(model)
+            assert got.returncode == 0, (model.name, got.stdout[-2000:])
