@@ -397,7 +397,7 @@ def tfrecord_records(path: str) -> Iterator[tuple[int, int, bytes, int]]:
                 (length,) = struct.unpack("<Q", header[:8])
                 room = size * _GZIP_MAX_RATIO if gzipped else size - offset - 16
                 if length > room:
-                    raise bad(f"declares {length} bytes, more than the file can hold")
+                    raise bad(f"declares {length} bytes, more than the file can hold (truncated, or a damaged length)")
                 data = _read_exactly(stream, length)
                 crc = stream.read(4)
                 if len(data) != length or len(crc) != 4:

@@ -300,15 +300,13 @@ class FailureWriter:
     def close(self, commit: bool) -> None:
         """Rename the files into place (commit), else remove them; a close that fails (a full disk flushing the
         last bytes) removes them too."""
-        try:
-            for stream in (self._records, self._index):
+        failure = None
+        for stream in (self._records, self._index):
+            try:
                 if stream is not None:
                     stream.close()
-        except OSError as err:
-            commit = False
-            failure = os_error(err, self.what)
-        else:
-            failure = None
+            except OSError as err:
+                commit, failure = False, failure or os_error(err, self.what)
         for tmp in self._tmp:
             if commit and tmp.exists():
                 os.replace(tmp, tmp.with_name(tmp.name[1:-len(".tmp")]))

@@ -73,6 +73,7 @@ def _run_in_process(o, source, version_dir, specs, signature, names, devices, ex
 
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
     feed = Feeder(source, specs, example_key)  # before any runtime starts: a bad --data fails fast
+    writer = FailureWriter(o.save_failures, source) if o.save_failures else None  # so does a bad --save-failures
     check = SignatureCheck(o.signature_name, signature.get("method") or "", specs, output_dtypes, {})
     runtimes_ = _build_runtimes(o, names, devices, version_dir, check, signatures={check.name: signature})
     parsing = []  # runtimes that parse the records themselves (keras on a signature over tf.Example)
@@ -83,7 +84,6 @@ def _run_in_process(o, source, version_dir, specs, signature, names, devices, ex
     results = {item.label: RuntimeResult(name=item.label, kind=item.runtime.kind, device=item.runtime.device)
                for item in runtimes_}
     stats: dict[tuple[str, str], OutputStats] = {}
-    writer = FailureWriter(o.save_failures, source) if o.save_failures else None
     records, completed = 0, False
     try:
         live = [item for item in runtimes_ if _timed(results[item.label], lambda: item.runtime.load() or True)]
