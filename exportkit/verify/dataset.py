@@ -91,7 +91,7 @@ def _run_in_process(o, source, version_dir, specs, signature, names, devices, ex
         for batch in source.batches():
             inputs = feed(batch)
             for runtime in parsing:
-                runtime.name_record = lambda row, b=batch: source.where(b.file_no, int(b.indices[row]))
+                runtime.name_record = lambda row, b=batch: source.where(b.file_nos[row], int(b.indices[row]))
             outputs = {}
             for item in list(live):
                 out = _timed(results[item.label], lambda: item.runtime.run(inputs))
@@ -105,7 +105,7 @@ def _run_in_process(o, source, version_dir, specs, signature, names, devices, ex
             failing = np.zeros(len(batch), dtype=bool)
             for label, out in outputs.items():
                 if label != reference:
-                    failing |= compare_into(stats, label, outputs[reference], out, tolerances, batch.file_no,
+                    failing |= compare_into(stats, label, outputs[reference], out, tolerances, batch.file_nos,
                                             batch.indices, batch.offsets)
             if writer:
                 writer.write(batch, failing)
