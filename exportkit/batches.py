@@ -287,7 +287,7 @@ def load_inputs(path: str | os.PathLike, specs: list[InputSpec]) -> list[dict[st
     elif suffix == ".json":
         try:
             doc = json.loads(p.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
             raise UsageError(f"{p} is not valid JSON: {e}",
                              "fix the file (json.dump of {\"key\": nested list})") from None
         if isinstance(doc, dict) and set(doc) == {"inputs"} and "inputs" not in by_key and isinstance(doc["inputs"], dict):
@@ -397,7 +397,7 @@ def tfrecord_records(path: str) -> Iterator[tuple[int, int, bytes, int]]:
                 (length,) = struct.unpack("<Q", header[:8])
                 room = size * _GZIP_MAX_RATIO if gzipped else size - offset - 16
                 if length > room:
-                    raise bad(f"declares {length} bytes, more than the file can hold")
+                    raise bad(f"declares {length} bytes, more than the file can hold (truncated, or a damaged length)")
                 data = _read_exactly(stream, length)
                 crc = stream.read(4)
                 if len(data) != length or len(crc) != 4:
@@ -529,5 +529,6 @@ def load_batches(dir: str | os.PathLike, prefix: str = "") -> list[dict[str, np.
     batches = []
     for _, f in found:
         with np.load(f, allow_pickle=False) as z:
+            _check_npz_sizes(z, f)
             batches.append(read_batch_members(z))
     return batches

@@ -47,7 +47,10 @@ def atomic_path(path: str | os.PathLike, what: str):
     except OSError as err:
         raise os_error(err, what) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # a read-only file system, where the temporary file could not be made either
+            pass
 
 
 def write_atomic(path: str | os.PathLike, text: str, what: str) -> None:

@@ -104,7 +104,7 @@ def _probe(python: str, timeout: float = 300) -> dict | str:
     """{"tensorflow", "numpy"} as the interpreter imports them, or why it could not (the last line it said)."""
     try:
         proc = subprocess.run(
-            [python, "-I", "-c", "import json, numpy, tensorflow as tf; "
+            [python, "-I", "-B", "-c", "import json, numpy, tensorflow as tf; "
              "print(json.dumps({'tensorflow': tf.__version__, 'numpy': numpy.__version__}))"],
             capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=timeout,
             **_child_group())
@@ -112,7 +112,8 @@ def _probe(python: str, timeout: float = 300) -> dict | str:
         return str(err)
     if proc.returncode != 0:
         died = f" (killed by {signal.Signals(-proc.returncode).name})" if proc.returncode < 0 else ""
-        return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}{died}, no output"])[-1] + died
+        said = proc.stderr.strip().splitlines()
+        return f"{said[-1]}{died}" if said else f"exit {proc.returncode}{died}, no output"
     try:
         meta = json.loads(proc.stdout.strip().splitlines()[-1])
         if isinstance(meta, dict) and isinstance(meta.get("tensorflow"), str):
@@ -134,13 +135,12 @@ def checked(version: str) -> EnvInfo:
         raise InfraError(f"the TensorFlow {version} environment in {directory} has no interpreter (bin/python)", fix)
     meta_path = directory / READY
     meta = json.loads(meta_path.read_text())
-    stamp = _stamp(directory)
-    if meta.get("stamp") != stamp:
+    if meta.get("stamp") != _stamp(directory):
         probed = _probe(env.python)
         if isinstance(probed, str):
             raise InfraError(f"TensorFlow does not import in the TensorFlow {version} environment ({directory}): "
                              f"{probed}", fix)
-        meta.update(probed, stamp=stamp)
+        meta.update(probed, stamp=_stamp(directory))
         try:
             _write_meta(directory, meta)
         except OSError:

@@ -108,8 +108,8 @@ def _build(p, plan: BeamPlan, results: str) -> None:
     if source.limit is not None:  # one reader in file order: the limit counts across files
         batches = p | "Files" >> beam.Create([None]) | "Read" >> beam.FlatMap(_all_batches, source)
     else:
-        batches = (p | "Files" >> beam.Create(list(range(len(source.files))))
-                   | "Read" >> beam.FlatMap(_file_batches, source))
+        batches = (p | "Files" >> beam.Create(list(range(len(source.units))))
+                   | "Read" >> beam.FlatMap(_unit_batches, source))
     batches = batches | "Spread" >> beam.Reshuffle()
     inputs = batches | "Parse" >> beam.ParDo(_Parse(source, plan.example_key))
     joined = {"positions": batches | "Positions" >> beam.Map(_positions)}
@@ -130,12 +130,12 @@ def _all_batches(_, source: DataSource):
     return source.batches()
 
 
-def _file_batches(file_no: int, source: DataSource):
-    return source.file_batches(file_no)
+def _unit_batches(unit_no: int, source: DataSource):
+    return source.unit_batches(unit_no)
 
 
 def _positions(batch):
-    return batch.key, (batch.file_no, batch.indices, batch.offsets)
+    return batch.key, (batch.file_nos, batch.indices, batch.offsets)
 
 
 def _count(keyed) -> int:
@@ -213,10 +213,10 @@ class _StatsCombine(beam.CombineFn):
         return None
 
     def add_input(self, acc, element):
-        key, expected, actual, (file_no, indices, offsets) = element
+        key, expected, actual, (file_nos, indices, offsets) = element
         if acc is None:
             acc = OutputStats(key, *self.tolerances.get(key, (0.0, 0.0)))
-        acc.add(expected, actual, file_no, indices, offsets)
+        acc.add(expected, actual, file_nos, indices, offsets)
         return acc
 
     def merge_accumulators(self, accs):

@@ -1,7 +1,8 @@
 """Record sources for `verify --data`: TFRecord files of tf.Example (uncompressed or GZIP, detected by the
-gzip magic bytes) and .npz shards keyed by input name, read in batches that never span two files.
+gzip magic bytes) and .npz shards keyed by input name, read in batches that never span two read units (a large
+file or an .npz shard alone, a run of small TFRecord files together: see read_units).
 
-The batches are a pure function of (files, batch size, sample rate, seed, limit), so the in-process run and
+The batches are a pure function of (files and their sizes, batch size, sample rate, seed, limit), so the in-process run and
 every Beam worker form the very same batches: a model's float results can depend on the batch size, and the
 two runners must agree to the last bit. Every record keeps its position (file number, index in the file, byte
 offset in the uncompressed stream) so a failing record can be found and re-run.
@@ -38,9 +39,10 @@ _READ_CHUNK = 1024  # records read (and sample draws made) at a time; results do
 
 @dataclass
 class RecordBatch:
-    """Consecutive kept records of one file: serialized Examples (`records`) or npz rows (`rows`)."""
+    """Consecutive kept records of one read unit (see DataSource.units): serialized Examples (`records`) or npz
+    rows (`rows`), each with the number of the file it came from."""
 
-    file_no: int
+    file_nos: np.ndarray  # file number of each record
     indices: np.ndarray  # record index in the file (row for npz)
     offsets: np.ndarray  # byte offset of the record in the uncompressed stream (-1 for npz rows)
     records: list[bytes] | None = None
@@ -51,8 +53,31 @@ class RecordBatch:
 
     @property
     def key(self) -> tuple[int, int]:
-        """The batch's id (file number, index of its first record): what Beam joins the runtimes' outputs on."""
-        return (self.file_no, int(self.indices[0]))
+        """The batch's id (file number and index of its first record): what Beam joins the runtimes' outputs on."""
+        return (int(self.file_nos[0]), int(self.indices[0]))
+
+
+SMALL_FILE = 1 << 20  # TFRecord files smaller than this are read together, their records batched across them
+UNIT_BYTES = 16 << 20  # ... up to this many bytes per read unit
+
+
+def read_units(files: list[str]) -> list[list[int]]:
+    """Files (by number) grouped into read units, a pure function of their names and sizes: a large file or an .npz
+    shard alone, runs of small TFRecord files together (10,000 files of one record are 40 batches of 256, not
+    10,000 batches of one: every batch costs a round trip through each runtime)."""
+    units, current, size = [], [], 0
+    for file_no, path in enumerate(files):
+        n = os.path.getsize(path)
+        if path.endswith(".npz") or n >= SMALL_FILE:
+            units += [current, [file_no]] if current else [[file_no]]
+            current, size = [], 0
+            continue
+        current.append(file_no)
+        size += n
+        if size >= UNIT_BYTES:
+            units.append(current)
+            current, size = [], 0
+    return units + [current] if current else units
 
 
 @dataclass
@@ -66,6 +91,7 @@ class DataSource:
     seed: int = 0
     limit: int | None = None
     files: list[str] = field(default_factory=list)
+    units: list[list[int]] = field(default_factory=list)  # read_units(files), fixed once (Beam workers share it)
     bytes_read: int = 0  # progress: compressed bytes consumed so far (this process)
 
     def __post_init__(self):
@@ -77,52 +103,66 @@ class DataSource:
             raise UsageError(f"--limit {self.limit} must be at least 1", "pass --limit 10000 (for example)")
         if not self.files:
             self.files = expand(self.pattern)
+        if not self.units:
+            self.units = read_units(self.files)
 
     @property
     def total_bytes(self) -> int:
         return sum(os.path.getsize(f) for f in self.files)
 
     def batches(self) -> Iterator[RecordBatch]:
-        """Every batch of every file, in file order, up to `limit` kept records."""
+        """Every batch of every read unit, in file order, up to `limit` kept records."""
         left = self.limit
-        for file_no in range(len(self.files)):
-            for batch in self.file_batches(file_no, left):
+        for unit_no in range(len(self.units)):
+            for batch in self.unit_batches(unit_no, left):
                 if left is not None:
                     left -= len(batch)
                 yield batch
             if left is not None and left <= 0:
                 return
 
-    def file_batches(self, file_no: int, limit: int | None = None) -> Iterator[RecordBatch]:
-        path = self.files[file_no]
-        rng = np.random.default_rng([int(self.seed) & 0xFFFFFFFF, zlib.crc32(Path(path).name.encode())])
-        if path.endswith(".npz"):
-            yield from self._npz_batches(file_no, rng, limit)
+    def unit_batches(self, unit_no: int, limit: int | None = None) -> Iterator[RecordBatch]:
+        """The batches of one read unit: an npz shard's rows, or the kept records of its TFRecord files in order."""
+        unit = self.units[unit_no]
+        if self.files[unit[0]].endswith(".npz"):
+            yield from self._npz_batches(unit[0], self._rng(unit[0]), limit)
             return
-        pending_i, pending_o, pending_r = [], [], []
-        last_pos, done = 0, False
-        for chunk in _chunks(tfrecord_records(path), _READ_CHUNK):
-            keep = self._sampled(rng, len(chunk))
-            for (index, offset, data, _), k in zip(chunk, keep):
-                if not k:
-                    continue
-                if limit is not None and len(pending_i) >= limit:
-                    done = True
+        pending_f, pending_i, pending_o, pending_r = [], [], [], []
+        for file_no in unit:
+            rng, last_pos, done = self._rng(file_no), 0, False
+            for chunk in _chunks(tfrecord_records(self.files[file_no]), _READ_CHUNK):
+                keep = self._sampled(rng, len(chunk))
+                for (index, offset, data, _), k in zip(chunk, keep):
+                    if not k:
+                        continue
+                    if limit is not None and len(pending_i) >= limit:
+                        done = True
+                        break
+                    pending_f.append(file_no)
+                    pending_i.append(index)
+                    pending_o.append(offset)
+                    pending_r.append(data)
+                    if len(pending_i) == self.batch_size:
+                        yield RecordBatch(np.asarray(pending_f), np.asarray(pending_i), np.asarray(pending_o),
+                                          records=pending_r)
+                        if limit is not None:
+                            limit -= self.batch_size
+                        pending_f, pending_i, pending_o, pending_r = [], [], [], []
+                self.bytes_read += chunk[-1][3] - last_pos
+                last_pos = chunk[-1][3]
+                if done:
                     break
-                pending_i.append(index)
-                pending_o.append(offset)
-                pending_r.append(data)
-                if len(pending_i) == self.batch_size:
-                    yield RecordBatch(file_no, np.asarray(pending_i), np.asarray(pending_o), records=pending_r)
-                    if limit is not None:
-                        limit -= self.batch_size
-                    pending_i, pending_o, pending_r = [], [], []
-            self.bytes_read += chunk[-1][3] - last_pos
-            last_pos = chunk[-1][3]
             if done:
                 break
         if pending_i:
-            yield RecordBatch(file_no, np.asarray(pending_i), np.asarray(pending_o), records=pending_r)
+            yield RecordBatch(np.asarray(pending_f), np.asarray(pending_i), np.asarray(pending_o), records=pending_r)
+
+    def _rng(self, file_no: int):
+        """The file's own sample draws, seeded by its name (None without --sample: seeding costs ~0.1 ms a file)."""
+        if self.sample is None:
+            return None
+        name = os.path.basename(self.files[file_no])
+        return np.random.default_rng([int(self.seed) & 0xFFFFFFFF, zlib.crc32(name.encode())])
 
     def _sampled(self, rng, n: int) -> np.ndarray:
         """Which of the next n records to keep: one uniform draw per record, so the choice is the same whatever
@@ -144,7 +184,8 @@ class DataSource:
         self.bytes_read += os.path.getsize(path)
         for start in range(0, len(kept), self.batch_size):
             idx = kept[start:start + self.batch_size]
-            yield RecordBatch(file_no, idx, np.full(len(idx), -1), rows={k: v[idx] for k, v in rows.items()})
+            yield RecordBatch(np.full(len(idx), file_no), idx, np.full(len(idx), -1),
+                              rows={k: v[idx] for k, v in rows.items()})
 
     def where(self, file_no: int, index: int) -> str:
         """A record's position as a user can find it again: FILE:INDEX (records count from 0)."""
@@ -293,22 +334,20 @@ class FailureWriter:
             os.replace(written, staged)
             self._npz += 1
         for r in rows:
-            self._index.write(json.dumps({"file": self.source.files[batch.file_no], "index": int(batch.indices[r]),
+            self._index.write(json.dumps({"file": self.source.files[batch.file_nos[r]], "index": int(batch.indices[r]),
                                           "offset": int(batch.offsets[r])}) + "\n")
         self.count += len(rows)
 
     def close(self, commit: bool) -> None:
         """Rename the files into place (commit), else remove them; a close that fails (a full disk flushing the
         last bytes) removes them too."""
-        try:
-            for stream in (self._records, self._index):
+        failure = None
+        for stream in (self._records, self._index):
+            try:
                 if stream is not None:
                     stream.close()
-        except OSError as err:
-            commit = False
-            failure = os_error(err, self.what)
-        else:
-            failure = None
+            except OSError as err:
+                commit, failure = False, failure or os_error(err, self.what)
         for tmp in self._tmp:
             if commit and tmp.exists():
                 os.replace(tmp, tmp.with_name(tmp.name[1:-len(".tmp")]))
@@ -337,7 +376,7 @@ class Feeder:
             records = np.asarray(batch.records, dtype=object)
             self._check_examples(batch, records)
             return {self.example_key: records}
-        return self._parser(batch.records, lambda row: self.source.where(batch.file_no, int(batch.indices[row])))
+        return self._parser(batch.records, lambda row: self.source.where(batch.file_nos[row], int(batch.indices[row])))
 
     def _check_examples(self, batch: RecordBatch, records: np.ndarray) -> None:
         """Records the signature cannot parse are the data's fault, not the model's: a UsageError naming
@@ -347,7 +386,7 @@ class Feeder:
         for row, record in enumerate(records):
             problem = check_examples(self._examples, [record])  # "element 0 ..." of a one-record batch
             if problem:
-                raise UsageError(f"record {self.source.where(batch.file_no, int(batch.indices[row]))}"
+                raise UsageError(f"record {self.source.where(batch.file_nos[row], int(batch.indices[row]))}"
                                  f"{problem[len('element 0'):]} (the signature parses {self._examples.describe()})",
                                  "write tf.train.Example protos with the features the model parses")
 

@@ -184,13 +184,15 @@ class OutputStats:
     def passed(self) -> bool:
         return not self.structural and not self.mismatched and self.expected_dtype == self.actual_dtype
 
-    def add(self, expected, actual, file_no: int, indices: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """Compare one batch (either side None: the output is missing there); returns which records fail."""
+    def add(self, expected, actual, file_nos: np.ndarray, indices: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Compare one batch (either side None: the output is missing there); returns which records fail.
+        `file_nos` is each record's file number (or one number for all)."""
         n = len(indices)
+        file_nos = np.broadcast_to(np.asarray(file_nos), (n,))
         failing = np.zeros(n, dtype=bool)
         self.records += n
         self.batches += 1
-        where = f"file {file_no} record {int(indices[0])}"
+        where = f"file {int(file_nos[0])} record {int(indices[0])}"
         if expected is None or actual is None:
             self._structural("missing in runtime" if actual is None else "unexpected output", where)
             failing[:] = True
@@ -232,7 +234,7 @@ class OutputStats:
         fail_rows = record_excess > 0
         self.failing_records += int(fail_rows.sum())
         failing[:] = fail_rows if per_record else bool(fail_rows[0])
-        self._offer(e, a, err, ce, ca, per_record, worst_el, record_excess, file_no, indices, offsets)
+        self._offer(e, a, err, ce, ca, per_record, worst_el, record_excess, file_nos, indices, offsets)
         return failing
 
     def _numeric(self, err: ElementErrors) -> None:
@@ -260,14 +262,14 @@ class OutputStats:
         elif self.max_abs is None:
             self.max_abs = self.max_rel = 0.0
 
-    def _offer(self, e, a, err, ce, ca, per_record, worst_el, record_excess, file_no, indices, offsets) -> None:
+    def _offer(self, e, a, err, ce, ca, per_record, worst_el, record_excess, file_nos, indices, offsets) -> None:
         rows = len(record_excess)
         shape = e.shape[1:] if per_record else e.shape
         for r in np.lexsort((np.arange(rows), -record_excess))[:WORST_RECORDS]:
             element = tuple(int(i) for i in np.unravel_index(int(worst_el[r]), shape))
             full = (int(r), *element) if per_record else element
             abs_err = float(err.diff[full]) if err is not None and err.finite[full] else None
-            self.worst.append((float(record_excess[r]), int(file_no), int(indices[r]), int(offsets[r]), list(element),
+            self.worst.append((float(record_excess[r]), int(file_nos[r]), int(indices[r]), int(offsets[r]), list(element),
                                scalar_value(e, full, ce), scalar_value(a, full, ca), abs_err))
         self._trim()
 
@@ -298,7 +300,7 @@ class OutputStats:
         return self
 
 
-def compare_into(stats: dict, label: str, reference: dict, outputs: dict, tolerances: dict, file_no: int,
+def compare_into(stats: dict, label: str, reference: dict, outputs: dict, tolerances: dict, file_nos,
                  indices: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Add one batch of one runtime's outputs to `stats[(label, key)]`, every key of either side; returns which
     records fail. `tolerances[key]` is (atol, rtol); keys not in it are compared exactly."""
@@ -307,5 +309,5 @@ def compare_into(stats: dict, label: str, reference: dict, outputs: dict, tolera
         st = stats.get((label, key))
         if st is None:
             st = stats[(label, key)] = OutputStats(key, *tolerances.get(key, (0.0, 0.0)))
-        failing |= st.add(reference.get(key), outputs.get(key), file_no, indices, offsets)
+        failing |= st.add(reference.get(key), outputs.get(key), file_nos, indices, offsets)
     return failing

@@ -90,6 +90,7 @@ def _tol(t) -> tuple[float, float]:
 def _run_in_process(o, source, version_dir, specs, signature, names, devices, example_key, tolerances, report):
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
     feed = Feeder(source, specs, example_key)  # before any runtime starts: a bad --data fails fast
+    writer = FailureWriter(o.save_failures, source) if o.save_failures else None  # so does a bad --save-failures
     check = SignatureCheck(o.signature_name, signature.get("method") or "", specs, output_dtypes, {})
     plan = Plan(version_dir, devices, [check], plan_runtimes(names, devices), [], signatures={check.name: signature})
     with started(o, plan) as runtimes_:
@@ -106,7 +107,6 @@ def _stream(o, source, signature, runtimes_, feed, example_key, tolerances, vers
     results = {item.label: RuntimeResult(name=item.label, kind=item.runtime.kind, device=item.runtime.device)
                for item in runtimes_}
     stats: dict[tuple[str, str], OutputStats] = {}
-    writer = FailureWriter(o.save_failures, source) if o.save_failures else None
     records, completed = 0, False
     try:
         live = [item for item in runtimes_ if _timed(results[item.label], lambda: item.runtime.load() or True)]
@@ -114,7 +114,7 @@ def _stream(o, source, signature, runtimes_, feed, example_key, tolerances, vers
         for batch in source.batches():
             inputs = feed(batch)
             for runtime in parsing:
-                runtime.name_record = lambda row, b=batch: source.where(b.file_no, int(b.indices[row]))
+                runtime.name_record = lambda row, b=batch: source.where(b.file_nos[row], int(b.indices[row]))
             outputs = {}
             for item in list(live):
                 out = _timed(results[item.label], lambda: item.runtime.run(inputs))
@@ -128,7 +128,7 @@ def _stream(o, source, signature, runtimes_, feed, example_key, tolerances, vers
             failing = np.zeros(len(batch), dtype=bool)
             for label, out in outputs.items():
                 if label != reference:
-                    failing |= compare_into(stats, label, outputs[reference], out, tolerances, batch.file_no,
+                    failing |= compare_into(stats, label, outputs[reference], out, tolerances, batch.file_nos,
                                             batch.indices, batch.offsets)
             if writer:
                 writer.write(batch, failing)
