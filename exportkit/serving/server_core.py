@@ -30,7 +30,7 @@ class ServerCore:
             served = ", ".join(f"model '{s.name}' version {s.version}" for s in self._servables)
             raise RpcError(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: {wanted} (served: {served})")
         if label is not None:
-            raise RpcError(grpc.StatusCode.NOT_FOUND,
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,  # as TF Serving (server_core.cc)
                            f"Unrecognized servable version label: {label} (no labels are configured)")
         servable = max(candidates, key=lambda s: s.version)
         if servable.state == "LOADING":
