@@ -86,6 +86,7 @@ class HttpServer:
         self._stop = threading.Event()
         self._stopped = threading.Event()
         self._connections = threading.BoundedSemaphore(limits.max_connections)
+        self._refusals = threading.BoundedSemaphore(32)
 
     def serve_forever(self) -> None:
         try:
@@ -99,7 +100,10 @@ class HttpServer:
                         break
                     raise
                 if not self._connections.acquire(blocking=False):
-                    threading.Thread(target=self._refuse_busy, args=(client,), daemon=True).start()
+                    if self._refusals.acquire(blocking=False):  # say why, in a thread of its own (bounded too)
+                        threading.Thread(target=self._refuse_busy, args=(client,), daemon=True).start()
+                    else:
+                        client.close()
                     continue
                 threading.Thread(target=self._serve_connection, args=(client,), daemon=True, name="rest-conn").start()
         finally:
@@ -119,8 +123,11 @@ class HttpServer:
             try:
                 self._send(client, conn, error_response(503, f"more than {self.limits.max_connections} open "
                                                              "connections; try again later"), keep_alive=False)
+                _linger(client)
             except _ClientGone:
                 pass
+            finally:
+                self._refusals.release()
 
     def _serve_connection(self, client: socket.socket) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
@@ -141,10 +148,14 @@ class HttpServer:
             head = self._next_event(client, conn, time.monotonic() + self.limits.header_seconds, "headers")
             if isinstance(head, h11.ConnectionClosed):
                 return False
+            if sum(len(name) + len(value) for name, value in head.headers) > self.limits.max_header_bytes:
+                # h11 bounds only a head still incomplete; one that arrived whole in a read is bounded here
+                raise _Refused(431, f"Request headers larger than {self.limits.max_header_bytes} bytes")
             early = self.handler.check(head.method.decode("ascii", "replace"),
                                        head.target.decode("ascii", "replace"))
             if early is not None:  # answered from the URL: the body is left unread, so the connection closes
                 self._send(client, conn, early, keep_alive=False, head=head.method == b"HEAD")
+                _linger(client)
                 return False
             request = self._read_body(client, conn, head)
         except h11.RemoteProtocolError as err:
@@ -161,6 +172,8 @@ class HttpServer:
     def _read_body(self, client: socket.socket, conn: h11.Connection, head: h11.Request) -> Request:
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in head.headers}
         declared = headers.get("content-length")
+        if declared is not None and "transfer-encoding" in headers:  # RFC 9112 6.1: a smuggling attempt
+            raise _Refused(400, "Malformed HTTP request: both Content-Length and Transfer-Encoding given")
         if declared is not None and int(declared) > self.limits.max_body_bytes:  # h11 checked it is a number
             raise _Refused(413, f"Request body of {declared} bytes is larger than the limit of "
                                 f"{self.limits.max_body_bytes} bytes")
@@ -205,6 +218,7 @@ class HttpServer:
             return
         try:
             self._send(client, conn, error_response(status, message), keep_alive=False)
+            _linger(client)
         except (_ClientGone, h11.LocalProtocolError):
             pass
 
@@ -232,6 +246,22 @@ class HttpServer:
                 view = view[client.send(view, socket.MSG_NOSIGNAL):]
         except OSError:  # EPIPE, ECONNRESET, a timeout: the client is gone, the server is not
             raise _ClientGone() from None
+
+
+def _linger(client: socket.socket, seconds: float = 1.0, most: int = 1 << 20) -> None:
+    """Close our side, then read (and drop) what the client still sends for a moment: closing with unread bytes
+    sends a reset, which can destroy the answer before the client reads it."""
+    try:
+        client.shutdown(socket.SHUT_WR)
+        deadline, taken = time.monotonic() + seconds, 0
+        while taken < most and (left := deadline - time.monotonic()) > 0:
+            client.settimeout(left)
+            data = client.recv(65536)
+            if not data:
+                break
+            taken += len(data)
+    except OSError:
+        pass
 
 
 def serve_in_thread(handler: Handler, port: int, limits: Limits = Limits(), name: str = "rest") -> HttpServer:
