@@ -1,10 +1,10 @@
 """REST conformance with TF Serving: request/response cases shaped after http_rest_api_handler_test.cc (through the
 HTTP server, on a two-version tf.compat.v1 model built here) and json_tensor_test.cc (the codec on its own).
 
-Mirrored cases (TF Serving test -> here): handler tests 36 of 40 requests (the 4 that read a configured version
-label's answer need labels in the model config: serving-core's part); json_tensor tests 30 of 35 TESTs plus the 3
-typed ClassifyRegressRequest tests (not mirrored: TensorFromNonNullTerminatedBuffer, which has no Python meaning,
-and the four whose float_val/double_val text-proto details have no numpy counterpart beyond the values checked).
+Mirrored cases (TF Serving's -> here): http_rest_api_handler_test.cc 36 of its 40 requests (the 4 that read a
+configured version label's answer need labels in the model config, serving-core's part; the unknown-label error is
+here); json_tensor_test.cc 36 of its 38 TESTs (not: TensorFromNonNullTerminatedBuffer, a C++ buffer detail, and
+MakeJsonFromStatus(OK) == "", which has no counterpart: an OK answer is the result's JSON). All mirrored cases match.
 """
 from __future__ import annotations
 
@@ -365,7 +365,7 @@ def test_codec_classify_regress_results_and_status():
 
 
 def test_codec_examples():
-    from tensorflow_serving.apis import classification_pb2
+    from tensorflow_serving.apis import classification_pb2, regression_pb2
 
     from exportkit.serving.json_tensor import fill_example_input, parse_json, signature_name
     from exportkit.serving.status import RpcError
@@ -382,6 +382,13 @@ def test_codec_examples():
     assert list(first["names"].bytes_list.value) == [b"foo", b"bar"] and list(first["age"].int64_list.value) == [20]
     assert list(second["names"].bytes_list.value) == [b"baz", b"hello"]
     assert list(second["mix"].int64_list.value) == [1, 1, 0] and list(second["ratings"].float_list.value) == [6.0]
+    plain = regression_pb2.RegressionRequest()  # RequestNoContext (the typed tests run both request kinds)
+    fill_example_input(parse_json(b'{"examples": [{"names": ["foo", "bar"], "ratings": [8.0, 9.0], "age": 20},'
+                                  b'{"names": ["baz"], "ratings": 6.0}]}'), plain.input)
+    assert plain.input.WhichOneof("kind") == "example_list"
+    first, second = (e.features.feature for e in plain.input.example_list.examples)
+    assert list(first["ratings"].float_list.value) == [8.0, 9.0] and list(first["age"].int64_list.value) == [20]
+    assert list(second["names"].bytes_list.value) == [b"baz"] and "age" not in second
     for text, words in [('{"signature_name": 1, "examples": [{}]}', "'signature_name' key must be a string"),
                         ('{"examples": [1]}', "Example must be JSON object"),
                         ('{"examples": {}}', "list/array"), ('{"context": 1, "examples": [{}]}', "Example must be JSON"),

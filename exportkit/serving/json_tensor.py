@@ -316,14 +316,21 @@ def fill_predict_request(doc: dict, infomap: dict, signature_name: str) -> tuple
         if "inputs" in doc:
             raise _invalid(f"JSON Value: {_debug(doc)} Not formatted correctly expecting only one of 'inputs' or "
                            "'instances' keys to exist ")
-        if not isinstance(doc["instances"], list):
-            raise _invalid(f"JSON Value: {_debug(doc)} Expecting 'instances' to be an list/array")
-        if not doc["instances"]:
-            raise _invalid(f"JSON Value: {_debug(doc)} No values in 'instances' array")
-        return inputs_from_instances(doc["instances"], infomap), True
+        instances = _array_member(doc, "instances", "Expecting 'instances' to be an list/array",
+                                  "No values in 'instances' array")
+        return inputs_from_instances(instances, infomap), True
     if "inputs" in doc:
         return inputs_from_columns(doc["inputs"], infomap), False
     raise _invalid("Missing 'inputs' or 'instances' key")
+
+
+def _array_member(doc: dict, key: str, not_array: str, empty: str) -> list:
+    value = doc[key]
+    if not isinstance(value, list):
+        raise _invalid(f"JSON Value: {_debug(doc)} {not_array}")
+    if not value:
+        raise _invalid(f"JSON Value: {_debug(doc)} {empty}")
+    return value
 
 
 def parse_json(body: bytes) -> dict:
@@ -470,7 +477,7 @@ def _json_scalar(value, dtype: str, as_bytes: bool) -> str:
             return '{"b64": "' + base64.b64encode(raw).decode("ascii") + '"}'
         # TF Serving writes the bytes as they are: not valid UTF-8 stays not valid UTF-8 (see write_json).
         return json.dumps(raw.decode("utf-8", "surrogateescape"), ensure_ascii=False)
-    if dtype.startswith(("int", "uint")):
+    if dtype in ("int32", "int16", "int8", "uint8", "int64", "uint32", "uint64"):  # AddSingleValueAndAdvance
         return str(int(value))
     raise _invalid(f"Failed to write JSON value for tensor type: {_TF_TYPE_NAMES.get(dtype, dtype)}")
 
@@ -628,10 +635,8 @@ def fill_example_input(doc: dict, input_proto) -> None:
     if "examples" not in doc:
         raise _invalid(f"JSON Value: {_debug(doc)} When method is classify, key 'examples' is expected and was not "
                        "found")
-    if not isinstance(doc["examples"], list):
-        raise _invalid(f"JSON Value: {_debug(doc)} Expecting 'examples' value to be an list/array")
-    if not doc["examples"]:
-        raise _invalid(f"JSON Value: {_debug(doc)} 'examples' value is an empty array")
+    examples = _array_member(doc, "examples", "Expecting 'examples' value to be an list/array",
+                             "'examples' value is an empty array")
     target = input_proto.example_list_with_context if context else input_proto.example_list
-    for value in doc["examples"]:
+    for value in examples:
         example_from_json(value, target.examples.add())
