@@ -10,6 +10,7 @@ import base64
 import itertools
 import json
 import math
+import re
 
 import grpc
 import numpy as np
@@ -19,13 +20,74 @@ from exportkit.serving.status import RpcError, invalid_argument
 # DataTypeString spellings used in TF Serving's messages
 _TF_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "half"}
 BYTES_SUFFIX = "_bytes"
+MAX_RANK = 64  # numpy's limit (NPY_MAXDIMS); TF's is 254
 
 _invalid = invalid_argument
 
 
-def _debug(value) -> str:
-    text = json.dumps(value, separators=(",", ":"), allow_nan=True)
-    return text[:256]
+def _debug(value, limit: int = 256) -> str:
+    """json_tensor.cc JsonValueToDebugString: rapidjson's PrettyWriter (arrays on one line), stopped once `limit`
+    bytes are written. Iterative: a value nested 500,000 deep prints its first levels, it does not exhaust a stack."""
+    parts: list[str] = []
+    size = 0
+    stack: list[list] = []  # open containers: [is_object, iterator, tokens written inside]
+
+    def write(text: str) -> bool:
+        nonlocal size
+        if size >= limit:
+            return False
+        parts.append(text)
+        size += len(text.encode("utf-8", "surrogatepass"))
+        return True
+
+    def prefix() -> str:
+        if not stack:
+            return ""
+        is_object, _, count = stack[-1]
+        stack[-1][2] += 1
+        if not is_object:
+            return ", " if count else ""
+        if count % 2:
+            return ": "
+        return (",\n" if count else "\n") + " " * 4 * len(stack)
+
+    def open_value(item) -> None:
+        if isinstance(item, (dict, list)):
+            if write(prefix() + ("{" if isinstance(item, dict) else "[")):
+                stack.append([isinstance(item, dict), iter(item.items() if isinstance(item, dict) else item), 0])
+        else:
+            write(prefix() + _debug_scalar(item))
+
+    open_value(value)
+    while stack and size < limit:
+        is_object, items, count = stack[-1]
+        item = next(items, _END)
+        if item is _END:
+            stack.pop()
+            write(("\n" + " " * 4 * len(stack) + "}" if count else "}") if is_object else "]")
+        elif is_object:
+            if write(prefix() + json.dumps(item[0], ensure_ascii=False)):
+                open_value(item[1])
+        else:
+            open_value(item)
+    return "".join(parts)
+
+
+_END = object()
+
+
+def _debug_scalar(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "NaN" if math.isnan(value) else "-Infinity" if value < 0 else "Infinity"
+        return repr(value).replace("e+", "e").replace("e-0", "e-")  # rapidjson: 1e21, 1e-7
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _json_type(value) -> str:
@@ -136,7 +198,8 @@ def _regular_numbers(value, dtype: str) -> np.ndarray | None:
         low, high = _INT_RANGES[dtype]
         if not (low <= int(arr.min()) and int(arr.max()) < high):
             return None
-    return arr.astype(dtype)
+    with np.errstate(over="ignore"):  # a double beyond float32's range is inf, as GetFloat() gives
+        return arr.astype(dtype)
 
 
 def tensor_from_json(value, dtype: str) -> np.ndarray:
@@ -151,23 +214,29 @@ def tensor_from_json(value, dtype: str) -> np.ndarray:
             break
         probe = probe[0]
     flat = []
-
-    def fill(item, level):
-        if not isinstance(item, list):
-            if level != len(shape):
+    rank = len(shape)
+    stack = [iter((value,))]  # FillTensorProto without recursion: 990 levels inside a value are just a long stack
+    while stack:
+        item = next(stack[-1], _END)
+        level = len(stack) - 1
+        if item is _END:
+            stack.pop()
+        elif not isinstance(item, list):
+            if level != rank:
                 raise _invalid(f"JSON Value: {_debug(item)} found at incorrect level: {level + 1} in the JSON DOM. "
-                               f"Expected at level: {len(shape)}")
+                               f"Expected at level: {rank}")
             flat.append(_scalar(item, dtype))
-            return
-        if level >= len(shape):
-            raise _invalid(f"Encountered list at unexpected level: {level} expected < {len(shape)}")
-        if len(item) != shape[level]:
+        elif level >= rank:
+            raise _invalid(f"Encountered list at unexpected level: {level} expected < {rank}")
+        elif len(item) != shape[level]:
             raise _invalid(f"Encountered list at unexpected size: {len(item)} at level: {level} expected size: "
                            f"{shape[level]}")
-        for element in item:
-            fill(element, level + 1)
-
-    fill(value, 0)
+        else:
+            stack.append(iter(item))
+    if rank > MAX_RANK:
+        # TF refuses more than 254 dimensions (TensorShape::IsValid), numpy more than 64.
+        raise _invalid(f"JSON Value: {_debug(value)} is a tensor of rank {rank}; at most {MAX_RANK} dimensions are "
+                       "supported")
     out = np.empty(len(flat), dtype=_numpy_dtype(dtype)) if dtype == "string" else None
     if out is not None:
         out[:] = flat
@@ -239,19 +308,156 @@ def inputs_from_columns(inputs, infomap: dict) -> dict[str, np.ndarray]:
     return out
 
 
+def fill_predict_request(doc: dict, infomap: dict, signature_name: str) -> tuple[dict[str, np.ndarray], bool]:
+    """json_tensor.cc FillPredictRequestFromJson after the signature lookup: (input arrays, row format?)."""
+    if not infomap:
+        raise _invalid(f"Failed to get input map for signature: {signature_name or 'DEFAULT'}")
+    if "instances" in doc:
+        if "inputs" in doc:
+            raise _invalid(f"JSON Value: {_debug(doc)} Not formatted correctly expecting only one of 'inputs' or "
+                           "'instances' keys to exist ")
+        instances = _array_member(doc, "instances", "Expecting 'instances' to be an list/array",
+                                  "No values in 'instances' array")
+        return inputs_from_instances(instances, infomap), True
+    if "inputs" in doc:
+        return inputs_from_columns(doc["inputs"], infomap), False
+    raise _invalid("Missing 'inputs' or 'instances' key")
+
+
+def _array_member(doc: dict, key: str, not_array: str, empty: str) -> list:
+    value = doc[key]
+    if not isinstance(value, list):
+        raise _invalid(f"JSON Value: {_debug(doc)} {not_array}")
+    if not value:
+        raise _invalid(f"JSON Value: {_debug(doc)} {empty}")
+    return value
+
+
 def parse_json(body: bytes) -> dict:
+    """json_tensor.cc ParseJson: rapidjson, NaN/Infinity allowed, rapidjson's own number parsing and error texts
+    ("JSON Parse error: Invalid value. at offset: 0"). python-rapidjson refuses nesting past the interpreter's
+    recursion limit where TF Serving's iterative parse goes on; such documents are read by `_parse_iteratively`."""
+    import rapidjson
+
     if not body:
         raise _invalid("JSON Parse error: The document is empty")
     try:
-        doc = json.loads(body.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise _invalid(f"JSON Parse error: {err}") from None
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _invalid(f"JSON Parse error: Invalid encoding in string. at offset: {err.start}") from None
+    try:
+        doc = rapidjson.loads(text, number_mode=rapidjson.NM_NATIVE | rapidjson.NM_NAN)
+    except rapidjson.JSONDecodeError as err:
+        raise _invalid(_rapidjson_error(str(err))) from None
+    except RecursionError:
+        doc = _parse_iteratively(text)
     if not isinstance(doc, dict):
         raise _invalid(f"JSON Value: {_debug(doc)} Is not object")
     return doc
 
 
-def _signature_name(doc: dict) -> str:
+def _rapidjson_error(text: str) -> str:
+    """python-rapidjson's "Parse error at offset 7: Invalid value." as TF Serving words it."""
+    match = re.fullmatch(r"Parse error at offset (\d+): (.*)", text, re.S)
+    return f"JSON Parse error: {match[2]} at offset: {match[1]}" if match else f"JSON Parse error: {text}"
+
+
+_SPACES = (" ", "\t", "\n", "\r")  # not "": the end of the text
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_OPEN_ARRAYS = re.compile(r"\[(?:[ \t\n\r]*\[)*")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+_LITERALS = {"true": True, "false": False, "null": None, "NaN": math.nan, "Infinity": math.inf,
+             "-Infinity": -math.inf}
+
+
+def _parse_iteratively(text: str):
+    """A JSON reader with an explicit stack (rapidjson's kParseIterativeFlag), for documents nested too deep for the
+    C parser's recursion guard. Slower, and only reached by such documents; errors in rapidjson's words."""
+    def fail(message: str, at: int):
+        raise _invalid(f"JSON Parse error: {message} at offset: {at}")
+
+    stack: list = []  # open containers
+    keys: list = []  # the pending member name of each open object
+    state, pos, root = "value", 0, _END
+    while root is _END:
+        char = text[pos:pos + 1]
+        if char in _SPACES:
+            pos = _WHITESPACE.match(text, pos).end()
+            char = text[pos:pos + 1]
+        value = _END
+        if state in ("value", "first value"):
+            if char == "]" and state == "first value":
+                value, pos = stack.pop(), pos + 1
+            elif char == "[":  # a run of them at once: deep documents are mostly runs of brackets
+                run = _OPEN_ARRAYS.match(text, pos)
+                stack.extend([] for _ in range(run[0].count("[")))
+                state, pos = "first value", run.end()
+            elif char == "{":
+                stack.append({})
+                keys.append(None)
+                state, pos = "first key", pos + 1
+            elif char == '"':
+                value, pos = _string(text, pos, fail)
+            else:
+                literal = next((w for w in _LITERALS if text.startswith(w, pos)), None) if char in "tfnNI-" else None
+                number = _NUMBER.match(text, pos) if literal is None else None
+                if literal is not None:
+                    value, pos = _LITERALS[literal], pos + len(literal)
+                elif number:
+                    value = float(number[0]) if number[1] or number[2] else int(number[0])
+                    pos = number.end()
+                else:
+                    fail("Invalid value.", pos)
+        elif state in ("key", "first key"):
+            if char == "}" and state == "first key":
+                value, pos = stack.pop(), pos + 1
+                keys.pop()
+            elif char == '"':
+                keys[-1], pos = _string(text, pos, fail)
+                state = "colon"
+            else:
+                fail("Missing a name for object member.", pos)
+        elif state == "colon":
+            if char != ":":
+                fail("Missing a colon after a name of object member.", pos)
+            state, pos = "value", pos + 1
+        else:  # after a value inside a container
+            is_list = isinstance(stack[-1], list)
+            if char == ",":
+                state, pos = "value" if is_list else "key", pos + 1
+            elif char == ("]" if is_list else "}"):
+                value, pos = stack.pop(), pos + 1
+                if not is_list:
+                    keys.pop()
+            else:
+                fail("Missing a comma or ']' after an array element." if is_list else
+                     "Missing a comma or '}' after an object member.", pos)
+        if value is _END:
+            continue
+        if not stack:
+            root = value
+        elif isinstance(stack[-1], list):
+            stack[-1].append(value)
+        else:
+            stack[-1][keys[-1]] = value
+        state = "after"
+    pos = _WHITESPACE.match(text, pos).end()
+    if pos != len(text):
+        fail("The document root must not be followed by other values.", pos)
+    return root
+
+
+def _string(text: str, pos: int, fail):
+    from json.decoder import scanstring
+
+    try:
+        return scanstring(text, pos + 1, True)
+    except ValueError as err:
+        fail("Missing a closing quotation mark in string." if "Unterminated" in str(err) else
+             "Invalid escape character in string.", pos)
+
+
+def signature_name(doc: dict) -> str:
     name = doc.get("signature_name", "")
     if not isinstance(name, str):
         raise _invalid(f"JSON Value: {_debug(doc)} not formatted correctly. 'signature_name' key must be a string "
@@ -271,7 +477,7 @@ def _json_scalar(value, dtype: str, as_bytes: bool) -> str:
             return '{"b64": "' + base64.b64encode(raw).decode("ascii") + '"}'
         # TF Serving writes the bytes as they are: not valid UTF-8 stays not valid UTF-8 (see write_json).
         return json.dumps(raw.decode("utf-8", "surrogateescape"), ensure_ascii=False)
-    if dtype.startswith(("int", "uint")):
+    if dtype in ("int32", "int16", "int8", "uint8", "int64", "uint32", "uint64"):  # AddSingleValueAndAdvance
         return str(int(value))
     raise _invalid(f"Failed to write JSON value for tensor type: {_TF_TYPE_NAMES.get(dtype, dtype)}")
 
@@ -429,10 +635,8 @@ def fill_example_input(doc: dict, input_proto) -> None:
     if "examples" not in doc:
         raise _invalid(f"JSON Value: {_debug(doc)} When method is classify, key 'examples' is expected and was not "
                        "found")
-    if not isinstance(doc["examples"], list):
-        raise _invalid(f"JSON Value: {_debug(doc)} Expecting 'examples' value to be an list/array")
-    if not doc["examples"]:
-        raise _invalid(f"JSON Value: {_debug(doc)} 'examples' value is an empty array")
+    examples = _array_member(doc, "examples", "Expecting 'examples' value to be an list/array",
+                             "'examples' value is an empty array")
     target = input_proto.example_list_with_context if context else input_proto.example_list
-    for value in doc["examples"]:
+    for value in examples:
         example_from_json(value, target.examples.add())
