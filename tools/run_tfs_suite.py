@@ -39,15 +39,16 @@ RUNNER = textwrap.dedent('''
     loader = unittest.TestLoader()
     suite = unittest.TestSuite(t for t in loader.loadTestsFromTestCase(ns["TensorflowModelServerTest"])
                                if pattern in t.id())
+    tests = list(suite)  # the runner empties the suite as it goes
     result = unittest.TextTestRunner(verbosity=2, stream=sys.stderr).run(suite)
     problems = {t.id(): (kind, text) for kind, items in (("FAIL", result.failures), ("ERROR", result.errors))
                 for t, text in items}
     print("\\n== TF Serving tensorflow_model_server_test.py against exportkit serve ==")
-    for test in suite:
+    for test in tests:
         kind, text = problems.get(test.id(), ("PASS", ""))
         last = [line for line in text.strip().splitlines() if line.strip()][-1:] if text else []
         print(f"{kind:5} {test.id().split('.')[-1]}" + (f"  -- {last[0].strip()[:300]}" if last else ""))
-    print(f"passed {suite.countTestCases() - len(problems)} of {suite.countTestCases()}")
+    print(f"passed {len(tests) - len(problems)} of {len(tests)}")
 ''')
 
 
@@ -57,6 +58,9 @@ def main() -> int:
     parser.add_argument("--ref", default="HEAD")
     parser.add_argument("-k", default="", help="run only tests whose id contains this")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir")
+    parser.add_argument("--legacy-keras", action="store_true",
+                        help="TF_USE_LEGACY_KERAS=1: tf.keras is Keras 2 (tf-keras), which the test file was written "
+                             "for; under Keras 3 its Sequential models' signature input is `inputs`, not `x`")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below when stopped
 
@@ -89,6 +93,8 @@ def main() -> int:
 
         env = dict(os.environ, TEST_SRCDIR=srcdir, TEST_TMPDIR=os.path.join(tmp, "tmp"), TFS_SUITE_DIR=tmp,
                    TFS_SUITE_K=args.k)
+        if args.legacy_keras:
+            env["TF_USE_LEGACY_KERAS"] = "1"
         os.makedirs(env["TEST_TMPDIR"])
         runner = os.path.join(tmp, "runner.py")
         with open(runner, "w") as handle:

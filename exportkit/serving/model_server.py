@@ -209,12 +209,6 @@ def _reload_config_file(core: ServerCore, path: str) -> None:
     core.reload_config(model_configs(read_model_server_config(path)))
 
 
-def serve_command(path: str, port: int = 8500, model_name: str | None = None, device: str = "cpu",
-                  rest_port: int = 0) -> int:
-    """exportkit's own form (kept for callers): serve PATH."""
-    return serve(ServerOptions(path=path, port=port, model_name=model_name, device=device, rest_api_port=rest_port))
-
-
 def serve_main(argv: list[str]) -> int:
     """`exportkit serve ARGS...` with either spelling."""
     return serve(parse_flags(argv))
@@ -279,6 +273,7 @@ def serve(options: ServerOptions) -> int:
         log.info("stopping")
         return 0
     finally:
+        core.ready.set()  # requests still waiting for the initial load get their answer (NOT_FOUND) and finish
         for server in reversed(servers):
             if hasattr(server, "server_close"):
                 server.shutdown()
@@ -312,7 +307,8 @@ def _start_servers(core: ServerCore, options: ServerOptions, grpc_options, metri
     servers.append(server)
     address = f"127.0.0.1:{bound}"
     line = f"{address}"
-    log.info("gRPC on %s%s", address, f" and unix:{options.grpc_socket_path}" if options.grpc_socket_path else "")
+    log.info("listening on %s%s; loading %s", address,  # the line tests and users wait for
+             f" and unix:{options.grpc_socket_path}" if options.grpc_socket_path else "", ", ".join(core.model_names()))
     if options.rest_api_port:
         from exportkit.serving.http_handler import start_rest
 
