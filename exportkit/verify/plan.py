@@ -124,12 +124,15 @@ def devices_of(device: str) -> list[str]:
 
 
 def protocol_of(protocol: str | None, serving: str) -> str:
+    from exportkit.serving.container import is_container_mode
+
     """--serving-protocol; by default both for servers exportkit launches, gRPC for a remote one (REST port unknown)."""
+    launched = serving in ("auto", "binary", "embedded") or is_container_mode(serving)
     if protocol is None:
-        return "both" if serving in ("auto", "binary", "embedded") else "grpc"
+        return "both" if launched else "grpc"
     if protocol not in PROTOCOLS:
         raise UsageError(f"--serving-protocol {protocol!r} is not grpc, rest or both", "pass --serving-protocol both")
-    if protocol != "grpc" and serving not in ("auto", "binary", "embedded", "none"):
+    if protocol != "grpc" and not launched and serving != "none":
         raise UsageError(f"--serving-protocol {protocol} needs a server exportkit launches (REST port unknown for "
                          f"{serving})", "pass --serving-protocol grpc for a remote server")
     return protocol
