@@ -107,7 +107,7 @@ def _probe(python: str, timeout: float = 300) -> dict | str:
             [python, "-I", "-B", "-c", "import json, numpy, tensorflow as tf; "
              "print(json.dumps({'tensorflow': tf.__version__, 'numpy': numpy.__version__}))"],
             capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=timeout,
-            **_child_group())
+            start_new_session=True)  # no preexec_fn: verify calls this with TensorFlow's threads running
     except (OSError, subprocess.TimeoutExpired) as err:
         return str(err)
     if proc.returncode != 0:
