@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from exportkit.compat import check_version
@@ -133,8 +133,7 @@ def checked(version: str) -> EnvInfo:
     fix = f"rebuild it: `{install_command(version)} --force`"
     if env.state == "broken":
         raise InfraError(f"the TensorFlow {version} environment in {directory} has no interpreter (bin/python)", fix)
-    meta_path = directory / READY
-    meta = json.loads(meta_path.read_text())
+    meta = json.loads((directory / READY).read_text())
     if meta.get("stamp") != _stamp(directory):
         probed = _probe(env.python)
         if isinstance(probed, str):
@@ -149,7 +148,7 @@ def checked(version: str) -> EnvInfo:
     if found != version:
         raise InfraError(f"the TensorFlow {version} environment in {directory} holds TensorFlow "
                          f"{meta.get('tensorflow')}, not {version}", fix)
-    return info(version)
+    return replace(env, tensorflow=meta["tensorflow"], numpy=meta.get("numpy"))
 
 
 def _write_meta(directory: Path, meta: dict) -> None:
