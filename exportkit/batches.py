@@ -329,7 +329,7 @@ def _check_npz_sizes(z, p: Path) -> None:
             declared = math.prod(shape) * dtype.itemsize
             holds = member.file_size - fh.tell()
             if member.compress_type != zipfile.ZIP_STORED:
-                holds = min(holds, member.compress_size * _GZIP_MAX_RATIO)
+                holds = min(holds, member.compress_size * _DEFLATE_MAX_RATIO)
         if declared > holds:
             raise UsageError(f"cannot read {p}: member {member.filename} declares shape {shape} of {dtype} "
                              f"({declared} bytes), but holds {max(holds, 0)}",
@@ -358,7 +358,7 @@ def _load_tfrecord_examples(p: Path, specs: list[InputSpec]) -> dict[str, np.nda
 
 _FIX_TFRECORD = "pass TFRecord files (tf.io.TFRecordWriter), uncompressed or GZIP, or .npz shards"
 _FIX_DAMAGED = "the file is damaged (TensorFlow's reader refuses it too: DataLossError): write it again, or leave it out"
-_GZIP_MAX_RATIO = 1032  # deflate's largest expansion: no record of a gzipped file can be longer than this bounds
+_DEFLATE_MAX_RATIO = 1032  # deflate's largest expansion: no record of a gzipped file can be longer than this bounds
 _READ_BLOCK = 1 << 20  # a record's data is read in blocks, so a lying length costs what is read, not what it claims
 
 
@@ -395,7 +395,7 @@ def tfrecord_records(path: str) -> Iterator[tuple[int, int, bytes, int]]:
                 if masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
                     raise bad("its length CRC does not match (corrupted, or not TFRecord framing)", _FIX_TFRECORD)
                 (length,) = struct.unpack("<Q", header[:8])
-                room = size * _GZIP_MAX_RATIO if gzipped else size - offset - 16
+                room = size * _DEFLATE_MAX_RATIO if gzipped else size - offset - 16
                 if length > room:
                     raise bad(f"declares {length} bytes, more than the file can hold (truncated, or a damaged length)")
                 data = _read_exactly(stream, length)

@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from exportkit.compat import check_version
@@ -107,7 +107,7 @@ def _probe(python: str, timeout: float = 300) -> dict | str:
             [python, "-I", "-B", "-c", "import json, numpy, tensorflow as tf; "
              "print(json.dumps({'tensorflow': tf.__version__, 'numpy': numpy.__version__}))"],
             capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=timeout,
-            **_child_group())
+            start_new_session=True)  # no preexec_fn: verify calls this with TensorFlow's threads running
     except (OSError, subprocess.TimeoutExpired) as err:
         return str(err)
     if proc.returncode != 0:
@@ -133,8 +133,7 @@ def checked(version: str) -> EnvInfo:
     fix = f"rebuild it: `{install_command(version)} --force`"
     if env.state == "broken":
         raise InfraError(f"the TensorFlow {version} environment in {directory} has no interpreter (bin/python)", fix)
-    meta_path = directory / READY
-    meta = json.loads(meta_path.read_text())
+    meta = json.loads((directory / READY).read_text())
     if meta.get("stamp") != _stamp(directory):
         probed = _probe(env.python)
         if isinstance(probed, str):
@@ -149,7 +148,7 @@ def checked(version: str) -> EnvInfo:
     if found != version:
         raise InfraError(f"the TensorFlow {version} environment in {directory} holds TensorFlow "
                          f"{meta.get('tensorflow')}, not {version}", fix)
-    return info(version)
+    return replace(env, tensorflow=meta["tensorflow"], numpy=meta.get("numpy"))
 
 
 def _write_meta(directory: Path, meta: dict) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from exportkit.errors import UsageError
 from exportkit.findings import Finding

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import invoke
 
 
 @pytest.fixture
@@ -79,13 +79,13 @@ def test_a_broken_environment_is_exit_3_with_the_rebuild_command(cache, case):
             "no_python": "has no interpreter (bin/python)"}[case] in err.message
 
 
-def test_a_cache_directory_that_is_a_file(tmp_path):
-    (tmp_path / "cache").write_text("not a directory\n")
-    proc = run_cli("runtimes", "install", "2.13", env={"EXPORTKIT_CACHE_DIR": str(tmp_path / "cache")}, timeout=120)
+def test_a_cache_directory_that_is_a_file(cache):
+    cache.write_text("not a directory\n")
+    proc = invoke("runtimes", "install", "2.13")
     assert proc.returncode == 2, proc.stderr
     assert "cannot write the cache directory" in proc.stderr and "fix:" in proc.stderr
     assert "unexpected" not in proc.stderr
-    listing = run_cli("runtimes", "list", env={"EXPORTKIT_CACHE_DIR": str(tmp_path / "cache")}, timeout=120)
+    listing = invoke("runtimes", "list")
     assert listing.returncode == 0 and "absent" in listing.stdout
 
 

@@ -211,7 +211,7 @@ def _feed_all(version_dir: Path, pattern: str) -> int:
     """Every batch of `pattern` through verify --data's Feeder for the model's signature (no runtime needed)."""
     from exportkit.data.records import DataSource, Feeder
     from exportkit.examples import input_specs
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+    from exportkit.savedmodel import select_meta_graph
     from exportkit.verify.run import _read_model
 
     version_dir, proto, signatures = _read_model(str(version_dir))
