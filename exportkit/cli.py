@@ -71,6 +71,8 @@ REFERENCE = typer.Option(None, "--reference", help="Training-time reference (.np
                          "default: SRC.reference.npz next to the source, or `reference` in exportkit.toml.")
 ALLOW_INCOMPLETE = typer.Option(False, "--allow-incomplete-config",
                                 help="Custom objects whose get_config() misses __init__ arguments are warnings, not errors.")
+HTML = typer.Option(None, "--html", metavar="FILE", help="Also write a self-contained HTML report here (needs exportkit[report]).")
+SUMMARY = typer.Option(None, "--summary", metavar="FILE", help="Also write the verdict as GitHub-flavoured Markdown here.")
 INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tokens:-1,16:int32 (repeatable override).")
 
 
@@ -103,6 +105,8 @@ def export(
     reference: Optional[str] = REFERENCE,
     allow_incomplete_config: bool = ALLOW_INCOMPLETE,
     json_out: Optional[str] = typer.Option(None, "--json", help="Write a JSON summary here ('-' for stdout)."),
+    html: Optional[str] = HTML,
+    summary: Optional[str] = SUMMARY,
     debug: bool = DEBUG,
 ):
     """Export a model to BASE_DIR/<version>/ as a TF-Serving-ready SavedModel."""
@@ -118,7 +122,7 @@ def export(
             int_range=int_range, reference=reference, allow_incomplete_config=allow_incomplete_config,
             signatures=signature or [], feature_spec=feature_spec,
             output_names=output_names,
-            unsafe=unsafe, no_verify=no_verify, json_out=json_out)
+            unsafe=unsafe, no_verify=no_verify, json_out=json_out, html=html, summary=summary)
 
     _run(go, debug)
 
@@ -163,6 +167,8 @@ def verify(
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Previously released SavedModel: fail on breaking signature changes."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout)."),
     junit: Optional[str] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
+    html: Optional[str] = HTML,
+    summary: Optional[str] = SUMMARY,
     data: Optional[str] = typer.Option(None, "--data", help="GLOB of TFRecord files of tf.Example (plain or GZIP) or .npz shards: verify on these records."),
     limit: Optional[int] = typer.Option(None, "--limit", help="--data: at most N records."),
     batch_size: int = typer.Option(256, "--batch-size", help="--data: records per batch."),
@@ -188,7 +194,7 @@ def verify(
             model_server_bin=model_server_bin, model_name=model_name, model_version=model_version,
             load_timeout=load_timeout, device=device, allow_tf32=allow_tf32, allow_io_ops=allow_io_ops,
             allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json_out=json_out,
-            junit=junit, data=data, limit=limit, batch_size=batch_size, sample=sample, save_failures=save_failures,
+            junit=junit, html=html, summary=summary, data=data, limit=limit, batch_size=batch_size, sample=sample, save_failures=save_failures,
             runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or []))
 
     _run(go, debug)
@@ -258,6 +264,8 @@ def compat(
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance for every output."),
     tol: Optional[List[str]] = typer.Option(None, "--tol", help="KEY=ATOL,RTOL for one output (repeatable)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON matrix here ('-' for stdout)."),
+    html: Optional[str] = HTML,
+    summary: Optional[str] = SUMMARY,
     debug: bool = DEBUG,
 ):
     """Will it load, run and agree on TF Serving 2.12 ... 2.21? Predicted statically; observed with --run."""
@@ -267,7 +275,7 @@ def compat(
 
         return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
                               samples=samples, seed=seed, int_range=int_range, atol=atol, rtol=rtol, tol=tol,
-                              json_out=json_out)
+                              json_out=json_out, html=html, summary=summary)
 
     _run(go, debug)
 

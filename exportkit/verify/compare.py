@@ -27,6 +27,15 @@ Statistics:
 * `required_atol`: the smallest atol with which every element passes at the given rtol; `required_rtol` the
   smallest rtol with which every element passes at the given atol. Both are checked against the very same
   float64 formula, so using them passes, and anything smaller fails.
+
+Fixed-size summaries for reports that show *where* outputs disagree (never the whole arrays):
+
+* `abs_err_histogram` / `rel_err_histogram`: counts of the finite errors in log-spaced bins
+  (`SHOWN_BINS_PER_DECADE` per decade, cut to the occupied range), `over` counting the elements of each bin that
+  fail the tolerance, and `zeros` the exact matches;
+* `worst_elements`: the `WORST_ELEMENTS` elements furthest beyond their allowance, with their indices;
+* `sample_pairs`: at most `SAMPLE_PAIRS` (expected, actual) pairs of finite elements, evenly spaced over the
+  output, for a reference-vs-runtime scatter (float outputs only).
 """
 from __future__ import annotations
 
@@ -36,7 +45,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from exportkit.data.stats import category_of, element_errors, scalar_value, to_bytes
+from exportkit.data.stats import BINS_PER_DECADE, LOG_LO, LogHistogram, category_of, element_errors, scalar_value, to_bytes
 from exportkit.dtypes import canonical, is_float, name_of_array
 from exportkit.errors import UsageError
 
@@ -165,6 +174,11 @@ class OutputComparison:
     abs_err_quantiles: dict | None = None  # {"p50": .., "p99": .., "p99.9": ..} of per-element |a - e|
     rel_err_quantiles: dict | None = None  # the same of |a - e| / |e| (e != 0)
     worst_records: list | None = None  # [{"file", "index", "offset", "element", "expected", "actual", ...}]
+    # fixed-size summaries for the HTML report (see the module docstring)
+    abs_err_histogram: dict | None = None  # {"start", "bins_per_decade", "counts", "over", "zeros"}
+    rel_err_histogram: dict | None = None
+    worst_elements: list | None = None  # [{"index", "expected", "actual", "abs_err", "excess"}], worst first
+    sample_pairs: dict | None = None  # {"expected": [...], "actual": [...]}
     # how far the worst element is beyond its allowance (inf for NaN/Inf mismatch); used to merge batches
     worst_excess: float | None = field(default=None, repr=False, compare=False)
 
@@ -218,6 +232,115 @@ def _g(x: float | None) -> str:
     if x is None:
         return "-"
     return f"{x:.3g}"
+
+
+# --------------------------------------------------------------------------------------------- summaries
+
+SHOWN_BINS_PER_DECADE = 10  # histogram bins shown per decade (data.stats counts 100 per decade)
+WORST_ELEMENTS = 10
+SAMPLE_PAIRS = 256
+
+
+def _log_histogram(values: np.ndarray) -> LogHistogram:
+    hist = LogHistogram()
+    hist.add(values)
+    return hist
+
+
+def error_histogram(values: np.ndarray, over: np.ndarray | None = None) -> dict | None:
+    """Non-negative errors in log bins; `over` marks the values whose element fails the tolerance."""
+    values = np.asarray(values, dtype=np.float64).ravel()
+    if not values.size:
+        return None
+    return histogram_summary(_log_histogram(values), None if over is None else _log_histogram(values[over.ravel()]))
+
+
+def histogram_summary(hist: LogHistogram, over: LogHistogram | None = None) -> dict | None:
+    """A data.stats LogHistogram coarsened to SHOWN_BINS_PER_DECADE and cut to its occupied bins.
+
+    Bin i covers [10**(start + i/bins_per_decade), 10**(start + (i+1)/bins_per_decade)); `zeros` counts exact
+    matches (and errors below 1e-30); errors of 1e30 and more are counted in the last bin."""
+    if not hist.total:
+        return None
+    factor = BINS_PER_DECADE // SHOWN_BINS_PER_DECADE
+
+    def coarse(h: LogHistogram) -> np.ndarray:
+        counts = h.counts[1:-1].reshape(-1, factor).sum(axis=1)
+        counts[-1] += h.counts[-1]
+        return counts
+
+    counts = coarse(hist)
+    over_counts = None if over is None else coarse(over)
+    occupied = np.flatnonzero(counts)
+    lo, hi = (int(occupied[0]), int(occupied[-1]) + 1) if occupied.size else (0, 0)
+    return {"start": LOG_LO + lo / SHOWN_BINS_PER_DECADE if occupied.size else None,
+            "bins_per_decade": SHOWN_BINS_PER_DECADE, "counts": counts[lo:hi].tolist(),
+            "over": None if over_counts is None else over_counts[lo:hi].tolist(), "zeros": int(hist.counts[0])}
+
+
+def merge_histograms(histograms: Iterable[dict | None]) -> dict | None:
+    """Histograms of `error_histogram`/`histogram_summary` added up (their bins lie on one fixed grid)."""
+    present = [h for h in histograms if h]
+    if not present:
+        return None
+    step = SHOWN_BINS_PER_DECADE
+    spans = [(round((h["start"] - LOG_LO) * step), h) for h in present if h["counts"]]
+    lo = min((k for k, _ in spans), default=0)
+    hi = max((k + len(h["counts"]) for k, h in spans), default=0)
+    counts = np.zeros(hi - lo, dtype=np.int64)
+    over = None if any(h["over"] is None for h in present) else np.zeros(hi - lo, dtype=np.int64)
+    for k, h in spans:
+        counts[k - lo:k - lo + len(h["counts"])] += h["counts"]
+        if over is not None:
+            over[k - lo:k - lo + len(h["over"])] += h["over"]
+    return {"start": LOG_LO + lo / step if spans else None, "bins_per_decade": step, "counts": counts.tolist(),
+            "over": None if over is None else over.tolist(), "zeros": sum(h["zeros"] for h in present)}
+
+
+def _worst_elements(e: np.ndarray, a: np.ndarray, excess: np.ndarray, ce: str, ca: str,
+                    diff: np.ndarray | None = None) -> list[dict]:
+    """The WORST_ELEMENTS elements with the largest excess (ties: first position first); -inf never counts."""
+    flat = np.asarray(excess, dtype=np.float64).ravel()
+    candidates = np.flatnonzero(flat > -np.inf)
+    k = min(WORST_ELEMENTS, int(candidates.size))
+    if not k:
+        return []
+    top = candidates[np.argpartition(-flat[candidates], k - 1)[:k]] if candidates.size > k else candidates
+    top = top[np.lexsort((top, -flat[top]))]
+    out = []
+    for f in top:
+        idx = tuple(int(i) for i in np.unravel_index(int(f), e.shape))
+        abs_err = None if diff is None or not math.isfinite(flat[f]) else float(diff[idx])
+        out.append({"index": list(idx), "expected": scalar_value(e, idx, ce), "actual": scalar_value(a, idx, ca),
+                    "abs_err": abs_err, "excess": float(flat[f])})
+    return out
+
+
+def _sample_pairs(e: np.ndarray, a: np.ndarray, finite: np.ndarray) -> dict | None:
+    """At most SAMPLE_PAIRS finite (expected, actual) pairs, evenly spaced over the elements."""
+    if np.iscomplexobj(e) or np.iscomplexobj(a):
+        return None
+    where = np.flatnonzero(finite.ravel())
+    if where.size > SAMPLE_PAIRS:
+        where = where[np.linspace(0, where.size - 1, SAMPLE_PAIRS).round().astype(np.int64)]
+    return {"expected": e.astype(np.float64).ravel()[where].tolist(),
+            "actual": a.astype(np.float64).ravel()[where].tolist()}
+
+
+def _merge_summaries(res: OutputComparison, items: list[tuple[int, OutputComparison]]) -> None:
+    """The fixed-size summaries of several batches as one: worst elements get their batch number first."""
+    res.abs_err_histogram = merge_histograms(c.abs_err_histogram for _, c in items)
+    res.rel_err_histogram = merge_histograms(c.rel_err_histogram for _, c in items)
+    worst = [{**w, "index": [b, *w["index"]]} for b, c in items for w in (c.worst_elements or [])]
+    if any(c.worst_elements is not None for _, c in items):
+        worst.sort(key=lambda w: (-w["excess"], w["index"]))
+        res.worst_elements = worst[:WORST_ELEMENTS]
+    pairs = [c.sample_pairs for _, c in items if c.sample_pairs]
+    if pairs:
+        expected = [x for p in pairs for x in p["expected"]]
+        actual = [x for p in pairs for x in p["actual"]]
+        keep = np.linspace(0, len(expected) - 1, min(SAMPLE_PAIRS, len(expected))).round().astype(np.int64)
+        res.sample_pairs = {"expected": [expected[i] for i in keep], "actual": [actual[i] for i in keep]}
 
 
 # --------------------------------------------------------------------------------------------- compare
@@ -285,6 +408,7 @@ def _compare_exact(res: OutputComparison, e: np.ndarray, a: np.ndarray, cat: str
     else:
         diff = np.array([not (x == y) for x, y in zip(e.flat, a.flat)], dtype=bool).reshape(e.shape)
     m = int(diff.sum())
+    res.worst_elements = _worst_elements(e, a, np.where(diff, np.inf, -np.inf), cat, cat)
     res.mismatched, res.nonfinite_mismatched = m, 0
     res.mismatch_fraction = m / n if n else 0.0
     if m:
@@ -336,13 +460,20 @@ def _compare_numeric(res: OutputComparison, e: np.ndarray, a: np.ndarray, ce: st
             need_r = float(((d[beyond] - atol) / mg[beyond]).max())
             res.required_rtol = _smallest_passing(need_r, lambda r: bool(np.all(d <= atol + r * mg)))
 
+    excess = np.where(finite, diff - allowed, -np.inf)
+    excess[nonfinite_bad] = np.inf
+    res.abs_err_histogram = error_histogram(fin_diff, over[finite])
+    res.rel_err_histogram = error_histogram(diff[nz] / mag[nz], over[nz])
+    res.worst_elements = _worst_elements(e, a, excess, ce, ca, diff)
+    if "float" in (ce, ca):
+        res.sample_pairs = _sample_pairs(e, a, finite)
+
     # worst element
     if n:
         if nf:
             idx = tuple(int(i) for i in np.argwhere(nonfinite_bad)[0])
             res.worst_excess = math.inf
         else:
-            excess = np.where(finite, diff - allowed, -np.inf)
             flat = int(np.argmax(excess))
             idx = tuple(int(i) for i in np.unravel_index(flat, e.shape))
             res.worst_excess = float(excess[idx]) if finite.any() else -math.inf
@@ -437,6 +568,7 @@ def merge_comparisons(per_batch: list[OutputComparison], batch_numbers: list[int
     if best is not None:
         res.worst_index = (best_b, *best.worst_index)
         res.worst_expected, res.worst_actual, res.worst_excess = best.worst_expected, best.worst_actual, best.worst_excess
+    _merge_summaries(res, items)
     if res.passed:
         return res
     # reason

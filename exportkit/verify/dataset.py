@@ -61,7 +61,7 @@ def verify_data(o: VerifyOptions, report: VerifyReport, version_dir, proto, sign
     report.runtimes = results
     report.inputs["records"] = records
     _attach(report, stats, source)
-    return _finish(report, o.json_out, o.junit)
+    return _finish(report, o)
 
 
 def _tol(t) -> tuple[float, float]:

@@ -83,17 +83,40 @@ def render_text(report: CompatReport, run: bool) -> str:
     if details:
         lines += ["", "more findings:"] + details
     lines.append("")
-    lines.append(f"FAILED on {', '.join(failing)}" if failing else
-                 f"PASSED on {', '.join(v.tf for v in report.versions)}")
+    lines.append(compat_verdict(report))
     return "\n".join(lines)
 
 
+def compat_verdict(report: CompatReport) -> str:
+    """`FAILED: TF 2.12, 2.13: unknown-op TFText>RoundRobinTrim; TF 2.21: could not load ...`: each cause once."""
+    from exportkit.verify.report import error_cause, join_verdict, shorten
+
+    if report.passed:
+        return f"PASSED on {', '.join(v.tf for v in report.versions)}"
+    by_cause: dict[str, list[str]] = {}
+    for v in report.versions:
+        if not v.failed:
+            continue
+        problems = [f for f in v.findings if f.severity == "error"]
+        if v.observed == "fails" and v.error:
+            cause = error_cause(v.error).removeprefix("error: ")
+        elif problems:
+            cause = " ".join(filter(None, (problems[0].code, problems[0].op))) + (
+                f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        else:
+            cause = shorten(v.reason(), 80)
+        by_cause.setdefault(cause, []).append(v.tf)
+    return join_verdict("FAILED", [f"TF {', '.join(tfs)}: {cause}" for cause, tfs in by_cause.items()])
+
+
 def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="serving_default", samples=8, seed=0,
-                   int_range=None, atol=None, rtol=None, tol=None, json_out=None) -> int:
+                   int_range=None, atol=None, rtol=None, tol=None, json_out=None, html=None, summary=None) -> int:
     from exportkit.compat import analysis, parse_versions
     from exportkit.savedmodel import select_meta_graph
+    from exportkit.verify.artifacts import check_report_options, write_compat
     from exportkit.verify.run import _read_model
 
+    check_report_options(html, summary)
     versions = parse_versions(tf)
     if device not in ("cpu", "gpu"):
         raise UsageError(f"--device {device!r} is not cpu or gpu", "pass --device cpu or --device gpu")
@@ -118,6 +141,11 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
         if json_out:
             Path(json_out).write_text(json.dumps(report.to_json(), indent=2) + "\n")
     sys.stdout.flush()
+    # the HTML shows the static forecast of the other device too (cheap: no TensorFlow), as a version x device matrix
+    other = "gpu" if device == "cpu" else "cpu"
+    other_rows = [VersionRow(r.tf, r.predicted, findings=r.findings)
+                  for r in analysis.analyze(meta_graph, versions, other)] if html else None
+    write_compat(report, html, summary, other_rows)
     return 0 if report.passed else 1
 
 

@@ -32,7 +32,8 @@ from exportkit.spec import VerifyOptions
 from exportkit.verify.baseline import served_signature_findings
 from exportkit.tfexample import encode_examples, from_manifest, lossless
 from exportkit.verify.compare import Tolerance, compare_batches, parse_tol, resolve_tolerance
-from exportkit.verify.report import RuntimeResult, VerifyReport
+from exportkit.verify.artifacts import check_report_options
+from exportkit.verify.report import RuntimeResult, VerifyReport, tensors_of
 
 
 
@@ -337,6 +338,7 @@ def _run_all(runtime, batches) -> list:
 
 def verify_command(options: VerifyOptions) -> int:
     o = options
+    check_report_options(o.html, o.summary)
     devices = _devices(o.device)
     if o.data and o.tf_versions:
         raise UsageError("--tf runs on the generated/golden batches, not on --data records (not supported yet)",
@@ -375,7 +377,7 @@ def verify_command(options: VerifyOptions) -> int:
                           reference="", runtimes=[], findings=list(findings), inputs={}, tf32=None,
                           exportkit_version=__version__, signatures=list(selected))
     if not selected:
-        return _finish(report, o.json_out, o.junit)
+        return _finish(report, o)
     if refused:  # static findings come first: nothing was started, nothing runs
         report.inputs = {"source": "none (not run)"}
         maybe_reference = o.reference or (manifest or {}).get("reference") or o.against
@@ -384,7 +386,7 @@ def verify_command(options: VerifyOptions) -> int:
                 continue  # nothing recorded to look for (dropped the same way below)
             report.runtimes.append(RuntimeResult(name=name, kind=RUNTIME_KINDS[name], status="skipped",
                                                  error="not run: the graph reaches I/O ops (see findings)"))
-        _finish(report, o.json_out, o.junit)
+        _finish(report, o)
         raise CheckFailed("verify did not execute the model: its signatures reach ops that touch files, the network "
                           "or the console (finding io-op)",
                           "pass --allow-io-ops to execute it anyway, if you trust the model and where it came from")
@@ -404,7 +406,7 @@ def verify_command(options: VerifyOptions) -> int:
     origins = sorted({origin for c in checks for origin, _ in c.batches if origin != "repeat"} | {"generated"},
                      key=["golden", "reference", "file", "generated"].index)  # (generated ones may be golden ones)
     report.inputs = {"source": "+".join(origins), "batch_sizes": [_rows(b) for _, b in checks[0].batches],
-                     "seed": o.seed}
+                     "seed": o.seed, "tensors": tensors_of(checks[0].batches[0][1])}
     if trained is not None:
         report.inputs["reference"] = trained[3]
     examples = {f"{c.name}.{s.key}" if len(checks) > 1 else s.key: f"serialized tf.Example ({s.examples.parse_op}: "
@@ -472,7 +474,7 @@ def verify_command(options: VerifyOptions) -> int:
             for label, per_batch in outputs[check.name].items():
                 _save(o.save_outputs, label if len(checks) == 1 else f"{label}.{check.name}",
                       [out for out in per_batch if out is not None])
-    code = _finish(report, o.json_out, o.junit)
+    code = _finish(report, o)
     if infra:  # the report above shows what did run; the infrastructure failure decides the exit code
         raise infra[0]
     return code
@@ -839,8 +841,11 @@ def _save(directory: str, name: str, batches) -> None:
     save_batches(directory, batches, name)
 
 
-def _finish(report: VerifyReport, json_out, junit) -> int:
+def _finish(report: VerifyReport, o: VerifyOptions) -> int:
+    from exportkit.verify.artifacts import write_verify
     from exportkit.verify.report import render_text, to_json, to_junit_xml
+
+    json_out, junit = o.json_out, o.junit
 
     if json_out == "-":
         print(json.dumps(to_json(report), indent=2))
@@ -851,4 +856,5 @@ def _finish(report: VerifyReport, json_out, junit) -> int:
     if junit:
         Path(junit).write_text(to_junit_xml(report))
     sys.stdout.flush()
+    write_verify(report, o.html, o.summary)
     return 0 if report.passed else 1
