@@ -16,7 +16,7 @@ from exportkit.data.records import DataSource, ExampleParsing, Feeder, FailureWr
 from exportkit.data.stats import OutputStats, compare_into
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.spec import VerifyOptions
-from exportkit.verify.compare import OutputComparison, _value_reasons
+from exportkit.verify.compare import OutputComparison, _value_reasons, histogram_summary
 from exportkit.verify.report import RuntimeResult, VerifyReport
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines on stderr (a short run prints none)
@@ -245,6 +245,7 @@ def to_comparison(st: OutputStats, source: DataSource) -> OutputComparison:
     if not st.exact and st.max_abs is not None:
         c.abs_err_quantiles = st.abs_hist.quantiles(cap=st.max_abs)
         c.rel_err_quantiles = st.rel_hist.quantiles(cap=st.max_rel)
+        c.abs_err_histogram, c.rel_err_histogram = histogram_summary(st.abs_hist), histogram_summary(st.rel_hist)
         if st.nonfinite:
             c.required_atol = c.required_rtol = math.inf
         else:

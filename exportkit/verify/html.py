@@ -5,11 +5,13 @@ Plots come from verify.plots (matplotlib); exportkit.verify.artifacts writes the
 from __future__ import annotations
 
 import html
+import json
 from typing import Any
 
 from exportkit.verify import plots
+from exportkit.verify.compare import to_jsonable
 from exportkit.verify.report import (OutputComparison, RuntimeResult, VerifyReport, _g, _pct, _server_text, _tol,
-                                     _who, batch_sizes_text, clean, needs, verdict_line)
+                                     _who, batch_sizes_text, clean, error_cause, needs, verdict_line)
 
 FIGURES = 40  # at most this many runtime x output figures per page (the rest keep their tables)
 
@@ -46,8 +48,9 @@ def page(title: str, verdict: str, passed: bool, body: list[str]) -> str:
 
 def table(headers: list[str], rows: list[list[str]], id: str | None = None) -> str:
     """Cells are HTML already (escape with `e`); a cell given as (html, css_class, attrs) gets a class."""
-    out = [f'<table id="{e(id)}">' if id else "<table>",
-           "<tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>"]
+    out = [f'<table id="{e(id)}">' if id else "<table>"]
+    if any(headers):
+        out.append("<tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>")
     for row in rows:
         cells = []
         for cell in row:
@@ -87,7 +90,12 @@ def _matrix(report: VerifyReport) -> str:
     rows = []
     for r in report.runtimes:
         by_key = {c.key: c for c in r.comparisons}
-        row = [e(_who(report, r)), e(r.device or "-"), e(r.kind), f"{r.seconds:.2f} s"]
+        word, cls = _status(r, None) if r.status != "ok" or r.is_reference else (
+            ("PASS", "pass") if r.passed else ("FAIL", "fail"))
+        cause = error_cause(r.error) if r.status == "error" else _first(r.error) if r.status == "skipped" else ""
+        row = [e(_who(report, r)), e(r.device or "-"), e(r.kind), f"{r.seconds:.2f} s",
+               (f"{word}<br><small>{e(cause)}</small>" if cause else word, cls,
+                f' data-runtime="{e(_who(report, r))}" data-output=""')]
         for key in keys:
             c = by_key.get(key)
             word, cls = _status(r, c)
@@ -96,10 +104,10 @@ def _matrix(report: VerifyReport) -> str:
                 detail = f"max abs err {_g(c.max_abs_err)}" if c.passed else (c.reason or "")
                 text = f'<a href="#{_anchor(r, key)}">{word}</a><br><small>{e(detail)}</small>'
             else:
-                text = f"{word}<br><small>{e(_first(r.error))}</small>" if r.error else word
+                text = word
             row.append((text, cls, attrs))
         rows.append(row)
-    return table(["runtime", "device", "kind", "time", *keys], rows, id="matrix")
+    return table(["runtime", "device", "kind", "time", "result", *keys], rows, id="matrix")
 
 
 def _first(text: str | None) -> str:
@@ -133,7 +141,20 @@ def _quantiles(c: OutputComparison) -> str:
             + table(["error", "p50", "p99", "p99.9", "max"], rows, id=f"quantiles-{c.key}"))
 
 
-def _output_section(report: VerifyReport, r: RuntimeResult, c: OutputComparison, draw: bool) -> str:
+def _same_outcome(report: VerifyReport) -> list[tuple[list[RuntimeResult], OutputComparison]]:
+    """Comparisons grouped where runtimes answered identically (the same errors element by element), failing
+    groups first: four runtimes that are off the same way make one section, not four."""
+    groups: dict[tuple, tuple[list[RuntimeResult], OutputComparison]] = {}
+    for r in report.runtimes:
+        for c in r.comparisons:
+            key = (r.signature, c.key, c.passed, c.reason, c.max_abs_err, json.dumps(to_jsonable(
+                [c.abs_err_histogram, c.rel_err_histogram, c.worst_elements, c.worst_records])))
+            groups.setdefault(key, ([], c))[0].append(r)
+    return sorted(groups.values(), key=lambda group: group[1].passed)  # stable: report order within each
+
+
+def _output_section(report: VerifyReport, runtimes: list[RuntimeResult], c: OutputComparison, draw: bool) -> str:
+    r = runtimes[0]
     word, cls = _status(r, c)
     n = needs(c)
     facts = [f"{e(c.actual_dtype)} {e(list(c.actual_shape) if c.actual_shape is not None else '-')}",
@@ -142,8 +163,10 @@ def _output_section(report: VerifyReport, r: RuntimeResult, c: OutputComparison,
     if c.worst_index is not None:
         facts.append(f"worst element {e(list(c.worst_index))}: reference {_value(c.worst_expected)}, "
                      f"runtime {_value(c.worst_actual)}")
-    parts = [f'<section id="{_anchor(r, c.key)}">',
-             f'<h3><span class="{cls}">{word}</span> {e(_who(report, r))} / output {e(c.key)}</h3>',
+    names = ", ".join(_who(report, x) for x in runtimes)
+    parts = [f'<section id="{_anchor(r, c.key)}" data-output="{e(c.key)}" data-runtimes="{e(names)}">',
+             *(f'<a id="{_anchor(x, c.key)}"></a>' for x in runtimes[1:]),
+             f'<h3><span class="{cls}">{word}</span> {e(names)} / output {e(c.key)}</h3>',
              f'<p class="meta">{"; ".join(facts)}</p>']
     if c.reason:
         parts.append(f"<p>{e(c.reason)}{e('; ' + n) if n else ''}</p>")
@@ -163,6 +186,8 @@ def _inputs(report: VerifyReport) -> str:
     tensors = inp.pop("tensors", None) or {}
     rows = []
     for k, v in inp.items():
+        if v is None:
+            continue
         if k == "batch_sizes":
             v = batch_sizes_text(v)
         rows.append([e(k), e(v)])
@@ -192,11 +217,10 @@ def verify_html(report: VerifyReport) -> str:
              ({True: "PASS", False: "BROKEN", None: "-"}[c["passed"]],
               {True: "pass", False: "fail", None: "none"}[c["passed"]]), e(_g(c.get("max_abs_err"))),
              e(c["reason"] or "")] for c in report.chain], id="chain")]
-    compared = [(r, c) for r in report.runtimes for c in r.comparisons]
-    if compared:
-        failing_first = sorted(compared, key=lambda rc: rc[1].passed)  # stable: report order within each group
+    groups = _same_outcome(report)
+    if groups:
         body.append("<h2>Outputs</h2>")
-        body += [_output_section(report, r, c, i < FIGURES) for i, (r, c) in enumerate(failing_first)]
+        body += [_output_section(report, runtimes, c, i < FIGURES) for i, (runtimes, c) in enumerate(groups)]
     errors = [r for r in report.runtimes if r.status == "error" and r.error]
     if errors:
         body.append("<h2>Errors</h2>")
@@ -228,7 +252,7 @@ def compat_html(report, other_device: list | None = None) -> str:
                         observed, f' data-tf="{e(v.tf)}" data-device="{e(report.device)}" data-kind="observed"'))
         if other_device:
             o = others.get(v.tf)
-            row.append((f"{e(o.predicted)}<br><small>{e(o.reason())}</small>", o.predicted,
+            row.append((f"{e(o.predicted)}<br><small>{e(_predicted_reason(o))}</small>", o.predicted,
                         f' data-tf="{e(v.tf)}" data-device="{e(devices[1])}" data-kind="predicted"') if o else "-")
         rows.append(row)
     body = [f'<p class="meta">{e(report.path)} &middot; predicted from the op/kernel registries shipped with '
@@ -238,6 +262,8 @@ def compat_html(report, other_device: list | None = None) -> str:
         observed = [v for v in report.versions if v.observed]
         agree = [v for v in observed if (v.predicted == "fails") == (v.observed == "fails")]
         body += ["<h2>Predicted vs observed</h2>",
+                 "<p class=\"meta\">predicted: will it load and run (ops, attrs, dtypes, kernels; no TensorFlow "
+                 "imported); observed: does it load, run and agree with the reference in that version</p>",
                  f'<p id="agreement">predicted and observed agree on {len(agree)} of {len(observed)} versions</p>',
                  table(["TF", "predicted", "observed", "agree"], [
                      [e(v.tf), (e(v.predicted), v.predicted), (e(v.observed), v.observed),

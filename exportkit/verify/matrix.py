@@ -101,7 +101,9 @@ def compat_verdict(report: CompatReport) -> str:
         if v.observed == "fails" and v.error:
             cause = error_cause(v.error).removeprefix("error: ")
         elif problems:
-            cause = " ".join(filter(None, (problems[0].code, problems[0].op))) + (
+            first = problems[0]
+            cause = (error_cause(f"unknown op '{first.op}'").removeprefix("error: ") if first.code == "op-unknown"
+                     else " ".join(filter(None, (first.code, first.op)))) + (
                 f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
         else:
             cause = shorten(v.reason(), 80)

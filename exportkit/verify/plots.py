@@ -14,7 +14,7 @@ import re
 from exportkit.errors import UsageError
 
 REPORT_EXTRA = "pip install 'exportkit[report]'  (it adds matplotlib)"
-PASS_COLOUR, FAIL_COLOUR, TOLERANCE_COLOUR = "#4c78a8", "#d62728", "#222222"
+PASS_COLOUR, FAIL_COLOUR, NEUTRAL_COLOUR, TOLERANCE_COLOUR = "#4c78a8", "#d62728", "#7f7f7f", "#222222"
 _salts = itertools.count()
 
 
@@ -44,21 +44,29 @@ def _figure(panels: int):
     return fig, fig.subplots(1, panels, squeeze=False)[0]
 
 
-def _histogram(ax, hist: dict, tolerance: float | None, label: str) -> None:
+def _histogram(ax, hist: dict, tolerance: float | None, label: str, tolerance_name: str) -> None:
     """Bars on a log axis: the elements within tolerance in blue, the ones over it in red; the tolerance dashed."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
     step = 1.0 / hist["bins_per_decade"]
-    counts, over = hist["counts"], hist["over"] or [0] * len(hist["counts"])
+    counts, over = hist["counts"], hist["over"]
     if counts:
         edges = [10 ** (hist["start"] + i * step) for i in range(len(counts) + 1)]
         widths = [b - a for a, b in zip(edges, edges[1:])]
-        ax.bar(edges[:-1], [c - o for c, o in zip(counts, over)], width=widths, align="edge", color=PASS_COLOUR,
-               label="within tolerance")
-        ax.bar(edges[:-1], over, width=widths, align="edge", bottom=[c - o for c, o in zip(counts, over)],
-               color=FAIL_COLOUR, label="over tolerance")
+        if over is None:  # streamed --data statistics: counts only
+            ax.bar(edges[:-1], counts, width=widths, align="edge", color=NEUTRAL_COLOUR, label="elements")
+        else:
+            within = [c - o for c, o in zip(counts, over)]
+            ax.bar(edges[:-1], within, width=widths, align="edge", color=PASS_COLOUR, label="within tolerance")
+            ax.bar(edges[:-1], over, width=widths, align="edge", bottom=within, color=FAIL_COLOUR,
+                   label="over tolerance")
         ax.set_xscale("log")
-        ax.set_yscale("log")
+        ax.set_yscale("log")  # a count of 1 in the tail stays visible next to thousands in the bulk
+        ax.set_ylim(0.5, max(counts) * 2)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
     if tolerance and counts:
-        ax.axvline(tolerance, color=TOLERANCE_COLOUR, linestyle="--", linewidth=1, label=f"tolerance {tolerance:.3g}")
+        ax.axvline(tolerance, color=TOLERANCE_COLOUR, linestyle="--", linewidth=1, label=f"{tolerance_name} {tolerance:.3g}")
     zeros = f"; {hist['zeros']} exact" if hist.get("zeros") else ""
     ax.set_title(f"{label}{zeros}", fontsize=9)
     ax.set_xlabel(label, fontsize=8)
@@ -98,9 +106,9 @@ def comparison_figure(abs_hist: dict | None, rel_hist: dict | None, pairs: dict 
     fig, axes = _figure(len(panels))
     for ax, (kind, data) in zip(axes, panels):
         if kind == "abs":
-            _histogram(ax, data, atol, "absolute error")
+            _histogram(ax, data, atol, "absolute error", "atol")
         elif kind == "rel":
-            _histogram(ax, data, rtol, "relative error")
+            _histogram(ax, data, rtol, "relative error", "rtol")
         else:
             _scatter(ax, data, worst)
     return _svg(fig)
