@@ -149,8 +149,9 @@ def built(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("reports")
     inputs = keras.Input((6,), name="features")
-    hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
-    model = keras.Model(inputs, {"score": keras.layers.Dense(4, name="score")(hidden)})
+    init = keras.initializers.GlorotUniform(seed=1)
+    hidden = keras.layers.Dense(8, activation="relu", kernel_initializer=init, name="hidden")(inputs)
+    model = keras.Model(inputs, {"score": keras.layers.Dense(4, kernel_initializer=init, name="score")(hidden)})
     model.save(root / "ranker.keras")
     proc = invoke("export", root / "ranker.keras", "-o", root / "ranker", "--html", root / "export.html",
                   "--summary", root / "export.md")

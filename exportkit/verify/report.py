@@ -438,8 +438,11 @@ def _x(s: Any) -> str:
     return _XML_BAD.sub("?", clean("" if s is None else str(s)))
 
 
+SUMMARY_FIELDS = ("abs_err_histogram", "rel_err_histogram", "worst_elements", "sample_pairs")  # for plots, not text
+
+
 def _failure_text(c: OutputComparison) -> str:
-    lines = [f"{k}: {v}" for k, v in c.to_dict().items() if v is not None]
+    lines = [f"{k}: {v}" for k, v in c.to_dict().items() if v is not None and k not in SUMMARY_FIELDS]
     return "\n".join(lines)
 
 
