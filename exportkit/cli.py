@@ -194,8 +194,8 @@ def verify(
             model_server_bin=model_server_bin, model_name=model_name, model_version=model_version,
             load_timeout=load_timeout, device=device, allow_tf32=allow_tf32, allow_io_ops=allow_io_ops,
             allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json_out=json_out,
-            junit=junit, html=html, summary=summary, data=data, limit=limit, batch_size=batch_size, sample=sample, save_failures=save_failures,
-            runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or []))
+            junit=junit, html=html, summary=summary, data=data, limit=limit, batch_size=batch_size, sample=sample,
+            save_failures=save_failures, runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or []))
 
     _run(go, debug)
 

@@ -77,7 +77,6 @@ def render_text(report: CompatReport, run: bool) -> str:
     lines = [f"compat: {report.path}  (device {report.device}; predicted from shipped op/kernel registries"
              + ("; observed with the TF1 loader of each version, CPU)" if run else "; --run to observe)")]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows]
-    failing = [v.tf for v in report.versions if v.failed]
     details = [f"  {v.tf}: {f.severity} {f.code} {f.op} at {f.node}: {f.message}"
                for v in report.versions for f in v.findings[1:6]]
     if details:

@@ -846,7 +846,6 @@ def _finish(report: VerifyReport, o: VerifyOptions) -> int:
     from exportkit.verify.report import render_text, to_json, to_junit_xml
 
     json_out, junit = o.json_out, o.junit
-
     if json_out == "-":
         print(json.dumps(to_json(report), indent=2))
     else:

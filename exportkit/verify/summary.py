@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from exportkit.verify.report import VerifyReport, _g, _pct, _who, clean, needs, verdict_line
+from exportkit.verify.report import VerifyReport, _g, _pct, _who, clean, error_cause, needs, shorten, verdict_line
 
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
@@ -33,7 +33,8 @@ def verify_markdown(report: VerifyReport) -> str:
     for r in report.runtimes:
         if r.status != "ok" or not r.comparisons:
             word = {"error": "❌ error", "skipped": "skipped"}.get(r.status, "reference" if r.is_reference else "-")
-            rows.append([_who(report, r), "", word, "", "", (r.error or "").strip().split("\n")[0][:120]])
+            note = error_cause(r.error) if r.status == "error" else shorten(clean(r.error or ""), 120)
+            rows.append([_who(report, r), "", word, "", "", note])
             continue
         for c in r.comparisons:
             note = "" if c.passed else (c.reason or "")
