@@ -380,3 +380,16 @@ def test_report_options_are_checked_before_any_work(tmp_path, monkeypatch):
 
     assert write_report(str(tmp_path / "r.html"), broken) is False  # a warning, never an exception
     assert not list(tmp_path.iterdir())  # and nothing half-written
+
+
+def test_one_histogram_grid_for_compared_and_streamed_errors():
+    """verify's histograms (computed in one pass) and --data's (coarsened from data.stats' bins) share the grid,
+    so the two kinds of report draw the same bars for the same errors."""
+    from exportkit.data.stats import LogHistogram
+    from exportkit.verify.compare import error_histogram, histogram_summary
+
+    values = np.concatenate([10 ** np.random.default_rng(2).uniform(-12, 3, 5000), np.zeros(7), [np.inf]])
+    streamed = LogHistogram()
+    streamed.add(values)
+    hist = error_histogram(values)
+    assert hist == histogram_summary(streamed) and hist["zeros"] == 7 and sum(hist["counts"]) == 5001

@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from exportkit.data.stats import BINS_PER_DECADE, LOG_LO, LogHistogram, category_of, element_errors, scalar_value, to_bytes
+from exportkit.data.stats import BINS_PER_DECADE, LOG_HI, LOG_LO, LogHistogram, category_of, element_errors, scalar_value, to_bytes
 from exportkit.dtypes import canonical, is_float, name_of_array
 from exportkit.errors import UsageError
 
@@ -241,18 +241,27 @@ WORST_ELEMENTS = 10
 SAMPLE_PAIRS = 256
 
 
-def _log_histogram(values: np.ndarray) -> LogHistogram:
-    hist = LogHistogram()
-    hist.add(values)
-    return hist
-
-
 def error_histogram(values: np.ndarray, over: np.ndarray | None = None) -> dict | None:
-    """Non-negative errors in log bins; `over` marks the values whose element fails the tolerance."""
+    """Non-negative errors in log bins; `over` marks the values whose element fails the tolerance.
+
+    The bins are those of `histogram_summary` (data.stats' grid, coarsened), computed here in one pass."""
     values = np.asarray(values, dtype=np.float64).ravel()
     if not values.size:
         return None
-    return histogram_summary(_log_histogram(values), None if over is None else _log_histogram(values[over.ravel()]))
+    tiny = values < 10.0 ** LOG_LO  # zeros (and below 1e-30), as data.stats counts them
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bins = np.floor(np.log10(values[~tiny]) * SHOWN_BINS_PER_DECADE)
+    lo_bin, hi_bin = LOG_LO * SHOWN_BINS_PER_DECADE, LOG_HI * SHOWN_BINS_PER_DECADE - 1
+    bins = np.clip(bins, lo_bin, hi_bin).astype(np.int64)  # inf (an overflowing error) into the last bin
+    hist = {"start": None, "bins_per_decade": SHOWN_BINS_PER_DECADE, "counts": [],
+            "over": None if over is None else [], "zeros": int(tiny.sum())}
+    if bins.size:
+        first = int(bins.min())
+        hist["start"] = first / SHOWN_BINS_PER_DECADE
+        hist["counts"] = np.bincount(bins - first).tolist()
+        if over is not None:
+            hist["over"] = np.bincount(bins[over.ravel()[~tiny]] - first, minlength=len(hist["counts"])).tolist()
+    return hist
 
 
 def histogram_summary(hist: LogHistogram, over: LogHistogram | None = None) -> dict | None:
@@ -301,11 +310,11 @@ def _worst_elements(e: np.ndarray, a: np.ndarray, excess: np.ndarray, ce: str, c
                     diff: np.ndarray | None = None) -> list[dict]:
     """The WORST_ELEMENTS elements with the largest excess (ties: first position first); -inf never counts."""
     flat = np.asarray(excess, dtype=np.float64).ravel()
-    candidates = np.flatnonzero(flat > -np.inf)
-    k = min(WORST_ELEMENTS, int(candidates.size))
+    k = min(WORST_ELEMENTS, flat.size)
     if not k:
         return []
-    top = candidates[np.argpartition(-flat[candidates], k - 1)[:k]] if candidates.size > k else candidates
+    top = np.argpartition(flat, flat.size - k)[flat.size - k:] if flat.size > k else np.arange(flat.size)
+    top = top[flat[top] > -np.inf]
     top = top[np.lexsort((top, -flat[top]))]
     out = []
     for f in top:
@@ -440,7 +449,8 @@ def _compare_numeric(res: OutputComparison, e: np.ndarray, a: np.ndarray, ce: st
     fin_diff = diff[finite]
     res.max_abs_err = float(fin_diff.max()) if fin_diff.size else 0.0
     nz = finite & (mag > 0)
-    res.max_rel_err = float((diff[nz] / mag[nz]).max()) if nz.any() else 0.0
+    rel = diff[nz] / mag[nz]
+    res.max_rel_err = float(rel.max()) if rel.size else 0.0
 
     # required tolerances
     if nf:
@@ -463,7 +473,7 @@ def _compare_numeric(res: OutputComparison, e: np.ndarray, a: np.ndarray, ce: st
     excess = np.where(finite, diff - allowed, -np.inf)
     excess[nonfinite_bad] = np.inf
     res.abs_err_histogram = error_histogram(fin_diff, over[finite])
-    res.rel_err_histogram = error_histogram(diff[nz] / mag[nz], over[nz])
+    res.rel_err_histogram = error_histogram(rel, over[nz])
     res.worst_elements = _worst_elements(e, a, excess, ce, ca, diff)
     if "float" in (ce, ca):
         res.sample_pairs = _sample_pairs(e, a, finite)
