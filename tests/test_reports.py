@@ -80,8 +80,10 @@ class Dom(HTMLParser):
 def render(page: Path, shot: str) -> Dom:
     """The DOM of `page` as headless Chromium built it; a screenshot of it is kept as build/reports/SHOT.png."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    _chromium(f"--screenshot={SHOTS / shot}.png", "--window-size=1200,1600", page.resolve().as_uri())
-    return Dom(_chromium("--dump-dom", page.resolve().as_uri()))
+    dom = _chromium(f"--screenshot={SHOTS / shot}.png", "--window-size=1200,1600", "--dump-dom",
+                    page.resolve().as_uri())  # one launch does both
+    assert (SHOTS / f"{shot}.png").stat().st_size > 10_000
+    return Dom(dom)
 
 
 def assert_self_contained(text: str) -> None:
