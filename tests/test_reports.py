@@ -266,7 +266,7 @@ def test_compat_html_matrix_of_versions_and_devices(tmp_path):
     proc = invoke("compat", model, "--tf", "2.12-2.21", "--html", page, "--summary", md)
     assert proc.returncode == 1
     last = proc.stdout.strip().splitlines()[-1]
-    assert last == "FAILED: TF 2.12, 2.13: could not load the model (unknown op Conv)", last
+    assert last == "FAILED: TF 2.12-2.13: could not load the model (unknown op Conv)", last
     dom = render(page, "compat")
     assert dom.one(id="verdict")["text"] == last
     for device in ("cpu", "gpu"):

@@ -87,7 +87,8 @@ def render_text(report: CompatReport, run: bool) -> str:
 
 
 def compat_verdict(report: CompatReport) -> str:
-    """`FAILED: TF 2.12, 2.13: unknown-op TFText>RoundRobinTrim; TF 2.21: could not load ...`: each cause once."""
+    """`FAILED: TF 2.12-2.19: could not load the model (unknown op TFText>RoundRobinTrim); TF 2.21: ...`: each
+    cause once, the versions it hits listed."""
     from exportkit.verify.report import error_cause, join_verdict, shorten
 
     if report.passed:
@@ -107,7 +108,19 @@ def compat_verdict(report: CompatReport) -> str:
         else:
             cause = shorten(v.reason(), 80)
         by_cause.setdefault(cause, []).append(v.tf)
-    return join_verdict("FAILED", [f"TF {', '.join(tfs)}: {cause}" for cause, tfs in by_cause.items()])
+    return join_verdict("FAILED", [f"TF {_spans(tfs)}: {cause}" for cause, tfs in by_cause.items()])
+
+
+def _spans(versions: list[str]) -> str:
+    """"2.12, 2.13, 2.14, 2.17" -> "2.12-2.14, 2.17" (versions X.Y in order)."""
+    runs: list[list[str]] = []
+    for v in versions:
+        major, minor = v.split(".")[:2]
+        if runs and runs[-1][-1].split(".")[0] == major and int(runs[-1][-1].split(".")[1]) + 1 == int(minor):
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="serving_default", samples=8, seed=0,
