@@ -45,7 +45,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from exportkit.data.stats import BINS_PER_DECADE, LOG_HI, LOG_LO, LogHistogram, category_of, element_errors, scalar_value, to_bytes
+from exportkit.data.stats import (BINS_PER_DECADE, LOG_HI, LOG_LO, LogHistogram, category_of, element_errors,
+                                  scalar_value, to_bytes)
 from exportkit.dtypes import canonical, is_float, name_of_array
 from exportkit.errors import UsageError
 
@@ -264,27 +265,21 @@ def error_histogram(values: np.ndarray, over: np.ndarray | None = None) -> dict 
     return hist
 
 
-def histogram_summary(hist: LogHistogram, over: LogHistogram | None = None) -> dict | None:
-    """A data.stats LogHistogram coarsened to SHOWN_BINS_PER_DECADE and cut to its occupied bins.
+def histogram_summary(hist: LogHistogram) -> dict | None:
+    """A data.stats LogHistogram (--data's streamed errors) coarsened to SHOWN_BINS_PER_DECADE and cut to its
+    occupied bins; `over` is None (the stream counts errors, not which of them fail).
 
     Bin i covers [10**(start + i/bins_per_decade), 10**(start + (i+1)/bins_per_decade)); `zeros` counts exact
     matches (and errors below 1e-30); errors of 1e30 and more are counted in the last bin."""
     if not hist.total:
         return None
-    factor = BINS_PER_DECADE // SHOWN_BINS_PER_DECADE
-
-    def coarse(h: LogHistogram) -> np.ndarray:
-        counts = h.counts[1:-1].reshape(-1, factor).sum(axis=1)
-        counts[-1] += h.counts[-1]
-        return counts
-
-    counts = coarse(hist)
-    over_counts = None if over is None else coarse(over)
+    counts = hist.counts[1:-1].reshape(-1, BINS_PER_DECADE // SHOWN_BINS_PER_DECADE).sum(axis=1)
+    counts[-1] += hist.counts[-1]
     occupied = np.flatnonzero(counts)
     lo, hi = (int(occupied[0]), int(occupied[-1]) + 1) if occupied.size else (0, 0)
     return {"start": LOG_LO + lo / SHOWN_BINS_PER_DECADE if occupied.size else None,
-            "bins_per_decade": SHOWN_BINS_PER_DECADE, "counts": counts[lo:hi].tolist(),
-            "over": None if over_counts is None else over_counts[lo:hi].tolist(), "zeros": int(hist.counts[0])}
+            "bins_per_decade": SHOWN_BINS_PER_DECADE, "counts": counts[lo:hi].tolist(), "over": None,
+            "zeros": int(hist.counts[0])}
 
 
 def merge_histograms(histograms: Iterable[dict | None]) -> dict | None:
@@ -332,8 +327,8 @@ def _sample_pairs(e: np.ndarray, a: np.ndarray, finite: np.ndarray) -> dict | No
     where = np.flatnonzero(finite.ravel())
     if where.size > SAMPLE_PAIRS:
         where = where[np.linspace(0, where.size - 1, SAMPLE_PAIRS).round().astype(np.int64)]
-    return {"expected": e.astype(np.float64).ravel()[where].tolist(),
-            "actual": a.astype(np.float64).ravel()[where].tolist()}
+    return {"expected": e.ravel()[where].astype(np.float64).tolist(),
+            "actual": a.ravel()[where].astype(np.float64).tolist()}
 
 
 def _merge_summaries(res: OutputComparison, items: list[tuple[int, OutputComparison]]) -> None:
