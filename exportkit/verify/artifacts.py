@@ -69,7 +69,7 @@ def write_verify(report, html: str | None, summary: str | None) -> None:
         from exportkit.verify.html import verify_html
 
         write_report(html, lambda: verify_html(report))
-    write_summary(summary, verify_markdown(report), append_step_summary=True)
+    write_summary(summary, lambda: verify_markdown(report), append_step_summary=True)
 
 
 def write_compat(report, html: str | None, summary: str | None, other_device: list | None = None) -> None:
@@ -79,7 +79,7 @@ def write_compat(report, html: str | None, summary: str | None, other_device: li
         from exportkit.verify.html import compat_html
 
         write_report(html, lambda: compat_html(report, other_device))
-    write_summary(summary, compat_markdown(report))
+    write_summary(summary, lambda: compat_markdown(report))
 
 
 def write_export(summary_json: dict | None, verdict: str, passed: bool, html: str | None, summary: str | None,
@@ -90,4 +90,4 @@ def write_export(summary_json: dict | None, verdict: str, passed: bool, html: st
         from exportkit.verify.html import export_html
 
         write_report(html, lambda: export_html(summary_json, verdict, passed, error))
-    write_summary(summary, export_markdown(summary_json, verdict, passed))
+    write_summary(summary, lambda: export_markdown(summary_json, verdict, passed))
