@@ -69,6 +69,8 @@ REFERENCE = typer.Option(None, "--reference", help="Training-time reference (.np
                          "default: SRC.reference.npz next to the source, or `reference` in exportkit.toml.")
 ALLOW_INCOMPLETE = typer.Option(False, "--allow-incomplete-config",
                                 help="Custom objects whose get_config() misses __init__ arguments are warnings, not errors.")
+HTML = typer.Option(None, "--html", metavar="FILE", help="Also write a self-contained HTML report here (needs exportkit[report]).")
+SUMMARY = typer.Option(None, "--summary", metavar="FILE", help="Also write the verdict as GitHub-flavoured Markdown here.")
 INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tokens:-1,16:int32 (repeatable override).")
 
 
@@ -137,6 +139,8 @@ def export(
     reference: Optional[str] = REFERENCE,
     allow_incomplete_config: bool = ALLOW_INCOMPLETE,
     json_out: Optional[str] = typer.Option(None, "--json", help="Write a JSON summary here ('-' for stdout)."),
+    html: Optional[str] = HTML,
+    summary: Optional[str] = SUMMARY,
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
@@ -154,7 +158,7 @@ def export(
             int_range=int_range, reference=reference, allow_incomplete_config=allow_incomplete_config,
             signatures=signature or [], feature_spec=feature_spec,
             output_names=output_names,
-            unsafe=source.unsafe, no_verify=no_verify, json_out=json_out)
+            unsafe=source.unsafe, no_verify=no_verify, json_out=json_out, html=html, summary=summary)
 
     _run(go, debug)
 
@@ -197,6 +201,8 @@ def verify(
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Previously released SavedModel: fail on breaking signature changes."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout)."),
     junit: Optional[str] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
+    html: Optional[str] = HTML,
+    summary: Optional[str] = SUMMARY,
     data: Optional[str] = typer.Option(None, "--data", help="GLOB of TFRecord files of tf.Example (plain or GZIP) or .npz shards: verify on these records."),
     limit: Optional[int] = typer.Option(None, "--limit", help="--data: at most N records."),
     batch_size: int = typer.Option(256, "--batch-size", help="--data: records per batch."),
@@ -223,8 +229,8 @@ def verify(
             batching_parameters=batching_parameters, model_name=model_name, model_version=model_version,
             load_timeout=load_timeout, device=device, allow_tf32=allow_tf32, allow_io_ops=allow_io_ops,
             allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json_out=json_out,
-            junit=junit, data=data, limit=limit, batch_size=batch_size, sample=sample, save_failures=save_failures,
-            runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or []))
+            junit=junit, html=html, summary=summary, data=data, limit=limit, batch_size=batch_size, sample=sample,
+            save_failures=save_failures, runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or []))
 
     _run(go, debug)
 
@@ -280,6 +286,8 @@ def compat(
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance for every output."),
     tol: Optional[List[str]] = typer.Option(None, "--tol", help="KEY=ATOL,RTOL for one output (repeatable)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON matrix here ('-' for stdout)."),
+    html: Optional[str] = HTML,
+    summary: Optional[str] = SUMMARY,
     serving: Optional[str] = typer.Option(None, "--serving", help="docker | docker:TAG: also observe each version "
                                           "on TF Serving's official image (tensorflow/serving:X.Y.Z)."),
     container_cli: str = CONTAINER_CLI,
@@ -296,8 +304,8 @@ def compat(
 
         return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
                               samples=samples, seed=seed, int_range=int_range, atol=atol, rtol=rtol, tol=tol,
-                              json_out=json_out, serving=serving, load_timeout=load_timeout,
-                              launch=LaunchOptions(container_cli=container_cli, pull=pull))
+                              json_out=json_out, html=html, summary=summary, serving=serving,
+                              load_timeout=load_timeout, launch=LaunchOptions(container_cli=container_cli, pull=pull))
 
     _run(go, debug)
 

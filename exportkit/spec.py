@@ -178,6 +178,8 @@ class VerifyOptions:
     baseline: str | None = None
     json_out: str | None = None
     junit: str | None = None
+    html: str | None = None  # --html FILE: the self-contained HTML report
+    summary: str | None = None  # --summary FILE: the verdict as GitHub-flavoured Markdown
     # --data: verify over the records of a dataset (exportkit.verify.dataset)
     data: str | None = None
     limit: int | None = None

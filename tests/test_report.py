@@ -87,7 +87,7 @@ def test_failed_by_runtime_error():
 def test_failed_by_lint_error_only():
     r = _report(lint_error=True)
     assert not r.passed
-    assert verdict_line(r).startswith("FAILED: lint py-func:")
+    assert verdict_line(r) == "FAILED: lint: 1 error (py-func)"
 
 
 def test_warning_finding_does_not_fail_but_is_reported():
@@ -98,7 +98,7 @@ def test_warning_finding_does_not_fail_but_is_reported():
     assert [(f["severity"], f["code"]) for f in to_json(warned)["findings"]] == [("warning", "fixed-batch")]
     as_error = _report(skipped=False, warning=False)
     as_error.findings.append(Finding("error", "fixed-batch", "input 'x' has a fixed batch dim 8"))
-    assert not as_error.passed and verdict_line(as_error).startswith("FAILED: lint fixed-batch:")
+    assert not as_error.passed and verdict_line(as_error) == "FAILED: lint: 1 error (fixed-batch)"
 
 
 def test_nothing_compared():

@@ -15,7 +15,7 @@ import numpy as np
 from exportkit import layout
 from exportkit.version import __version__
 from exportkit import reference as refs
-from exportkit.errors import CheckFailed, UsageError
+from exportkit.errors import CheckFailed, ExportkitError, UsageError
 from exportkit.files import write_atomic
 from exportkit.dtypes import HALF_DTYPES, name_of, name_of_array
 from exportkit.export import selfcheck
@@ -480,7 +480,21 @@ def render_summary(result: ExportResult) -> str:
         links = ", ".join(f"{link} {verdict}" for link, verdict in result.reference["links"].items())
         lines.append(f"training-time reference: {result.reference['path']} ({links})")
     lines += [f"{f.severity}: {f.code}: {f.message}" for f in result.findings if f.severity == "warning"]
+    lines += ["", export_verdict(result)]
     return "\n".join(lines)
+
+
+def export_verdict(result: ExportResult) -> str:
+    """The last line: what was written and whether the TF-Serving-style load reproduced eager Keras."""
+    outputs = sum(len(entry["outputs"]) for entry in result.signatures)
+    where = f"{result.path} (version {result.version})"
+    if not result.checked:
+        return f"EXPORTED {where}, not checked (--no-verify): run `exportkit verify {result.path}`"
+    noun = f"{len(result.signatures)} signature{'s' if len(result.signatures) != 1 else ''}"
+    warnings = sum(1 for f in result.findings if f.severity == "warning")
+    return (f"PASSED: exported {where}; loaded as TF Serving loads it, it reproduces eager Keras on {outputs} "
+            f"output{'s' if outputs != 1 else ''} of {noun}" + (f"; {warnings} warning{'s' if warnings != 1 else ''}"
+                                                                 if warnings else ""))
 
 
 def summary_json(result: ExportResult) -> dict:
@@ -494,16 +508,26 @@ def summary_json(result: ExportResult) -> dict:
             "signatures": result.signatures}
 
 
-def export_command(*, src, output=None, spec_path=None, json_out=None, **flags) -> int:
+def export_command(*, src, output=None, spec_path=None, json_out=None, html=None, summary=None, **flags) -> int:
+    from exportkit.verify.artifacts import check_report_options, write_export
+    from exportkit.verify.report import shorten
+
+    check_report_options(html, summary)
     options = export_options(src, output, spec_path, **flags)
     if options.output_origin:
         print(f"exportkit: no -o given: exporting to {options.output} ({options.output_origin})", file=sys.stderr,
               flush=True)
-    result = export_model(options)
+    try:
+        result = export_model(options)
+    except ExportkitError as err:  # the report says what failed; the error itself goes on as it would
+        if html or summary:
+            write_export(None, f"FAILED: {shorten(err.message, 180)}", False, html, summary, (err.message, err.remedy))
+        raise
     if json_out == "-":
         print(json.dumps(summary_json(result), indent=2))
-        return 0
-    print(render_summary(result))
-    if json_out:
-        write_atomic(json_out, json.dumps(summary_json(result), indent=2) + "\n", f"--json {json_out}")
+    else:
+        print(render_summary(result))
+        if json_out:
+            write_atomic(json_out, json.dumps(summary_json(result), indent=2) + "\n", f"--json {json_out}")
+    write_export(summary_json(result), export_verdict(result), True, html, summary)
     return 0

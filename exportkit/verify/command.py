@@ -21,6 +21,7 @@ from exportkit.runtimes import RUNTIME_KINDS
 from exportkit.runtimes.verdicts import signature_state, tf2_only_failures
 from exportkit.spec import VerifyOptions
 from exportkit.verify import checks
+from exportkit.verify.artifacts import check_report_options
 from exportkit.verify.compare import parse_tol
 from exportkit.verify.dataset import verify_data
 from exportkit.verify.execute import Execution, run_plan, started, versioned_pythons
@@ -29,15 +30,16 @@ from exportkit.verify.output import finish, save
 from exportkit.verify.pairs import agreement, compare_all
 from exportkit.verify.plan import (Model, Plan, check_tol_keys, devices_of, make_plan, protocol_of, read_model,
                                    selected_runtimes, selected_signatures)
-from exportkit.verify.report import RuntimeResult, VerifyReport
+from exportkit.verify.report import RuntimeResult, VerifyReport, tensors_of
 from exportkit.version import __version__
 
 
 def verify_command(o: VerifyOptions) -> int:
+    check_report_options(o.html, o.summary)
     devices, names, per_output = _options(o)
     model, report, refused = _read(o, devices, per_output)
     if not model.selected:
-        return finish(report, o.json_out, o.junit)
+        return finish(report, o)
     if refused:  # static findings come first: nothing was started, nothing runs
         _refuse(o, report, names, model.manifest)
     # Managed TF X.Y environments next (after the static verdict): a missing one is installed (or exit 3) before
@@ -64,7 +66,7 @@ def verify_command(o: VerifyOptions) -> int:
             for label, per_batch in execution.outputs[c.name].items():
                 save(o.save_outputs, label if len(plan.checks) == 1 else f"{label}.{c.name}",
                      [out for out in per_batch if out is not None])
-    code = finish(report, o.json_out, o.junit)
+    code = finish(report, o)
     if execution.infra:  # the report above shows what did run; the infrastructure failure decides the exit code
         raise execution.infra[0]
     return code
@@ -118,7 +120,7 @@ def _refuse(o: VerifyOptions, report: VerifyReport, names: list[str], manifest) 
             continue  # nothing recorded to look for (dropped the same way in plan.make_plan)
         report.runtimes.append(RuntimeResult(name=name, kind=RUNTIME_KINDS[name], status="skipped",
                                              error="not run: the graph reaches I/O ops (see findings)"))
-    finish(report, o.json_out, o.junit)
+    finish(report, o)
     raise CheckFailed("verify did not execute the model: its signatures reach ops that touch files, the network "
                       "or the console (finding io-op)",
                       "pass --allow-io-ops to execute it anyway, if you trust the model and where it came from")
@@ -129,7 +131,7 @@ def _inputs_summary(o: VerifyOptions, plan: Plan) -> dict:
     origins = sorted({origin for c in plan.checks for origin in c.origins if origin != "repeat"} | {"generated"},
                      key=["golden", "reference", "file", "generated"].index)  # (generated ones may be golden ones)
     summary = {"source": "+".join(origins), "batch_sizes": [rows(b) for _, b in plan.checks[0].batches],
-               "seed": o.seed}
+               "seed": o.seed, "tensors": tensors_of(plan.checks[0].batches[0][1])}
     if plan.trained is not None:
         summary["reference"] = plan.trained.path
     several = len(plan.checks) > 1

@@ -18,7 +18,7 @@ from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.layout import signature_entries
 from exportkit.spec import VerifyOptions
 from exportkit.verify.checks import serving_checks
-from exportkit.verify.compare import OutputComparison, _value_reasons
+from exportkit.verify.compare import OutputComparison, _value_reasons, histogram_summary
 from exportkit.verify.execute import started
 from exportkit.verify.output import finish
 from exportkit.verify.plan import Model, Plan, SignatureCheck, plan_runtimes, tolerances_for
@@ -80,7 +80,7 @@ def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, dev
     report.runtimes = results
     report.inputs["records"] = records
     _attach(report, stats, source)
-    return finish(report, o.json_out, o.junit)
+    return finish(report, o)
 
 
 def _tol(t) -> tuple[float, float]:
@@ -267,6 +267,7 @@ def to_comparison(st: OutputStats, source: DataSource) -> OutputComparison:
     if not st.exact and st.max_abs is not None:
         c.abs_err_quantiles = st.abs_hist.quantiles(cap=st.max_abs)
         c.rel_err_quantiles = st.rel_hist.quantiles(cap=st.max_rel)
+        c.abs_err_histogram, c.rel_err_histogram = histogram_summary(st.abs_hist), histogram_summary(st.rel_hist)
         if st.nonfinite:
             c.required_atol = c.required_rtol = math.inf
         else:

@@ -94,29 +94,68 @@ def render_text(report: CompatReport, run: bool) -> str:
               f"TF Serving {v.server.get('version')}" for v in report.versions if v.server]
     if images:
         lines += ["", "servers:"] + images
-    failing = [v.tf for v in report.versions if v.failed]
     details = [f"  {v.tf}: {f.severity} {f.code} {f.op} at {f.node}: {f.message}"
                for v in report.versions for f in v.findings[1:6]]
     if details:
         lines += ["", "more findings:"] + details
     lines.append("")
-    lines.append(f"FAILED on {', '.join(failing)}" if failing else
-                 f"PASSED on {', '.join(v.tf for v in report.versions)}")
+    lines.append(compat_verdict(report))
     return "\n".join(lines)
 
 
+def compat_verdict(report: CompatReport) -> str:
+    """`FAILED: TF 2.12-2.19: could not load the model (unknown op TFText>RoundRobinTrim); TF 2.21: ...`: each
+    cause once, the versions it hits listed."""
+    from exportkit.verify.report import error_cause, join_verdict, shorten
+
+    if report.passed:
+        return f"PASSED on {', '.join(v.tf for v in report.versions)}"
+    by_cause: dict[str, list[str]] = {}
+    for v in report.versions:
+        if not v.failed:
+            continue
+        problems = [f for f in v.findings if f.severity == "error"]
+        if v.served == "fails" and v.server_error:
+            cause = "TF Serving " + error_cause(v.server_error).removeprefix("error: ")
+        elif v.observed == "fails" and v.error:
+            cause = error_cause(v.error).removeprefix("error: ")
+        elif problems:
+            first = problems[0]
+            cause = (error_cause(f"unknown op '{first.op}'").removeprefix("error: ") if first.code == "op-unknown"
+                     else " ".join(filter(None, (first.code, first.op)))) + (
+                f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        else:
+            cause = shorten(v.reason(), 80)
+        by_cause.setdefault(cause, []).append(v.tf)
+    return join_verdict("FAILED", [f"TF {_spans(tfs)}: {cause}" for cause, tfs in by_cause.items()])
+
+
+def _spans(versions: list[str]) -> str:
+    """"2.12, 2.13, 2.14, 2.17" -> "2.12-2.14, 2.17" (versions X.Y in order)."""
+    runs: list[list[str]] = []
+    for v in versions:
+        major, minor = v.split(".")[:2]
+        if runs and runs[-1][-1].split(".")[0] == major and int(runs[-1][-1].split(".")[1]) + 1 == int(minor):
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+
+
 def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="serving_default", samples=8, seed=0,
-                   int_range=None, atol=None, rtol=None, tol=None, json_out=None, serving=None, launch=None,
-                   load_timeout=120.0) -> int:
+                   int_range=None, atol=None, rtol=None, tol=None, json_out=None, html=None, summary=None,
+                   serving=None, launch=None, load_timeout=120.0) -> int:
     """`serving`: None, or docker[:TAG] to observe each version on TF Serving's own image (`launch`: its
     LaunchOptions)."""
     from exportkit.compat import analysis, parse_versions
-    from exportkit.savedmodel import select_meta_graph
     from exportkit.files import write_atomic
+    from exportkit.savedmodel import select_meta_graph
     from exportkit.spec import check_tolerances
+    from exportkit.verify.artifacts import check_report_options, write_compat
     from exportkit.verify.plan import read_model
 
     check_tolerances(atol, rtol)
+    check_report_options(html, summary)
     versions = parse_versions(tf)
     if device not in ("cpu", "gpu"):
         raise UsageError(f"--device {device!r} is not cpu or gpu", "pass --device cpu or --device gpu")
@@ -145,6 +184,11 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
         if json_out:
             write_atomic(json_out, json.dumps(report.to_json(), indent=2) + "\n", f"--json {json_out}")
     sys.stdout.flush()
+    # the HTML shows the static forecast of the other device too (cheap: no TensorFlow), as a version x device matrix
+    other = "gpu" if device == "cpu" else "cpu"
+    other_rows = [VersionRow(r.tf, r.predicted, findings=r.findings)
+                  for r in analysis.analyze(meta_graph, versions, other)] if html else None
+    write_compat(report, html, summary, other_rows)
     return 0 if report.passed else 1
 
 

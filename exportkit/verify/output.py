@@ -1,4 +1,5 @@
-"""The report out: text (or JSON with `--json -`) on stdout, `--json FILE`, `--junit FILE`; the exit code.
+"""The report out: text (or JSON with `--json -`) on stdout, `--json FILE`, `--junit FILE`, `--html FILE`,
+`--summary FILE` (and $GITHUB_STEP_SUMMARY); the exit code.
 
 Rendering itself is verify/report.py's; this only decides where each rendering goes.
 """
@@ -6,13 +7,17 @@ from __future__ import annotations
 
 import json
 import sys
+
 from exportkit.files import write_atomic
+from exportkit.spec import VerifyOptions
 from exportkit.verify.report import VerifyReport
 
 
-def finish(report: VerifyReport, json_out, junit) -> int:
+def finish(report: VerifyReport, o: VerifyOptions) -> int:
+    from exportkit.verify.artifacts import write_verify
     from exportkit.verify.report import render_text, to_json, to_junit_xml
 
+    json_out, junit = o.json_out, o.junit
     if json_out == "-":
         print(json.dumps(to_json(report), indent=2))
     else:
@@ -22,6 +27,7 @@ def finish(report: VerifyReport, json_out, junit) -> int:
     if junit:
         write_atomic(junit, to_junit_xml(report), f"--junit {junit}")
     sys.stdout.flush()
+    write_verify(report, o.html, o.summary)
     return 0 if report.passed else 1
 
 

@@ -7,9 +7,12 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
 
-from exportkit.version import __version__
+import numpy as np
+
+from exportkit.dtypes import name_of_array
 from exportkit.findings import Finding
 from exportkit.verify.compare import OutputComparison, to_jsonable
+from exportkit.version import __version__
 
 SCHEMA_VERSION = 1
 
@@ -146,32 +149,75 @@ def _who(report: VerifyReport, r: RuntimeResult) -> str:
 
 
 def failures(report: VerifyReport) -> list[str]:
-    """One short sentence per reason the report fails, in report order."""
+    """One short sentence per reason the report fails, in report order (the whole reasons are in the sections
+    above the verdict). Runtimes that failed the same way, or on the same output, share one sentence."""
     out = []
-    for f in report.findings:
-        if f.severity == "error":
-            out.append(f"lint {f.code}: {_first_line(f.message)}")
+    errors = [f.code for f in report.findings if f.severity == "error"]
+    if errors:
+        codes = ", ".join(dict.fromkeys(errors))
+        out.append(f"lint: {len(errors)} error{'s' if len(errors) != 1 else ''} ({codes})")
     broken = {}
     for c in report.chain:
         if c["passed"] is False:
             broken.setdefault(c["output"], c)
     for key, c in broken.items():
-        out.append(f"output '{key}': link {c['link']} broke ({c['from']} vs {c['to']}: {c['reason']})")
+        out.append(shorten(f"output '{key}': link {c['link']} broke ({c['from']} vs {c['to']}: {c['reason']})"))
+    by_cause: dict[str, list[str]] = {}
+    by_output: dict[str, list[tuple[str, OutputComparison]]] = {}
     for r in report.runtimes:
         if r.status == "error":
-            out.append(f"{_who(report, r)}: error: {_first_line(r.error) or 'unknown error'}")
+            by_cause.setdefault(error_cause(r.error), []).append(_who(report, r))
             continue
         for c in r.comparisons:
             if not c.passed:
-                s = f"{_who(report, r)}: output '{c.key}' {c.reason}"
-                n = needs(c)
-                out.append(f"{s} ({n})" if n else s)
+                key = f"{r.signature}/{c.key}" if _several(report) and r.signature else c.key
+                by_output.setdefault(key, []).append((_who(report, r), c))
+    out += [f"{', '.join(dict.fromkeys(names))}: {cause}" for cause, names in by_cause.items()]
+    for key, failed in by_output.items():
+        worst = max((c for _, c in failed), key=lambda c: (c.mismatched or 0, c.required_atol or 0.0))
+        s = f"{', '.join(dict.fromkeys(n for n, _ in failed))}: output '{key}' {shorten(worst.reason or '', 70)}"
+        n = needs(worst)
+        out.append(f"{s} ({n})" if n else s)
     return out
+
+
+VERDICT_LIMIT = 200  # characters of the last line: it must fit on a screen
+
+
+def shorten(text: str, limit: int = 110) -> str:
+    """`text` cut at a word boundary to at most `limit` characters, "..." marking the cut."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 3].rsplit(" ", 1)[0].rstrip(" ,;:(")
+    return cut + "..."
+
+
+_UNKNOWN_OP = re.compile(r"Op type not registered '([^']+)'|unknown op '?([\w>./-]+)")
+
+
+def error_cause(error: str | None) -> str:
+    """A runtime error in a few words: the same cause reads the same whichever runtime (and TF) hit it."""
+    text = clean(error)
+    op = _UNKNOWN_OP.search(text)
+    if op:
+        return f"could not load the model (unknown op {op.group(1) or op.group(2)})"
+    return "error: " + shorten(_first_line(error) or "unknown error", 90)
+
+
+def join_verdict(head: str, parts: list[str], limit: int = VERDICT_LIMIT) -> str:
+    """`HEAD: a; b; c` within `limit` characters: parts that do not fit are counted ("+2 more, see above")."""
+    line = f"{head}: " + "; ".join(parts)
+    for keep in range(len(parts) - 1, 0, -1):
+        if len(line) <= limit:
+            break
+        line = f"{head}: " + "; ".join(parts[:keep]) + f"; +{len(parts) - keep} more (see above)"
+    return line
 
 
 def verdict_line(report: VerifyReport) -> str:
     if not report.passed:
-        return "FAILED: " + "; ".join(failures(report))
+        return join_verdict("FAILED", failures(report))
     ok = [r for r in report.runtimes if r.status == "ok" and r.kind != "agreement"]
     skipped = list(dict.fromkeys(_who(report, r) for r in report.runtimes if r.status == "skipped"))
     keys = _compared_keys(report)
@@ -194,6 +240,12 @@ def verdict_line(report: VerifyReport) -> str:
     if skipped:
         line += "; skipped: " + ", ".join(skipped)
     return line
+
+
+def tensors_of(batch: dict) -> dict:
+    """{input: {"dtype", "shape"}} of one batch of inputs, for the report's `inputs.tensors`."""
+    return {key: {"dtype": name_of_array(np.asarray(value)), "shape": list(np.shape(value))}
+            for key, value in batch.items()}
 
 
 # --------------------------------------------------------------------------------------------- text
@@ -386,8 +438,11 @@ def _x(s: Any) -> str:
     return _XML_BAD.sub("?", clean("" if s is None else str(s)))
 
 
+SUMMARY_FIELDS = ("abs_err_histogram", "rel_err_histogram", "worst_elements", "sample_pairs")  # for plots, not text
+
+
 def _failure_text(c: OutputComparison) -> str:
-    lines = [f"{k}: {v}" for k, v in c.to_dict().items() if v is not None]
+    lines = [f"{k}: {v}" for k, v in c.to_dict().items() if v is not None and k not in SUMMARY_FIELDS]
     return "\n".join(lines)
 
 

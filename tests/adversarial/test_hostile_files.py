@@ -212,9 +212,9 @@ def _feed_all(version_dir: Path, pattern: str) -> int:
     from exportkit.data.records import DataSource, Feeder
     from exportkit.examples import input_specs
     from exportkit.savedmodel import select_meta_graph
-    from exportkit.verify.run import _read_model
+    from exportkit.verify.plan import read_model
 
-    version_dir, proto, signatures = _read_model(str(version_dir))
+    version_dir, proto, signatures = read_model(str(version_dir))
     specs = input_specs(select_meta_graph(proto), "serving_default", signatures["serving_default"], version_dir)
     source = DataSource(pattern, specs)
     feed = Feeder(source, specs, specs[0].key if len(specs) == 1 and specs[0].examples else None)

@@ -1,0 +1,92 @@
+"""The verdict as GitHub-flavoured Markdown (`--summary FILE`): a heading, one short table, the verdict line.
+
+Made for `$GITHUB_STEP_SUMMARY` and merge-request comments; verify appends to `$GITHUB_STEP_SUMMARY` when it is set
+(GitHub shows the file on the run's page). The tables are short on purpose: the HTML report has the details.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+from exportkit.verify.report import VerifyReport, _g, _pct, _who, clean, error_cause, needs, shorten, verdict_line
+
+STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
+
+
+def cell(x) -> str:
+    """Text safe inside a Markdown table cell (pipes escaped, one line)."""
+    return " ".join(clean("" if x is None else str(x)).split()).replace("|", "\\|")
+
+
+def _table(headers: list[str], rows: list[list]) -> list[str]:
+    return (["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+            + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows])
+
+
+def _heading(command: str, subject: str, passed: bool) -> str:
+    return f"### {'✅' if passed else '❌'} exportkit {command}: {'passed' if passed else 'FAILED'} — `{cell(subject)}`"
+
+
+def verify_markdown(report: VerifyReport) -> str:
+    rows = []
+    for r in report.runtimes:
+        if r.status != "ok" or not r.comparisons:
+            word = {"error": "❌ error", "skipped": "skipped"}.get(r.status, "reference" if r.is_reference else "-")
+            note = error_cause(r.error) if r.status == "error" else shorten(clean(r.error or ""), 120)
+            rows.append([_who(report, r), "", word, "", "", note])
+            continue
+        for c in r.comparisons:
+            note = "" if c.passed else (c.reason or "")
+            n = needs(c)
+            rows.append([_who(report, r), c.key, "✅ pass" if c.passed else "❌ FAIL", _g(c.max_abs_err),
+                         _pct(c.mismatch_fraction), f"{note}; {n}" if n else note])
+    lines = [_heading("verify", report.path, report.passed), ""]
+    lines += _table(["runtime", "output", "result", "max abs err", "over tol", "note"], rows)
+    errors = [f for f in report.findings if f.severity == "error"]
+    if errors:
+        lines += [""] + [f"- **{cell(f.code)}**: {cell(f.message)}" for f in errors]
+    return "\n".join(lines + ["", f"**{cell(verdict_line(report))}**", ""])
+
+
+def compat_markdown(report) -> str:
+    """`report`: verify.matrix.CompatReport."""
+    from exportkit.verify.matrix import compat_verdict
+
+    run = any(v.observed for v in report.versions)
+    mark = {"ok": "✅ ok", "warn": "⚠️ warn", "fails": "❌ fails", None: "-"}
+    rows = [[v.tf, mark.get(v.predicted, v.predicted), *([mark.get(v.observed, v.observed)] if run else []),
+             v.reason()[:160]] for v in report.versions]
+    lines = [_heading(f"compat ({report.device})", report.path, report.passed), ""]
+    lines += _table(["TF", "predicted", *(["observed"] if run else []), "reason"], rows)
+    return "\n".join(lines + ["", f"**{cell(compat_verdict(report))}**", ""])
+
+
+def export_markdown(summary: dict | None, verdict: str, passed: bool) -> str:
+    """`summary`: export's summary_json, None when the export failed."""
+    lines = [_heading("export", (summary or {}).get("path", ""), passed), ""]
+    if summary:
+        rows = [[s["name"], "input", k, v["dtype"], v["shape"]] for s in summary["signatures"]
+                for k, v in s["inputs"].items()]
+        rows += [[s["name"], "output", k, d, ""] for s in summary["signatures"] for k, d in s["outputs"].items()]
+        lines += _table(["signature", "", "key", "dtype", "shape"], rows)
+    return "\n".join(lines + ["", f"**{cell(verdict)}**", ""])
+
+
+def write_summary(path: str | None, render: Callable[[], str], append_step_summary: bool = False) -> None:
+    """--summary FILE (written atomically), and appended to $GITHUB_STEP_SUMMARY when asked and set. Rendered
+    only when wanted; a failure is a warning on stderr (the check's exit code stands)."""
+    from exportkit.verify.artifacts import write_report
+
+    if path:
+        write_report(path, render, "summary")
+    step = os.environ.get(STEP_SUMMARY)
+    if append_step_summary and step and (not path or Path(step).resolve() != Path(path).resolve()):
+        try:
+            text = render()
+            with open(step, "a", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+        except Exception as err:  # noqa: BLE001
+            print(f"warning: could not append to ${STEP_SUMMARY} ({step}): {type(err).__name__}: {err}",
+                  file=sys.stderr)
