@@ -71,6 +71,27 @@ REFERENCE = typer.Option(None, "--reference", help="Training-time reference (.np
                          "default: SRC.reference.npz next to the source, or `reference` in exportkit.toml.")
 ALLOW_INCOMPLETE = typer.Option(False, "--allow-incomplete-config",
                                 help="Custom objects whose get_config() misses __init__ arguments are warnings, not errors.")
+OP_LIBRARY = typer.Option(None, "--op-library", metavar="PATH.so|MODULE",
+                          help="Op library loaded into every TensorFlow worker (repeatable; also op_libraries in "
+                               "./exportkit.toml). The verdict still says stock TF Serving lacks its ops.")
+
+
+def _with_op_libraries(go, libraries):
+    """`go` with --op-library (and exportkit.toml's op_libraries) passed to the workers it starts."""
+
+    def wrapped():
+        from exportkit.compat.oplibs import OpLibraryError, op_libraries_env
+        from exportkit.errors import UsageError
+
+        try:
+            with op_libraries_env(libraries):
+                return go()
+        except OpLibraryError as err:  # exportkit.toml's op_libraries is not a list of strings
+            raise UsageError(err.message, err.fix) from err
+
+    return wrapped
+
+
 INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tokens:-1,16:int32 (repeatable override).")
 
 
@@ -171,6 +192,7 @@ def verify(
     runner: str = typer.Option("in-process", "--runner", help="--data: in-process | beam (Apache Beam, needs exportkit[beam])."),
     beam_option: Optional[List[str]] = typer.Option(None, "--beam-option", help="--runner beam: KEY=VALUE pipeline option (repeatable)."),
     tf_versions: Optional[List[str]] = typer.Option(None, "--tf", help="Also run the session runtime on TensorFlow X.Y (2.12-2.21; a list, a range or all; repeatable), in a managed environment."),
+    op_library: Optional[List[str]] = OP_LIBRARY,
     debug: bool = DEBUG,
 ):
     """Prove the SavedModel computes what the model computed, in every runtime. Exit 0 only if all agree."""
@@ -191,7 +213,7 @@ def verify(
             junit=junit, data=data, limit=limit, batch_size=batch_size, sample=sample, save_failures=save_failures,
             runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or []))
 
-    _run(go, debug)
+    _run(_with_op_libraries(go, op_library), debug)
 
 
 @app.command()
@@ -232,6 +254,7 @@ def serve(
     rest_port: int = typer.Option(0, "--rest-port", help="Also serve TF Serving's REST API on this 127.0.0.1 port (0 = no REST)."),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name (default: base directory name)."),
     device: str = typer.Option("cpu", "--device", help="cpu | gpu."),
+    op_library: Optional[List[str]] = OP_LIBRARY,
     debug: bool = DEBUG,
 ):
     """Serve a SavedModel over TF Serving's gRPC API (PredictionService, ModelService) and REST API on loopback."""
@@ -241,7 +264,7 @@ def serve(
 
         return serve_command(path=path, port=port, model_name=model_name, device=device, rest_port=rest_port)
 
-    _run(go, debug)
+    _run(_with_op_libraries(go, op_library), debug)
 
 
 @app.command()
@@ -258,6 +281,9 @@ def compat(
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance for every output."),
     tol: Optional[List[str]] = typer.Option(None, "--tol", help="KEY=ATOL,RTOL for one output (repeatable)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON matrix here ('-' for stdout)."),
+    server: str = typer.Option("stock", "--server", help="stock: TF X.Y plus the TF Text and TF-DF ops the stock "
+                               "tensorflow_model_server links | tf-only: TF X.Y alone (a custom build without them)."),
+    op_library: Optional[List[str]] = OP_LIBRARY,
     debug: bool = DEBUG,
 ):
     """Will it load, run and agree on TF Serving 2.12 ... 2.21? Predicted statically; observed with --run."""
@@ -267,9 +293,9 @@ def compat(
 
         return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
                               samples=samples, seed=seed, int_range=int_range, atol=atol, rtol=rtol, tol=tol,
-                              json_out=json_out)
+                              json_out=json_out, server=server)
 
-    _run(go, debug)
+    _run(_with_op_libraries(go, op_library), debug)
 
 
 runtimes_app = typer.Typer(no_args_is_help=True, help="Managed TensorFlow X.Y environments used by compat --run and verify --tf.")

@@ -73,6 +73,17 @@ AUTO_KEY = re.compile(r"(keras_tensor|args)_\d+")
 # Keys Keras/exportkit give the items of a list or tuple the model returns: stable, but only positional.
 POSITIONAL_OUTPUT_KEY = re.compile(r"output_\d+")
 
+# Op libraries known by the namespace their ops are registered under (REGISTER_OP("Addons>ParseTime") ...).
+# TF Text's and TF-DF's full op lists ship with the registries (exportkit.compat.registry.provider).
+OP_NAMESPACES = {"TFText>": "tensorflow-text", "Addons>": "tensorflow-addons", "IO>": "tensorflow-io",
+                 "Scann>": "scann", "TFRA>": "tensorflow-recommenders-addons", "SimpleML": "tensorflow-decision-forests"}
+
+
+def op_namespace_package(op: str) -> str | None:
+    """The pip package whose op namespace `op` is in ("Addons>ParseTime" -> "tensorflow-addons"), else None."""
+    return next((package for prefix, package in OP_NAMESPACES.items() if op.startswith(prefix)), None)
+
+
 OP_CACHE_ENV = "EXPORTKIT_CACHE_DIR"
 _REGISTRY_TIMEOUT_S = 300
 
@@ -111,6 +122,8 @@ def _tensor_node(name: str) -> str:
 
 def _called_functions(node, library: set[str]) -> Iterator[str]:
     """Library functions a node calls: as its op, or through function-valued attrs (f, then_branch, body, ...)."""
+    if not library:
+        return  # a TF1 graph without functions: nothing to look for in its (many) attrs
     if node.op in library:
         yield node.op
     for value in node.attr.values():
@@ -324,7 +337,7 @@ def function_label(function: str | None) -> str:
     return f"function '{function}'" if function else "the top-level graph"
 
 
-def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]:
+def _op_findings(meta_graph, prefix: str, check_registry: bool, server_registry=None) -> list[Finding]:
     findings: list[Finding] = []
     reached = io_op_nodes(meta_graph)
     io_finding = io_op_finding(reached, prefix)
@@ -351,7 +364,11 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]
             f"{prefix}op {op} (in {few(sorted(set(places)))}) is on saved_model_cli scan's denylist: it touches the "
             f"file system or prints on the server (no signature reaches it now)"))
 
-    if check_registry:
+    if check_registry and server_registry is not None:
+        for op, places in unregistered_ops(meta_graph, server_registry.names()).items():
+            findings.append(Finding("error", "unknown-op", f"{prefix}op '{op}' (in {few(places)}) " +
+                                    unknown_op_advice(op, server_registry.server, server_registry.provider(op))))
+    elif check_registry:
         registry = registered_ops()
         if registry is None:
             findings.append(Finding(
@@ -361,11 +378,19 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]
         else:
             version = tensorflow_version() or "(installed)"
             for op, places in unregistered_ops(meta_graph, registry).items():
-                findings.append(Finding(
-                    "error", "unknown-op",
-                    f"{prefix}op '{op}' (in {few(places)}) is not registered in TensorFlow {version}: "
-                    f"TF Serving fails to load the model unless the op's kernel library is linked into the server"))
+                findings.append(Finding("error", "unknown-op", f"{prefix}op '{op}' (in {few(places)}) " +
+                                        unknown_op_advice(op, f"TensorFlow {version}", op_namespace_package(op))))
     return findings
+
+
+def unknown_op_advice(op: str, server: str, package: str | None) -> str:
+    """The rest of an unknown-op finding: which server lacks the op, which library has it, what to do."""
+    origin = f"; it comes from {package}" if package else ""
+    what = f"its library ({package.split()[0]})" if package else "the op's kernel library"
+    return (f"is not registered in {server}{origin}: the stock TF Serving fails to load the model. Fix: serve it "
+            f"from a tensorflow_model_server built with {what} linked in (SUPPORTED_TENSORFLOW_OPS in "
+            f"model_servers/BUILD; verify and serve can run it with --op-library), or replace the op with stock "
+            f"TensorFlow ops")
 
 
 def unregistered_ops(meta_graph, known) -> dict[str, list[str]]:
@@ -489,8 +514,10 @@ def checkpoint_findings(directory: str | Path) -> list[Finding]:
 
 
 def lint_meta_graph(meta_graph, signature_name: str | None = None, prefix: str = "",
-                    check_registry: bool = True) -> list[Finding]:
-    """Findings for one MetaGraph. With `signature_name`, signature checks cover that signature only."""
+                    check_registry: bool = True, server_registry=None) -> list[Finding]:
+    """Findings for one MetaGraph. With `signature_name`, signature checks cover that signature only.
+    `server_registry` (exportkit.compat.registry.Registry: `names()`, `provider(op)`, `server`) is the op
+    registry of the TF Serving the ops are checked against; None: this TensorFlow's own registry."""
     findings: list[Finding] = []
     available = signature_names(meta_graph)
     if signature_name is not None and signature_name not in available:
@@ -511,12 +538,12 @@ def lint_meta_graph(meta_graph, signature_name: str | None = None, prefix: str =
                                     f"{prefix}no '{DEFAULT_SIGNATURE}' signature (available: {', '.join(available)}): "
                                     f"requests must name a signature"))
     findings.extend(_signature_findings(meta_graph, prefix, names))
-    findings.extend(_op_findings(meta_graph, prefix, check_registry))
+    findings.extend(_op_findings(meta_graph, prefix, check_registry, server_registry))
     return findings
 
 
 def lint_saved_model(saved_model_proto, signature_name: str | None = None, *,
-                     check_registry: bool = True) -> list[Finding]:
+                     check_registry: bool = True, server_registry=None) -> list[Finding]:
     """All findings for a parsed SavedModel, errors first (stable order within a severity).
 
     Checks the MetaGraph TF Serving loads (tag `serve`; the first one if none has it). `signature_name`
@@ -533,6 +560,7 @@ def lint_saved_model(saved_model_proto, signature_name: str | None = None, *,
         findings.append(Finding("error", "no-serve-tag",
                                 f"no MetaGraph is tagged '{SERVE_TAG}' (tag sets: {', '.join(tags)}): TF Serving "
                                 f"loads '{SERVE_TAG}' by default; export with tags=['serve']"))
-    findings.extend(lint_meta_graph(meta_graph, signature_name, check_registry=check_registry))
+    findings.extend(lint_meta_graph(meta_graph, signature_name, check_registry=check_registry,
+                                    server_registry=server_registry))
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(findings, key=lambda f: order.get(f.severity, 3))

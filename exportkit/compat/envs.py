@@ -1,6 +1,7 @@
 """Managed TensorFlow X.Y environments for the observed runs: `<cache>/tf/X.Y`, one venv per minor version.
 
-Each holds `tensorflow-cpu==X.Y.*` (the C++ core TF Serving X.Y is built on) and whatever numpy pip picks for
+Each holds `tensorflow-cpu==X.Y.*` (the C++ core TF Serving X.Y is built on), the op libraries the stock
+server links (TF Text, TF-DF: `oplibs.env_requirements`, without their dependencies) and whatever numpy pip picks for
 it (TF 2.12 needs numpy < 2); exportkit itself is not installed there: the worker is the standalone script
 `exportkit/compat/worker.py`. The version of the TensorFlow this Python imports needs no environment.
 An environment is built in a hidden sibling directory and renamed into place once `import tensorflow` works
@@ -105,6 +106,12 @@ def install(version: str, force: bool = False) -> EnvInfo:
         spec = f"tensorflow-cpu=={version}.*"
         _progress(f"pip install {spec}")
         _pip(python, [spec], version)
+        from exportkit.compat.oplibs import env_requirements
+
+        libraries = env_requirements(version)  # the op libraries the stock server links (TF Text, TF-DF)
+        if libraries:
+            _progress(f"pip install --no-deps {' '.join(libraries)}")
+            _pip(python, ["--no-deps", *libraries], version)
         probe = subprocess.run(
             [python, "-I", "-c", "import json, numpy, tensorflow as tf; "
              "print(json.dumps({'tensorflow': tf.__version__, 'numpy': numpy.__version__}))"],

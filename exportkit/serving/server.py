@@ -78,6 +78,10 @@ class ServedModel:
         tf = import_tf()
         started = time.monotonic()
         try:
+            if model is None:
+                from exportkit.compat.oplibs import load_for_worker
+
+                load_for_worker(self.location.version_dir)  # the ops the stock server links; --op-library
             self.model = model or Tf1SavedModel(self.location.version_dir, device=self.device)
             count = self._warm_up()
         except RpcError as err:

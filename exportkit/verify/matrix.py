@@ -89,12 +89,17 @@ def render_text(report: CompatReport, run: bool) -> str:
 
 
 def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="serving_default", samples=8, seed=0,
-                   int_range=None, atol=None, rtol=None, tol=None, json_out=None) -> int:
+                   int_range=None, atol=None, rtol=None, tol=None, json_out=None, server="stock") -> int:
     from exportkit.compat import analysis, parse_versions
     from exportkit.savedmodel import select_meta_graph
     from exportkit.verify.run import _read_model
 
+    from exportkit.compat.registry import SERVERS
+
     versions = parse_versions(tf)
+    if server not in SERVERS:
+        raise UsageError(f"--server {server!r} is not one of {', '.join(SERVERS)}",
+                         "pass --server stock (what tensorflow_model_server links) or --server tf-only")
     if device not in ("cpu", "gpu"):
         raise UsageError(f"--device {device!r} is not cpu or gpu", "pass --device cpu or --device gpu")
     if run and device == "gpu":
@@ -103,7 +108,7 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
     version_dir, proto, signatures = _read_model(path)
     signature = signatures.get(signature_name)
     meta_graph = select_meta_graph(proto)
-    predicted = analysis.analyze(meta_graph, versions, device)
+    predicted = analysis.analyze(meta_graph, versions, device, server)
     rows = [VersionRow(r.tf, r.predicted, findings=r.findings) for r in predicted]
     if run:
         if signature is None:
