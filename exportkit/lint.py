@@ -337,7 +337,8 @@ def function_label(function: str | None) -> str:
     return f"function '{function}'" if function else "the top-level graph"
 
 
-def _op_findings(meta_graph, prefix: str, check_registry: bool, server_registry=None) -> list[Finding]:
+def _op_findings(meta_graph, prefix: str, check_registry: bool, server_registry=None,
+                 op_libraries: tuple[str, ...] = ()) -> list[Finding]:
     findings: list[Finding] = []
     reached = io_op_nodes(meta_graph)
     io_finding = io_op_finding(reached, prefix)
@@ -366,8 +367,13 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool, server_registry=
 
     if check_registry and server_registry is not None:
         for op, places in unregistered_ops(meta_graph, server_registry.names()).items():
-            findings.append(Finding("error", "unknown-op", f"{prefix}op '{op}' (in {few(places)}) " +
-                                    unknown_op_advice(op, server_registry.server, server_registry.provider(op))))
+            message = f"{prefix}op '{op}' (in {few(places)}) " + unknown_op_advice(
+                op, server_registry.server, server_registry.provider(op))
+            if op_libraries:  # the runtimes load them: if none registers the op, the model fails to load there
+                findings.append(Finding("warning", "unknown-op", f"{message}. The runtimes load --op-library "
+                                        f"{', '.join(op_libraries)} for it; a stock server would refuse the model"))
+            else:
+                findings.append(Finding("error", "unknown-op", message))
     elif check_registry:
         registry = registered_ops()
         if registry is None:
@@ -514,10 +520,12 @@ def checkpoint_findings(directory: str | Path) -> list[Finding]:
 
 
 def lint_meta_graph(meta_graph, signature_name: str | None = None, prefix: str = "",
-                    check_registry: bool = True, server_registry=None) -> list[Finding]:
+                    check_registry: bool = True, server_registry=None,
+                    op_libraries: tuple[str, ...] = ()) -> list[Finding]:
     """Findings for one MetaGraph. With `signature_name`, signature checks cover that signature only.
     `server_registry` (exportkit.compat.registry.Registry: `names()`, `provider(op)`, `server`) is the op
-    registry of the TF Serving the ops are checked against; None: this TensorFlow's own registry."""
+    registry of the TF Serving the ops are checked against; None: this TensorFlow's own registry.
+    `op_libraries` (--op-library) make unknown ops warnings: the runtimes load them and show whether they run."""
     findings: list[Finding] = []
     available = signature_names(meta_graph)
     if signature_name is not None and signature_name not in available:
@@ -538,12 +546,13 @@ def lint_meta_graph(meta_graph, signature_name: str | None = None, prefix: str =
                                     f"{prefix}no '{DEFAULT_SIGNATURE}' signature (available: {', '.join(available)}): "
                                     f"requests must name a signature"))
     findings.extend(_signature_findings(meta_graph, prefix, names))
-    findings.extend(_op_findings(meta_graph, prefix, check_registry, server_registry))
+    findings.extend(_op_findings(meta_graph, prefix, check_registry, server_registry, op_libraries))
     return findings
 
 
 def lint_saved_model(saved_model_proto, signature_name: str | None = None, *,
-                     check_registry: bool = True, server_registry=None) -> list[Finding]:
+                     check_registry: bool = True, server_registry=None,
+                     op_libraries: tuple[str, ...] = ()) -> list[Finding]:
     """All findings for a parsed SavedModel, errors first (stable order within a severity).
 
     Checks the MetaGraph TF Serving loads (tag `serve`; the first one if none has it). `signature_name`
@@ -561,6 +570,6 @@ def lint_saved_model(saved_model_proto, signature_name: str | None = None, *,
                                 f"no MetaGraph is tagged '{SERVE_TAG}' (tag sets: {', '.join(tags)}): TF Serving "
                                 f"loads '{SERVE_TAG}' by default; export with tags=['serve']"))
     findings.extend(lint_meta_graph(meta_graph, signature_name, check_registry=check_registry,
-                                    server_registry=server_registry))
+                                    server_registry=server_registry, op_libraries=op_libraries))
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(findings, key=lambda f: order.get(f.severity, 3))

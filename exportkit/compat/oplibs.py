@@ -119,6 +119,11 @@ def pinned_ops(library: str, tf_minor: str) -> set[str] | None:
     return set(_overlay(f"{library}-{release.split()[-1]}.json.gz")["ops"]) if release else None
 
 
+def env_op_libraries() -> tuple[str, ...]:
+    """The --op-library entries passed to the workers (EXPORTKIT_OP_LIBRARIES)."""
+    return tuple(x for x in os.environ.get(ENV, "").split(os.pathsep) if x)
+
+
 def stock_library_ops() -> dict[str, set[str]]:
     """{library: every op some release of it linked by a stock server registers} from the shipped overlays."""
     out: dict[str, set[str]] = {}
@@ -153,7 +158,7 @@ def load_server_op_libraries(saved_model_dir: str | None, user_libraries: list[s
 
     loaded = []
     if user_libraries is None:
-        user_libraries = [x for x in os.environ.get(ENV, "").split(os.pathsep) if x]
+        user_libraries = env_op_libraries()
     for entry in user_libraries:
         try:
             if entry.endswith(".so"):

@@ -352,11 +352,13 @@ def verify_command(options: VerifyOptions) -> int:
 
     version_dir, proto, signatures = _read_model(o.path)
     selected = _selected_signatures(o.signature_name, signatures)
+    from exportkit.compat.oplibs import env_op_libraries
     from exportkit.compat.registry import installed
     from exportkit.tfenv import tensorflow_version
 
     server_registry = installed(tensorflow_version())  # the ops the stock TF Serving of this TF links
-    findings = lint_saved_model(proto, o.signature_name, server_registry=server_registry) + asset_findings(version_dir)
+    findings = lint_saved_model(proto, o.signature_name, server_registry=server_registry,
+                                op_libraries=env_op_libraries()) + asset_findings(version_dir)
     if selected:
         _check_tol_keys(per_output, {k for name in selected for k in signatures[name]["outputs"]})
     refused = [f for f in findings if f.code == "io-op" and f.severity == "error"]
