@@ -207,6 +207,7 @@ BATCHES = {
     "ydf_gbt": None,  # the signature's own inputs: float features a, b, c
     "custom_op": {"x": np.ones((2, 3), np.float32)},
     "gpu_pinned": {"x": np.ones((2, 2), np.float32)},
+    "gpu_pinned_function": {"x": np.ones((2, 2), np.float32)},
     "gpu_pinned_unused": {"x": np.ones((2, 2), np.float32)},
 }
 
@@ -282,7 +283,7 @@ def _agree(user_models, python: str, version: str, op_libraries: str = "", skip=
 def test_predicted_equals_observed_on_tf_2_21(user_models):
     rows = _agree(user_models, sys.executable, "2.21")
     expect = {"whitespace": "ok", "bert": "ok", "round_robin": "ok", "ydf_gbt": "ok", "custom_op": "fails",
-              "gpu_pinned": "fails", "gpu_pinned_unused": "fails"}
+              "gpu_pinned": "fails", "gpu_pinned_unused": "fails", "gpu_pinned_function": "ok"}
     assert {k: v[0] for k, v in rows.items()} == {k: v for k, v in expect.items() if k in rows}
 
 

@@ -18,8 +18,9 @@ editing saved_model.pb files and loading them:
   attrs present, attr values of the attr's kind, list lengths and minimums, the number of inputs), and
   functions that call each other in a cycle are refused ("cyclic dependency between functions").
 * devices: TF Serving's session config sets no soft placement (server.cc / the bundle factory never set
-  allow_soft_placement; ConfigProto's default is false), so a node pinned to /device:GPU:N makes a CPU server
-  refuse the model. On a GPU server, an op without a GPU kernel runs on the CPU: a warning, unless the op lives
+  allow_soft_placement; ConfigProto's default is false), and the session places the whole top-level graph when
+  the loader first runs it (the restore op), so a node pinned to /device:GPU:N anywhere in it makes a CPU server
+  refuse the model. Inside a tf.function the pin is soft (measured: the call op's config_proto allows it). On a GPU server, an op without a GPU kernel runs on the CPU: a warning, unless the op lives
   on the host by design (strings, I/O, tables, datasets, resource handles).
 
 The nodes are grouped by what the checks look at (op, attrs, input count, device, path), so a graph of a
@@ -131,7 +132,7 @@ def served_nodes(meta_graph) -> list[ServedNode]:
         body = library[fname].node_def
         for i, node in enumerate(body):
             key = keyer.key(node)
-            _add(groups, (key, on_path, serves, fname is None), body, i, fname, on_path, serves, key[1])
+            _add(groups, (key, on_path, serves, "in a function"), body, i, fname, on_path, serves, key[1])
     return list(groups.values())
 
 
@@ -413,10 +414,14 @@ def check_version(nodes: list[ServedNode], library: set[str], producer_ops: dict
     for node in nodes:
         op = node.op
         pinned_gpu = bool(node.device) and bool(GPU_DEVICE.search(node.device))
-        if pinned_gpu and dev == "CPU":
+        if pinned_gpu and dev == "CPU" and node.function is None:
             out.add("error", "device-pinned", op, node,
                     f"{node.where} is pinned to {node.device} and a CPU server has no GPU: {NO_SOFT_PLACEMENT} "
                     f"(Cannot assign a device for operation); fix: {CLEAR_DEVICES}, or serve on a GPU")
+        elif pinned_gpu and dev == "CPU":  # measured: the TF1 loader runs a tf.function's tf.device('/GPU:0') on CPU
+            out.add("info", "device-pinned", op, node,
+                    f"{node.where} is pinned to {node.device} inside a function: the function runtime places it "
+                    f"softly (the call's config_proto allows soft placement), so a CPU server runs it on the CPU")
         if op in library:
             continue  # a direct function call: the function's nodes are checked themselves
         op_def = reg.op(op)
@@ -518,7 +523,7 @@ def analyze(meta_graph, versions: list[str], device: str = "cpu", server: str = 
     nodes = served_nodes(meta_graph)
     library = {f.signature.name for f in meta_graph.graph_def.library.function}
     producer = producer_defaults(meta_graph)
-    cycles = cycle_findings(meta_graph, nodes)
+    cycles = cycle_findings(meta_graph)
     results = [check_version(nodes, library, producer, v, device, server) for v in versions]
     for result in results:
         result.findings[:0] = cycles
@@ -527,7 +532,7 @@ def analyze(meta_graph, versions: list[str], device: str = "cpu", server: str = 
     return results
 
 
-def cycle_findings(meta_graph, nodes: list[ServedNode]) -> list[Finding]:
+def cycle_findings(meta_graph) -> list[Finding]:
     """One error per cycle of function calls: both loaders refuse them (tf.saved_model.load: "cyclic
     dependency between functions"; the session's function instantiation never ends)."""
     return [Finding("error", "function-cycle",
@@ -548,12 +553,12 @@ def forecast(meta_graph, device: str = "cpu") -> tuple[str | None, list[Finding]
     nodes = served_nodes(meta_graph)
     library = {f.signature.name for f in meta_graph.graph_def.library.function}
     producer = producer_defaults(meta_graph)
-    cycles = cycle_findings(meta_graph, nodes)
+    cycles = cycle_findings(meta_graph)
     oldest, blocking = None, list(cycles)
     for version in reversed(registries.available()):
         result = check_version(nodes, library, producer, version, device)
         if version == registries.available()[-1]:
-            blocking += [f for f in result.findings if f.code in LOADER_CODES]
+            blocking += [f for f in result.findings if f.code in LOADER_CODES and f.severity == "error"]
         if cycles or result.predicted == "fails":
             break
         oldest = version

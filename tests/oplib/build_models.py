@@ -146,6 +146,25 @@ def _tf1(target, pin_serving: bool):
             builder.save()
 
 
+@model("gpu_pinned_function")
+def gpu_pinned_function(target):
+    """tf.device('/GPU:0') inside a tf.function: the pin is soft there (a CPU server runs it)."""
+
+    class Pinned(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable([[1.0, 2.0], [3.0, 4.0]])
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def serve(self, x):
+            with tf.device("/device:GPU:0"):
+                y = tf.matmul(x, self.w)
+            return {"y": y + 1.0}
+
+    module = Pinned()
+    tf.saved_model.save(module, str(target), signatures={"serving_default": module.serve})
+
+
 @model("gpu_pinned")
 def gpu_pinned(target):
     _tf1(target, pin_serving=True)
