@@ -365,27 +365,27 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool, server_registry=
             f"{prefix}op {op} (in {few(sorted(set(places)))}) is on saved_model_cli scan's denylist: it touches the "
             f"file system or prints on the server (no signature reaches it now)"))
 
-    if check_registry and server_registry is not None:
-        for op, places in unregistered_ops(meta_graph, server_registry.names()).items():
-            message = f"{prefix}op '{op}' (in {few(places)}) " + unknown_op_advice(
-                op, server_registry.server, server_registry.provider(op))
+    if check_registry:
+        # This TensorFlow's own registry (a cached subprocess) and, where exportkit ships it, the registry of the
+        # stock TF Serving of this version, which adds the TF Text and TF-DF ops tensorflow_model_server links.
+        registry = registered_ops()
+        if registry is None and server_registry is None:
+            findings.append(Finding(
+                "warning", "op-registry-unavailable",
+                f"{prefix}could not list the ops registered in this TensorFlow, so unregistered ops were not "
+                f"checked: make sure `python -c 'import tensorflow'` works"))
+            return findings
+        known = set(registry or ()) | set(server_registry.names() if server_registry is not None else ())
+        server = (f"the stock TF Serving {server_registry.version} ({server_registry.server})"
+                  if server_registry is not None else f"TensorFlow {tensorflow_version()}")
+        for op, places in unregistered_ops(meta_graph, known).items():
+            package = server_registry.provider(op) if server_registry is not None else op_namespace_package(op)
+            message = f"{prefix}op '{op}' (in {few(places)}) " + unknown_op_advice(op, server, package)
             if op_libraries:  # the runtimes load them: if none registers the op, the model fails to load there
                 findings.append(Finding("warning", "unknown-op", f"{message}. The runtimes load --op-library "
                                         f"{', '.join(op_libraries)} for it; a stock server would refuse the model"))
             else:
                 findings.append(Finding("error", "unknown-op", message))
-    elif check_registry:
-        registry = registered_ops()
-        if registry is None:
-            findings.append(Finding(
-                "warning", "op-registry-unavailable",
-                f"{prefix}could not list the ops registered in this TensorFlow, so unregistered ops were not "
-                f"checked: make sure `python -c 'import tensorflow'` works"))
-        else:
-            version = tensorflow_version() or "(installed)"
-            for op, places in unregistered_ops(meta_graph, registry).items():
-                findings.append(Finding("error", "unknown-op", f"{prefix}op '{op}' (in {few(places)}) " +
-                                        unknown_op_advice(op, f"TensorFlow {version}", op_namespace_package(op))))
     return findings
 
 

@@ -554,11 +554,12 @@ def forecast(meta_graph, device: str = "cpu") -> tuple[str | None, list[Finding]
     library = {f.signature.name for f in meta_graph.graph_def.library.function}
     producer = producer_defaults(meta_graph)
     cycles = cycle_findings(meta_graph)
-    oldest, blocking = None, list(cycles)
+    oldest, blocking = None, [Finding(f.severity, f.code, f.message) for f in cycles]
     for version in reversed(registries.available()):
         result = check_version(nodes, library, producer, version, device)
         if version == registries.available()[-1]:
-            blocking += [f for f in result.findings if f.code in LOADER_CODES and f.severity == "error"]
+            blocking += [Finding(f.severity, f.code, f"{f.message} (TF Serving {version}, node {f.node})")
+                         for f in result.findings if f.code in LOADER_CODES and f.severity == "error"]
         if cycles or result.predicted == "fails":
             break
         oldest = version
