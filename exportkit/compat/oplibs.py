@@ -28,11 +28,14 @@ SHARED_OBJECTS = {"tensorflow-text": [("tensorflow_text", "python/ops/_*.so")],
                   "tensorflow-decision-forests": [("ydf_tf", "inference.so"),
                                                   ("tensorflow_decision_forests", "tensorflow/ops/inference/inference.so")]}
 # What a TensorFlow X.Y environment installs for them (pip --no-deps, next to tensorflow-cpu): the release
-# TF Serving X.Y pins where it was built for TF X.Y, else the release built for X.Y; None: no wheel for X.Y.
+# TF Serving X.Y pins where it was built for TF X.Y, else the release built for X.Y (TF-DF's release notes pair
+# each with one TF; ydf-tf follows TF's numbers from 2.18); None: no wheel for X.Y (tensorflow-text 2.13).
 ENV_PACKAGES = {
     "tensorflow-text": {"2.12": "tensorflow-text==2.12.1", "2.13": None, "2.20": "tensorflow-text==2.20.0"},
-    "tensorflow-decision-forests": {"2.12": "tensorflow-decision-forests==1.3.0", **{
-        f"2.{m}": None for m in range(13, 18)}},
+    "tensorflow-decision-forests": {
+        "2.12": "tensorflow-decision-forests==1.3.0", "2.13": "tensorflow-decision-forests==1.5.0",
+        "2.14": "tensorflow-decision-forests==1.7.0", "2.15": "tensorflow-decision-forests==1.8.1",
+        "2.16": "tensorflow-decision-forests==1.9.1", "2.17": "tensorflow-decision-forests==1.10.0"},
 }
 DEFAULT_PACKAGE = {"tensorflow-text": "tensorflow-text=={tf}.*", "tensorflow-decision-forests": "ydf-tf=={tf}.*"}
 
@@ -174,7 +177,6 @@ def load_server_op_libraries(saved_model_dir: str | None, user_libraries: list[s
     if saved_model_dir is None:
         return loaded
     ops = saved_model_ops(saved_model_dir)
-    registered = set(_registered_ops())
     tf_minor = ".".join(tf.__version__.split(".")[:2])
     for library, library_ops in stock_library_ops().items():
         pinned = pinned_ops(library, tf_minor)
@@ -183,12 +185,11 @@ def load_server_op_libraries(saved_model_dir: str | None, user_libraries: list[s
             release = pinned_release(library, tf_minor)
             raise NotLinkedError(f"Op type not registered '{unlinked[0]}' in the stock TF Serving {tf_minor}: it links "
                                  f"{release}, which lacks {', '.join(unlinked)}")
-        needed = sorted((ops & library_ops) - registered)
+        needed = sorted(ops & library_ops)  # loading a library twice (tensorflow_text imported) is a no-op
         if not needed:
             continue
         files = _shared_objects(library)
         if not files:
-            tf_minor = ".".join(tf.__version__.split(".")[:2])
             requirement = ENV_PACKAGES[library].get(tf_minor, DEFAULT_PACKAGE[library].format(tf=tf_minor))
             fix = (f"pip install --no-deps '{requirement}' next to TensorFlow {tf.__version__} (or `exportkit runtimes "
                    f"install --force {tf_minor}` for a managed environment)" if requirement else
@@ -197,8 +198,13 @@ def load_server_op_libraries(saved_model_dir: str | None, user_libraries: list[s
             raise OpLibraryError(
                 f"the model uses {library} ops ({', '.join(needed[:3])}{' ...' if len(needed) > 3 else ''}), which the "
                 f"stock TF Serving links, but this TensorFlow {tf.__version__} environment has no {library}", fix)
-        for path in files:
-            tf.load_op_library(path)
+        try:
+            for path in files:
+                tf.load_op_library(path)
+        except Exception as err:  # noqa: BLE001  (built for another TensorFlow: undefined symbols)
+            raise OpLibraryError(f"{library}'s {Path(path).name} does not load into TensorFlow {tf.__version__}: "
+                                 f"{type(err).__name__}: {' '.join(str(err).split())[:300]}",
+                                 f"install the {library} release built for TensorFlow {tf_minor}") from err
         loaded += files
     return loaded
 
@@ -224,16 +230,3 @@ def load_for_worker(saved_model_dir: str | None) -> list[str]:
         return load_server_op_libraries(saved_model_dir)
     except OpLibraryError as err:
         raise InfraError(err.message, err.fix) from err
-
-
-def _registered_ops() -> list[str]:
-    from tensorflow.core.framework import op_def_pb2
-    from tensorflow.python.client import pywrap_tf_session as c_api
-
-    buf = c_api.TF_GetAllOpList()
-    try:
-        op_list = op_def_pb2.OpList()
-        op_list.ParseFromString(c_api.TF_GetBuffer(buf))
-    finally:
-        c_api.TF_DeleteBuffer(buf)
-    return [op.name for op in op_list.op]
