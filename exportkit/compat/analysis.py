@@ -491,7 +491,6 @@ def check_version(nodes: list[ServedNode], library: set[str], producer_ops: dict
 
 def unknown_op_message(op: str, reg) -> str:
     """Why TF Serving `reg.version`'s server lacks `op`, which library has it, and what to do."""
-    where = f"TF Serving {reg.version} ({reg.server})"
     package = registries.provider(op)
     stock = registries.load(reg.version).library_of(op) if not reg.linked else None
     later = registries.first_server_with(op) if reg.linked else None
@@ -506,8 +505,9 @@ def unknown_op_message(op: str, reg) -> str:
     else:
         fix = ("only a custom op library registers it: build tensorflow_model_server with that library linked in, "
                "or replace the op with stock TensorFlow ops")
-    origin = f" (it comes from {package})" if package else ""
-    return f"Op type not registered '{op}' in {where}{origin}: the model fails to load; fix: {fix}"
+    origin = f" (from {package})" if package else ""
+    return (f"Op type not registered '{op}' in TF Serving {reg.version}{origin}: the model fails to load; fix: {fix} "
+            f"(registry: {reg.server})")
 
 
 def producer_defaults(meta_graph) -> dict:
