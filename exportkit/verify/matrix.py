@@ -91,10 +91,9 @@ def render_text(report: CompatReport, run: bool) -> str:
 def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="serving_default", samples=8, seed=0,
                    int_range=None, atol=None, rtol=None, tol=None, json_out=None, server="stock") -> int:
     from exportkit.compat import analysis, parse_versions
+    from exportkit.compat.registry import SERVERS
     from exportkit.savedmodel import select_meta_graph
     from exportkit.verify.run import _read_model
-
-    from exportkit.compat.registry import SERVERS
 
     versions = parse_versions(tf)
     if server not in SERVERS:
