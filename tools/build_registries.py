@@ -8,11 +8,17 @@ kernel registrations), a fresh interpreter dumps every OpDef (TF_GetAllOpList) a
     python tools/build_registries.py --keep-going all
 
 Each version takes ~1-3 minutes (download and install ~600 MB) and ~2 GB of disk while it runs.
+
+    python tools/build_registries.py --server-libraries /path/to/tensorflow/serving/.git
+
+builds what the stock model server links on top (TF Text, TF-DF at the releases each X.Y pins), once per
+library release, and registries/servers.json (~15 min for the two venvs it needs on a busy 2-core machine).
 Not part of `make test`; the results are committed as package data.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -137,32 +143,34 @@ def repack(source: Path, target: Path) -> None:
         if name in doc["kernels"]:
             entry["k"] = doc["kernels"][name]
         ops[name] = json.dumps(entry, separators=(",", ":"), sort_keys=True)
-    packed = {"tf": doc["tf"], "kernel_counts": doc["kernel_counts"], "ops": ops}
-    tmp = target.with_name(target.name + ".part")
-    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as fh:
-        json.dump(packed, fh, separators=(",", ":"), sort_keys=True)
-    os.replace(tmp, target)
+    write_gzip_json(target, {"tf": doc["tf"], "kernel_counts": doc["kernel_counts"], "ops": ops})
+
+
+@contextlib.contextmanager
+def throwaway_venv(prefix: str, python: str):
+    """A venv in a temporary directory, deleted afterwards: (its python, its pip install command, the directory)."""
+    work = Path(tempfile.mkdtemp(prefix=f"exportkit-{prefix}-"))
+    try:
+        venv = work / "venv"
+        subprocess.run([python, "-m", "venv", str(venv)], check=True)
+        venv_python = str(venv / "bin" / "python")
+        yield venv_python, [venv_python, "-m", "pip", "install", "--quiet", "--progress-bar", "off"], work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def build(version: str, python: str) -> None:
     began = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix=f"exportkit-registry-{version}-"))
-    try:
-        venv = work / "venv"
-        subprocess.run([python, "-m", "venv", str(venv)], check=True)
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--progress-bar", "off"]
+    with throwaway_venv(f"registry-{version}", python) as (venv_python, pip, work):
         print(f"[{version}] installing tensorflow=={version}.* ...", flush=True)
         subprocess.run(pip + [f"tensorflow=={version}.*"], check=True)
         out = OUT_DIR / f"tf-{version}.json.gz"
         tmp = out.with_name(f"tf-{version}.dump.json.gz")
-        subprocess.run([str(venv / "bin" / "python"), "-I", "-c", DUMP, str(ATTRVALUE), str(tmp)], check=True,
-                       cwd=work)
+        subprocess.run([venv_python, "-I", "-c", DUMP, str(ATTRVALUE), str(tmp)], check=True, cwd=work)
         repack(tmp, out)
         tmp.unlink()
         print(f"[{version}] wrote {out.relative_to(REPO)} ({out.stat().st_size // 1024} KB) in "
               f"{time.monotonic() - began:.0f} s", flush=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 # ------------------------------------------------------------------- what the stock model server links
@@ -218,16 +226,12 @@ def build_overlays(pins: dict, python: str) -> None:
         by_tf.setdefault(BUILT_FOR[library, release], []).append((library, release))
     for tf_version, libraries in sorted(by_tf.items()):
         began = time.monotonic()
-        work = Path(tempfile.mkdtemp(prefix=f"exportkit-overlay-{tf_version}-"))
-        try:
-            venv = work / "venv"
-            subprocess.run([python, "-m", "venv", str(venv)], check=True)
-            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--progress-bar", "off"]
+        with throwaway_venv(f"overlay-{tf_version}", python) as (venv_python, pip, work):
             print(f"[{tf_version}] installing tensorflow-cpu=={tf_version}.* and {libraries} ...", flush=True)
             subprocess.run(pip + [f"tensorflow-cpu=={tf_version}.*"], check=True)
             subprocess.run(pip + ["--no-deps"] + [f"{lib}=={rel}" for lib, rel in libraries], check=True)
             dump = work / "overlay.json"
-            subprocess.run([str(venv / "bin" / "python"), "-I", "-c", OVERLAY, str(ATTRVALUE), str(dump)]
+            subprocess.run([venv_python, "-I", "-c", OVERLAY, str(ATTRVALUE), str(dump)]
                            + [f"{lib}-{rel}={SHARED_OBJECTS[lib]}" for lib, rel in libraries], check=True, cwd=work)
             doc = json.loads(dump.read_text())
             for library, release in libraries:
@@ -238,8 +242,6 @@ def build_overlays(pins: dict, python: str) -> None:
                                   for name, entry in sorted(part["ops"].items())}}
                 write_gzip_json(OUT_DIR / overlay_name(library, release), packed)
                 print(f"[{tf_version}] {library} {release}: {len(packed['ops'])} ops", flush=True)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
         print(f"[{tf_version}] done in {time.monotonic() - began:.0f} s", flush=True)
 
 
@@ -277,6 +279,8 @@ def main() -> int:
         build_overlays(pins, args.python)
         write_servers(pins)
         return 0
+    if not args.versions:
+        parser.error("name the versions (X.Y ... or all), or pass --server-libraries")
     versions = VERSIONS if args.versions == ["all"] else args.versions
     unknown = [v for v in versions if v not in VERSIONS]
     if unknown:
