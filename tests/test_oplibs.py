@@ -313,3 +313,24 @@ def test_predicted_equals_observed_on_tf_2_12(user_models):
     rows = _agree(user_models, python_for("2.12"), "2.12", skip=("custom_op",))  # the .so is built for 2.21
     assert rows["round_robin"][0] == "fails" and "RoundRobinTrim" in rows["round_robin"][2]
     assert rows["whitespace"][0] == rows["bert"][0] == "ok"
+
+
+def test_compat_cli_reads_the_stock_server_unless_told_tf_only(tmp_path):
+    """`exportkit compat --server`: a TF Text op is fine on the stock server and named on a TF-only build."""
+    from conftest import run_cli
+
+    saved_model = protos()["saved_model"].SavedModel()
+    saved_model.meta_graphs.add().CopyFrom(
+        meta_graph([placeholder("x", DT_STRING), ("out", "CaseFoldUTF8", ["x"], {}, "")]))
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "saved_model.pb").write_bytes(saved_model.SerializeToString())
+    stock = run_cli("compat", tmp_path / "1", "--tf", "2.12,2.21", "--json", "-")
+    assert stock.returncode == 0, stock.stdout + stock.stderr
+    assert [v["predicted"] for v in json.loads(stock.stdout)["versions"]] == ["ok", "ok"]
+    bare = run_cli("compat", tmp_path / "1", "--tf", "2.21", "--server", "tf-only", "--json", "-")
+    [row] = json.loads(bare.stdout)["versions"]
+    assert bare.returncode == 1 and row["predicted"] == "fails"
+    message = row["findings"][0]["message"]
+    assert "tensorflow-text" in message and "stock tensorflow_model_server" in message
+    wrong = run_cli("compat", tmp_path / "1", "--server", "custom")
+    assert wrong.returncode == 2 and "fix:" in wrong.stderr
