@@ -76,7 +76,8 @@ POSITIONAL_OUTPUT_KEY = re.compile(r"output_\d+")
 # Op libraries known by the namespace their ops are registered under (REGISTER_OP("Addons>ParseTime") ...).
 # TF Text's and TF-DF's full op lists ship with the registries (exportkit.compat.registry.provider).
 OP_NAMESPACES = {"TFText>": "tensorflow-text", "Addons>": "tensorflow-addons", "IO>": "tensorflow-io",
-                 "Scann>": "scann", "TFRA>": "tensorflow-recommenders-addons", "SimpleML": "tensorflow-decision-forests"}
+                 "Scann>": "scann", "TFRA>": "tensorflow-recommenders-addons",
+                 "SimpleML": "tensorflow-decision-forests"}
 
 
 def op_namespace_package(op: str) -> str | None:

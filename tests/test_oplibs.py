@@ -120,8 +120,10 @@ def test_nodedefs_the_loader_rejects_are_refused():
 
 
 def test_cyclic_function_calls_are_refused():
-    call = lambda name, f: (name, "PartitionedCall", ["x"], {"f": ("func", f), "Tin": ("list_type", [DT_FLOAT]),  # noqa: E731
-                                                             "Tout": ("list_type", [DT_FLOAT])}, "")
+    def call(name, f):
+        types = {"Tin": ("list_type", [DT_FLOAT]), "Tout": ("list_type", [DT_FLOAT])}
+        return (name, "PartitionedCall", ["x"], {"f": ("func", f), **types}, "")
+
     mg = meta_graph([placeholder(), call("out", "a")], functions=[("a", [call("c", "b")]), ("b", [call("c", "a")])])
     result = findings_of(mg)
     [cycle] = [f for f in result.findings if f.code == "function-cycle"]

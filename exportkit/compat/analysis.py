@@ -20,8 +20,9 @@ editing saved_model.pb files and loading them:
 * devices: TF Serving's session config sets no soft placement (server.cc / the bundle factory never set
   allow_soft_placement; ConfigProto's default is false), and the session places the whole top-level graph when
   the loader first runs it (the restore op), so a node pinned to /device:GPU:N anywhere in it makes a CPU server
-  refuse the model. Inside a tf.function the pin is soft (measured: the call op's config_proto allows it). On a GPU server, an op without a GPU kernel runs on the CPU: a warning, unless the op lives
-  on the host by design (strings, I/O, tables, datasets, resource handles).
+  refuse the model. Inside a tf.function the pin is soft (measured: the call op's config_proto allows it).
+  On a GPU server, an op without a GPU kernel runs on the CPU: a warning, unless the op lives on the host by
+  design (strings, I/O, tables, datasets, resource handles).
 
 The nodes are grouped by what the checks look at (op, attrs, input count, device, path), so a graph of a
 million nodes costs one pass to group and then one check per distinct group and version.
@@ -203,7 +204,8 @@ def function_cycles(meta_graph) -> list[list[str]]:
     """Functions of the library that call themselves, directly or through others: one list per cycle found
     (the path that closes it), by a depth-first walk over the call graph (call ops and func-valued attrs)."""
     library = {f.signature.name: f for f in meta_graph.graph_def.library.function}
-    callees = {name: sorted(set(c for node in f.node_def for c in _calls(node, library))) for name, f in library.items()}
+    callees = {name: sorted({c for node in f.node_def for c in _calls(node, library)})
+               for name, f in library.items()}
     state: dict[str, int] = {}  # 1 on the current path, 2 done
     cycles = []
     for start in sorted(library):

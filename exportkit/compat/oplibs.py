@@ -24,9 +24,10 @@ REGISTRIES = Path(__file__).resolve().with_name("registries")
 # Where each stock library's shared objects are in the packages that ship them (package, glob): loaded with
 # tf.load_op_library, as linking them into the server does, without their Python (tools/build_registries.py
 # builds the registries from the same files).
-SHARED_OBJECTS = {"tensorflow-text": [("tensorflow_text", "python/ops/_*.so")],
-                  "tensorflow-decision-forests": [("ydf_tf", "inference.so"),
-                                                  ("tensorflow_decision_forests", "tensorflow/ops/inference/inference.so")]}
+SHARED_OBJECTS = {
+    "tensorflow-text": [("tensorflow_text", "python/ops/_*.so")],
+    "tensorflow-decision-forests": [("ydf_tf", "inference.so"),
+                                    ("tensorflow_decision_forests", "tensorflow/ops/inference/inference.so")]}
 # What a TensorFlow X.Y environment installs for them (pip --no-deps, next to tensorflow-cpu): the release
 # TF Serving X.Y pins where it was built for TF X.Y, else the release built for X.Y (TF-DF's release notes pair
 # each with one TF; ydf-tf follows TF's numbers from 2.18); None: no wheel for X.Y (tensorflow-text 2.13).

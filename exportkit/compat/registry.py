@@ -41,7 +41,7 @@ class Registry:
 
     @property
     def server(self) -> str:
-        """What this registry stands for, e.g. "TF 2.12.1 + tensorflow-text 2.12.1 + tensorflow-decision-forests 1.3.0"."""
+        """What this registry stands for: "TF 2.12.1 + tensorflow-decision-forests 1.3.0 + tensorflow-text 2.12.1"."""
         return " + ".join((f"TF {self.release}",) + self.linked)
 
     def provider(self, op: str) -> str | None:

@@ -76,7 +76,8 @@ def load_op_libraries(path):
     stock server links them, and the user's --op-library entries."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("exportkit_oplibs", os.path.join(os.path.dirname(__file__), "oplibs.py"))
+    where = os.path.join(os.path.dirname(__file__), "oplibs.py")
+    spec = importlib.util.spec_from_file_location("exportkit_oplibs", where)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.load_server_op_libraries(path)
