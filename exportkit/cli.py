@@ -71,6 +71,42 @@ ALLOW_INCOMPLETE = typer.Option(False, "--allow-incomplete-config",
                                 help="Custom objects whose get_config() misses __init__ arguments are warnings, not errors.")
 HTML = typer.Option(None, "--html", metavar="FILE", help="Also write a self-contained HTML report here (needs exportkit[report]).")
 SUMMARY = typer.Option(None, "--summary", metavar="FILE", help="Also write the verdict as GitHub-flavoured Markdown here.")
+OP_LIBRARY = typer.Option(None, "--op-library", metavar="PATH.so|MODULE",
+                          help="Op library loaded into every TensorFlow worker (repeatable; also op_libraries in "
+                               "./exportkit.toml). The verdict still says stock TF Serving lacks its ops.")
+
+
+def _with_op_libraries(go, libraries):
+    """`go` with --op-library (and exportkit.toml's op_libraries) passed to the workers it starts."""
+
+    def wrapped():
+        from exportkit.compat.oplibs import OpLibraryError, op_libraries_env
+        from exportkit.errors import UsageError
+
+        try:
+            with op_libraries_env(libraries):
+                return go()
+        except OpLibraryError as err:  # exportkit.toml's op_libraries is not a list of strings
+            raise UsageError(err.message, err.fix) from err
+
+    return wrapped
+
+
+def _pop_op_libraries(argv: list[str]) -> list[str]:
+    """`serve`'s --op-library values, taken out of the TF Serving flags (which have no such flag)."""
+    libraries, rest = [], []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--op-library":
+            libraries.append(next(args, ""))
+        elif arg.startswith("--op-library="):
+            libraries.append(arg.partition("=")[2])
+        else:
+            rest.append(arg)
+    argv[:] = rest
+    return libraries
+
+
 INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tokens:-1,16:int32 (repeatable override).")
 
 
@@ -211,6 +247,7 @@ def verify(
     runner: str = typer.Option("in-process", "--runner", help="--data: in-process | beam (Apache Beam, needs exportkit[beam])."),
     beam_option: Optional[List[str]] = typer.Option(None, "--beam-option", help="--runner beam: KEY=VALUE pipeline option (repeatable)."),
     tf_versions: Optional[List[str]] = typer.Option(None, "--tf", help="Also run the session runtime on TensorFlow X.Y (2.12-2.21; a list, a range or all; repeatable), in a managed environment."),
+    op_library: Optional[List[str]] = OP_LIBRARY,
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
@@ -232,7 +269,7 @@ def verify(
             junit=junit, html=html, summary=summary, data=data, limit=limit, batch_size=batch_size, sample=sample,
             save_failures=save_failures, runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or []))
 
-    _run(go, debug)
+    _run(_with_op_libraries(go, op_library), debug)
 
 
 @app.command()
@@ -261,15 +298,17 @@ def inspect(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
 def serve(ctx: typer.Context):
     """Serve SavedModels over TF Serving's gRPC and REST APIs on 127.0.0.1: `serve PATH [--port N] [--rest-port N]
-    [--model-name M] [--device cpu|gpu]`, or tensorflow_model_server's flags (`exportkit serve --help` lists them)."""
+    [--model-name M] [--device cpu|gpu] [--op-library LIB]`, or tensorflow_model_server's flags (`exportkit serve
+    --help` lists them)."""
     argv = list(ctx.args)
+    op_libraries = _pop_op_libraries(argv)
 
     def go():
         from exportkit.serving.model_server import serve_main
 
         return serve_main(argv)
 
-    _run(go, "--debug" in argv)
+    _run(_with_op_libraries(go, op_libraries), "--debug" in argv)
 
 
 @app.command()
@@ -293,6 +332,9 @@ def compat(
     container_cli: str = CONTAINER_CLI,
     pull: bool = PULL,
     load_timeout: float = typer.Option(120.0, "--load-timeout", help="--serving: seconds to wait for AVAILABLE."),
+    server: str = typer.Option("stock", "--server", help="stock: TF X.Y plus the TF Text and TF-DF ops the stock "
+                               "tensorflow_model_server links | tf-only: TF X.Y alone (a custom build without them)."),
+    op_library: Optional[List[str]] = OP_LIBRARY,
     debug: bool = DEBUG,
 ):
     """Will it load, run and agree on TF Serving 2.12 ... 2.21? Predicted statically; observed with --run, and on
@@ -305,9 +347,10 @@ def compat(
         return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
                               samples=samples, seed=seed, int_range=int_range, atol=atol, rtol=rtol, tol=tol,
                               json_out=json_out, html=html, summary=summary, serving=serving,
-                              load_timeout=load_timeout, launch=LaunchOptions(container_cli=container_cli, pull=pull))
+                              load_timeout=load_timeout, launch=LaunchOptions(container_cli=container_cli, pull=pull),
+                              server=server)
 
-    _run(go, debug)
+    _run(_with_op_libraries(go, op_library), debug)
 
 
 runtimes_app = typer.Typer(no_args_is_help=True, help="Managed TensorFlow X.Y environments used by compat --run and verify --tf.")

@@ -105,9 +105,16 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     meta_graph = select_meta_graph(proto)
     assets = sorted(a for d in ASSET_DIRS if (directory / d).is_dir() for a in _files_under(directory / d, directory))
     manifest, manifest_findings = read_manifest(directory)
-    findings = (lint_saved_model(proto, signature_name, check_registry=check_registry) + asset_findings(directory)
-                + manifest_findings + missing_tensor_findings(meta_graph) + serving_api_findings(meta_graph))
-    from exportkit.compat.analysis import oldest_accepted
+    from exportkit.compat.analysis import forecast
+    from exportkit.compat.registry import installed
+    from exportkit.tfenv import tensorflow_version
+
+    server_registry = installed(tensorflow_version()) if check_registry else None
+    findings = (lint_saved_model(proto, signature_name, check_registry=check_registry, server_registry=server_registry)
+                + asset_findings(directory) + manifest_findings + missing_tensor_findings(meta_graph)
+                + serving_api_findings(meta_graph))
+    oldest, blocking = forecast(meta_graph)
+    findings += blocking
     return SavedModelInfo(
         path=os.path.abspath(directory),
         tags=list(meta_graph.meta_info_def.tags),
@@ -119,7 +126,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
         variables=_variables_summary(directory),
         manifest=manifest,
         findings=findings,
-        oldest_tf_serving=oldest_accepted(meta_graph),
+        oldest_tf_serving=oldest,
     )
 
 

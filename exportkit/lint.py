@@ -73,6 +73,18 @@ AUTO_KEY = re.compile(r"(keras_tensor|args)_\d+")
 # Keys Keras/exportkit give the items of a list or tuple the model returns: stable, but only positional.
 POSITIONAL_OUTPUT_KEY = re.compile(r"output_\d+")
 
+# Op libraries known by the namespace their ops are registered under (REGISTER_OP("Addons>ParseTime") ...).
+# TF Text's and TF-DF's full op lists ship with the registries (exportkit.compat.registry.provider).
+OP_NAMESPACES = {"TFText>": "tensorflow-text", "Addons>": "tensorflow-addons", "IO>": "tensorflow-io",
+                 "Scann>": "scann", "TFRA>": "tensorflow-recommenders-addons",
+                 "SimpleML": "tensorflow-decision-forests"}
+
+
+def op_namespace_package(op: str) -> str | None:
+    """The pip package whose op namespace `op` is in ("Addons>ParseTime" -> "tensorflow-addons"), else None."""
+    return next((package for prefix, package in OP_NAMESPACES.items() if op.startswith(prefix)), None)
+
+
 OP_CACHE_ENV = "EXPORTKIT_CACHE_DIR"
 _REGISTRY_TIMEOUT_S = 300
 
@@ -111,6 +123,8 @@ def _tensor_node(name: str) -> str:
 
 def _called_functions(node, library: set[str]) -> Iterator[str]:
     """Library functions a node calls: as its op, or through function-valued attrs (f, then_branch, body, ...)."""
+    if not library:
+        return  # a TF1 graph without functions: nothing to look for in its (many) attrs
     if node.op in library:
         yield node.op
     for value in node.attr.values():
@@ -324,7 +338,8 @@ def function_label(function: str | None) -> str:
     return f"function '{function}'" if function else "the top-level graph"
 
 
-def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]:
+def _op_findings(meta_graph, prefix: str, check_registry: bool, server_registry=None,
+                 op_libraries: tuple[str, ...] = ()) -> list[Finding]:
     findings: list[Finding] = []
     reached = io_op_nodes(meta_graph)
     io_finding = io_op_finding(reached, prefix)
@@ -352,20 +367,37 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool) -> list[Finding]
             f"file system or prints on the server (no signature reaches it now)"))
 
     if check_registry:
+        # This TensorFlow's own registry (a cached subprocess) and, where exportkit ships it, the registry of the
+        # stock TF Serving of this version, which adds the TF Text and TF-DF ops tensorflow_model_server links.
         registry = registered_ops()
-        if registry is None:
+        if registry is None and server_registry is None:
             findings.append(Finding(
                 "warning", "op-registry-unavailable",
                 f"{prefix}could not list the ops registered in this TensorFlow, so unregistered ops were not "
                 f"checked: make sure `python -c 'import tensorflow'` works"))
-        else:
-            version = tensorflow_version() or "(installed)"
-            for op, places in unregistered_ops(meta_graph, registry).items():
-                findings.append(Finding(
-                    "error", "unknown-op",
-                    f"{prefix}op '{op}' (in {few(places)}) is not registered in TensorFlow {version}: "
-                    f"TF Serving fails to load the model unless the op's kernel library is linked into the server"))
+            return findings
+        known = set(registry or ()) | set(server_registry.names() if server_registry is not None else ())
+        server = (f"the stock TF Serving {server_registry.version} ({server_registry.server})"
+                  if server_registry is not None else f"TensorFlow {tensorflow_version()}")
+        for op, places in unregistered_ops(meta_graph, known).items():
+            package = server_registry.provider(op) if server_registry is not None else op_namespace_package(op)
+            message = f"{prefix}op '{op}' (in {few(places)}) " + unknown_op_advice(op, server, package)
+            if op_libraries:  # the runtimes load them: if none registers the op, the model fails to load there
+                findings.append(Finding("warning", "unknown-op", f"{message}. The runtimes load --op-library "
+                                        f"{', '.join(op_libraries)} for it; a stock server would refuse the model"))
+            else:
+                findings.append(Finding("error", "unknown-op", message))
     return findings
+
+
+def unknown_op_advice(op: str, server: str, package: str | None) -> str:
+    """The rest of an unknown-op finding: which server lacks the op, which library has it, what to do."""
+    origin = f"; it comes from {package}" if package else ""
+    what = f"its library ({package.split()[0]})" if package else "the op's kernel library"
+    return (f"is not registered in {server}{origin}: the stock TF Serving fails to load the model. Fix: serve it "
+            f"from a tensorflow_model_server built with {what} linked in (SUPPORTED_TENSORFLOW_OPS in "
+            f"model_servers/BUILD; verify and serve can run it with --op-library), or replace the op with stock "
+            f"TensorFlow ops")
 
 
 def unregistered_ops(meta_graph, known) -> dict[str, list[str]]:
@@ -486,8 +518,12 @@ def checkpoint_findings(directory: str | Path) -> list[Finding]:
 
 
 def lint_meta_graph(meta_graph, signature_name: str | None = None, prefix: str = "",
-                    check_registry: bool = True) -> list[Finding]:
-    """Findings for one MetaGraph. With `signature_name`, signature checks cover that signature only."""
+                    check_registry: bool = True, server_registry=None,
+                    op_libraries: tuple[str, ...] = ()) -> list[Finding]:
+    """Findings for one MetaGraph. With `signature_name`, signature checks cover that signature only.
+    `server_registry` (exportkit.compat.registry.Registry: `names()`, `provider(op)`, `server`) is the op
+    registry of the TF Serving the ops are checked against; None: this TensorFlow's own registry.
+    `op_libraries` (--op-library) make unknown ops warnings: the runtimes load them and show whether they run."""
     findings: list[Finding] = []
     available = signature_names(meta_graph)
     if signature_name is not None and signature_name not in available:
@@ -508,12 +544,13 @@ def lint_meta_graph(meta_graph, signature_name: str | None = None, prefix: str =
                                     f"{prefix}no '{DEFAULT_SIGNATURE}' signature (available: {', '.join(available)}): "
                                     f"requests must name a signature"))
     findings.extend(_signature_findings(meta_graph, prefix, names))
-    findings.extend(_op_findings(meta_graph, prefix, check_registry))
+    findings.extend(_op_findings(meta_graph, prefix, check_registry, server_registry, op_libraries))
     return findings
 
 
 def lint_saved_model(saved_model_proto, signature_name: str | None = None, *,
-                     check_registry: bool = True) -> list[Finding]:
+                     check_registry: bool = True, server_registry=None,
+                     op_libraries: tuple[str, ...] = ()) -> list[Finding]:
     """All findings for a parsed SavedModel, errors first (stable order within a severity).
 
     Checks the MetaGraph TF Serving loads (tag `serve`; the first one if none has it). `signature_name`
@@ -530,6 +567,7 @@ def lint_saved_model(saved_model_proto, signature_name: str | None = None, *,
         findings.append(Finding("error", "no-serve-tag",
                                 f"no MetaGraph is tagged '{SERVE_TAG}' (tag sets: {', '.join(tags)}): TF Serving "
                                 f"loads '{SERVE_TAG}' by default; export with tags=['serve']"))
-    findings.extend(lint_meta_graph(meta_graph, signature_name, check_registry=check_registry))
+    findings.extend(lint_meta_graph(meta_graph, signature_name, check_registry=check_registry,
+                                    server_registry=server_registry, op_libraries=op_libraries))
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(findings, key=lambda f: order.get(f.severity, 3))

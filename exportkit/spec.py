@@ -233,6 +233,7 @@ _TOML_KEYS = {
     "format", "builder", "builder_args", "model_config", "custom_objects", "python_path", "policy", "unsafe",
     "assets", "signature_name", "input_specs", "keep_output_dtype", "version", "int_range",
     "allow_incomplete_config", "reference", "signatures", "feature_spec", "output", "name", "output_names",
+    "op_libraries",  # read by verify/serve/compat (exportkit.compat.oplibs.op_libraries_env)
 }
 _PATH_LISTS = ("python_path", "assets")
 

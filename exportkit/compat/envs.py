@@ -1,6 +1,7 @@
 """Managed TensorFlow X.Y environments for the observed runs: `<cache>/tf/X.Y`, one venv per minor version.
 
-Each holds `tensorflow-cpu==X.Y.*` (the C++ core TF Serving X.Y is built on) and whatever numpy pip picks for
+Each holds `tensorflow-cpu==X.Y.*` (the C++ core TF Serving X.Y is built on), the op libraries the stock
+server links (TF Text, TF-DF: `oplibs.env_requirements`, without their dependencies) and whatever numpy pip picks for
 it (TF 2.12 needs numpy < 2); exportkit itself is not installed there: the worker is the standalone script
 `exportkit/compat/worker.py`. The version of the TensorFlow this Python imports needs no environment.
 An environment is built in a hidden sibling directory and renamed into place once `import tensorflow` works
@@ -191,7 +192,15 @@ def install(version: str, force: bool = False) -> EnvInfo:
         python = str(_python(building))
         spec = f"tensorflow-cpu=={version}.*"
         _progress(f"pip install {spec}")
-        _pip(python, [spec], version)
+        constraints = building / "constraints.txt"
+        constraints.write_text(PIP_CONSTRAINTS)
+        _pip(python, ["-c", str(constraints), spec], version)
+        from exportkit.compat.oplibs import env_requirements
+
+        libraries = env_requirements(version)  # the op libraries the stock server links (TF Text, TF-DF)
+        if libraries:
+            _progress(f"pip install --no-deps {' '.join(libraries)}")
+            _pip(python, ["--no-deps", *libraries], version)
         meta = _probe(python)
         if isinstance(meta, str):
             raise InfraError(f"TensorFlow {version} does not import in its new environment: {meta}",
@@ -282,6 +291,11 @@ def _run_child(command: list[str], what: str) -> None:
     if proc.returncode != 0:
         raise InfraError(f"{what} failed (exit {proc.returncode}): {(out.strip().splitlines() or [''])[-1]}",
                          "check that this Python has its venv module (Debian: apt-get install python3-venv)")
+
+
+# TF 2.12/2.13 require `jax>=0.3.15`, unbounded: pip tries every newer jax (they need a newer numpy) and its
+# jaxlib before it settles, which took 20 minutes on 2026-12-01. jax 0.4.38 is what it settled on.
+PIP_CONSTRAINTS = "jax<=0.4.38\njaxlib<=0.4.38\n"
 
 
 def _pip(python: str, requirements: list[str], version: str) -> None:

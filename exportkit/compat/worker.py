@@ -86,6 +86,18 @@ def as_feed(np, graph, name, value):
     return np.asarray(value, dtype=object if dtype.name == "string" else dtype.as_numpy_dtype)
 
 
+def load_op_libraries(path):
+    """exportkit/compat/oplibs.py (standalone too, loaded by path): TF Text / TF-DF ops the model needs, as the
+    stock server links them, and the user's --op-library entries."""
+    import importlib.util
+
+    where = os.path.join(os.path.dirname(__file__), "oplibs.py")
+    spec = importlib.util.spec_from_file_location("exportkit_oplibs", where)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.load_server_op_libraries(path)
+
+
 def main():
     channel = sys.stdout
     sys.stdout = sys.stderr  # anything TensorFlow prints goes to stderr, not into the protocol
@@ -101,6 +113,7 @@ def main():
         request = json.loads(line)
         try:
             if request["op"] == "load":
+                load_op_libraries(request["path"])
                 config = tf.compat.v1.ConfigProto()
                 if request.get("device", "cpu") == "cpu":
                     config.device_count["GPU"] = 0
@@ -133,6 +146,9 @@ def main():
                 save_batches(np, request["dir"], outputs, request["outputs"])
                 reply(channel, ok=True)
         except Exception as err:  # the model's failure: report it, stay alive for the caller to close
+            if type(err).__name__ == "OpLibraryError":  # this environment lacks a library, not the model's fault
+                reply(channel, ok=False, kind="infra", message=err.message, remedy=err.fix)
+                continue
             message = f"{type(err).__name__}: {' '.join(str(err).split())[:800]}"
             reply(channel, ok=False, kind="model", message=message, detail=traceback.format_exc()[-4000:])
     return 0

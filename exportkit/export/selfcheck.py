@@ -46,9 +46,11 @@ def static_check(path: str | Path, version: str) -> None:
                           f"TF Serving cannot run it", REFUSED + "replace them with TensorFlow ops in the model")
     unknown = lint.unregistered_ops(meta_graph, registry.names())
     if unknown:
-        listed = "; ".join(f"'{op}' (in {lint.few(places)})" for op, places in unknown.items())
-        raise CheckFailed(f"ops not registered in stock TensorFlow {registry.release}: {listed}; only a custom op "
-                          f"library (tf.load_op_library) registers them, and TF Serving does not load it",
+        origins = {op: registry.provider(op) for op in unknown}
+        listed = "; ".join(f"'{op}' (in {lint.few(places)}{f', from {origins[op]}' if origins[op] else ''})"
+                           for op, places in unknown.items())
+        raise CheckFailed(f"ops not registered in the stock TF Serving {version} ({registry.server}): {listed}; "
+                          f"only a server built with their op library linked in can load the model",
                           REFUSED + "build TF Serving with the op's kernel library linked in and export with "
                           "--no-verify, or replace the op with stock TensorFlow ops")
 

@@ -151,6 +151,9 @@ def _load(loader: str, request: dict):
     from exportkit.tfenv import import_tf
 
     tf = import_tf()
+    from exportkit.compat.oplibs import load_for_worker
+
+    load_for_worker(request["path"])  # TF Text / TF-DF ops, as the stock server links them; --op-library
     # TensorFloat-32 would make GPU float32 results differ from CPU by ~1e-3: off unless allowed.
     tf.config.experimental.enable_tensor_float_32_execution(bool(request.get("allow_tf32")))
     if loader == "saved_model":

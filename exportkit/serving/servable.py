@@ -65,7 +65,10 @@ class ServedModel:
         started = time.monotonic()
         try:
             if model is None:
+                from exportkit.compat.oplibs import load_for_worker
+
                 self._refuse_other_formats()
+                load_for_worker(self.version_dir)  # the ops the stock server links; --op-library
             self.model = model or Tf1SavedModel(self.version_dir, device=self.device, config=self.session_config)
             if self.batching is not None:
                 from exportkit.serving.batching import Batcher

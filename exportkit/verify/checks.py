@@ -23,9 +23,14 @@ from exportkit.verify.report import VerifyReport
 
 def static_findings(o: VerifyOptions, proto, version_dir):
     """(findings, the io-op findings that refuse execution): lint and assets, read from the files only."""
+    from exportkit.compat.oplibs import env_op_libraries
+    from exportkit.compat.registry import installed
     from exportkit.lint import IO_OP_REFUSAL, asset_findings, lint_saved_model
+    from exportkit.tfenv import tensorflow_version
 
-    findings = lint_saved_model(proto, o.signature_name) + asset_findings(version_dir)
+    server_registry = installed(tensorflow_version())  # the ops the stock TF Serving of this TF links
+    findings = lint_saved_model(proto, o.signature_name, server_registry=server_registry,
+                                op_libraries=env_op_libraries()) + asset_findings(version_dir)
     refused = [f for f in findings if f.code == "io-op" and f.severity == "error"]
     if refused and o.allow_io_ops:
         findings = [Finding("warning", f.code, f.message.replace(IO_OP_REFUSAL, " Executed anyway (--allow-io-ops)."))

@@ -144,10 +144,11 @@ def _spans(versions: list[str]) -> str:
 
 def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="serving_default", samples=8, seed=0,
                    int_range=None, atol=None, rtol=None, tol=None, json_out=None, html=None, summary=None,
-                   serving=None, launch=None, load_timeout=120.0) -> int:
+                   serving=None, launch=None, load_timeout=120.0, server="stock") -> int:
     """`serving`: None, or docker[:TAG] to observe each version on TF Serving's own image (`launch`: its
-    LaunchOptions)."""
+    LaunchOptions). `server`: stock (TF X.Y and the op libraries tensorflow_model_server links) or tf-only."""
     from exportkit.compat import analysis, parse_versions
+    from exportkit.compat.registry import SERVERS
     from exportkit.files import write_atomic
     from exportkit.savedmodel import select_meta_graph
     from exportkit.spec import check_tolerances
@@ -157,6 +158,9 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
     check_tolerances(atol, rtol)
     check_report_options(html, summary)
     versions = parse_versions(tf)
+    if server not in SERVERS:
+        raise UsageError(f"--server {server!r} is not one of {', '.join(SERVERS)}",
+                         "pass --server stock (what tensorflow_model_server links) or --server tf-only")
     if device not in ("cpu", "gpu"):
         raise UsageError(f"--device {device!r} is not cpu or gpu", "pass --device cpu or --device gpu")
     if run and device == "gpu":
@@ -167,7 +171,7 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
     version_dir, proto, signatures = read_model(path)
     signature = signatures.get(signature_name)
     meta_graph = select_meta_graph(proto)
-    predicted = analysis.analyze(meta_graph, versions, device)
+    predicted = analysis.analyze(meta_graph, versions, device, server)
     rows = [VersionRow(r.tf, r.predicted, findings=r.findings) for r in predicted]
     if run or serving:
         if signature is None:
