@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rest_models import MODEL, build_model, call, serve_in_process
+from rest_models import MODEL, call, serve_in_process, shared_model_base
 
 pytestmark = [pytest.mark.serving, pytest.mark.slow]
 
@@ -23,9 +23,7 @@ GOOD = json.dumps({"instances": [1.0, 2.0]}).encode()
 
 @pytest.fixture(scope="module")
 def model_base(tmp_path_factory):
-    from exportkit.tfenv import import_tf
-
-    return build_model(import_tf(), tmp_path_factory.mktemp("rest_hostile"))
+    return shared_model_base(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
