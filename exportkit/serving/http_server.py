@@ -107,7 +107,11 @@ class HttpServer:
                     else:
                         client.close()
                     continue
-                threading.Thread(target=self._serve_connection, args=(client,), daemon=True, name="rest-conn").start()
+                try:
+                    threading.Thread(target=self._serve_connection, args=(client,), daemon=True).start()
+                except RuntimeError:  # no thread to be had: this client is dropped, the accept loop goes on
+                    self._connections.release()
+                    client.close()
         finally:
             self._stopped.set()
 
