@@ -56,6 +56,18 @@ def build_model(tf, base: Path) -> Path:
     return base / MODEL
 
 
+_BUILT: dict[str, Path] = {}
+
+
+def shared_model_base(tmp_path_factory) -> Path:
+    """The model, built once per test session whichever module asks first (TensorFlow is imported then)."""
+    if "base" not in _BUILT:
+        from exportkit.tfenv import import_tf
+
+        _BUILT["base"] = build_model(import_tf(), tmp_path_factory.mktemp("rest_models"))
+    return _BUILT["base"]
+
+
 def serve_in_process(model_base: Path, **limits):
     """A ServerCore over both versions and its REST server on a free port: (server, port, versions)."""
     from exportkit.savedmodel import resolve_model_path

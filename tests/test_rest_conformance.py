@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from rest_models import MODEL, build_model, call, serve_in_process
+from rest_models import MODEL, call, serve_in_process, shared_model_base
 
 
 PATH = f"/v1/models/{MODEL}"
@@ -22,10 +22,7 @@ PATH = f"/v1/models/{MODEL}"
 
 @pytest.fixture(scope="module")
 def rest(tmp_path_factory):
-    from exportkit.tfenv import import_tf
-
-    base = build_model(import_tf(), tmp_path_factory.mktemp("rest_conformance"))
-    server, port, versions = serve_in_process(base)
+    server, port, versions = serve_in_process(shared_model_base(tmp_path_factory))
     yield port
     server.shutdown()
     server.server_close()

@@ -194,7 +194,9 @@ def test_rest_against_grpc_reports_what_json_loses(models, tmp_path):
     result, report = _verify(models["rest_types"], "--serving", "embedded", tmp_path=tmp_path)
     findings = [f for f in report["findings"] if f["code"] == "rest-json"]
     by_output = {f["message"].split("'")[1]: f["message"] for f in findings}
-    assert set(by_output) == {"big", "raw"}, findings  # float64, bool, UTF-8 strings and *_bytes survive JSON
+    # bool, UTF-8 strings and *_bytes survive JSON; float64 inputs do not quite: TF Serving's rapidjson parses
+    # numbers in normal precision (util/json_tensor.cc sets no kParseFullPrecisionFlag), a few ULP off
+    assert set(by_output) == {"big", "raw", "score"}, findings
     assert "2**53" in by_output["big"] and "raw_bytes" in by_output["raw"]
     rest = {o["key"]: o["passed"] for o in _runtime(report, "rest")["outputs"]}
     assert rest == {"big": True, "echo": True, "positive": True, "raw": False, "raw_bytes": True, "score": True}

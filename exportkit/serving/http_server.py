@@ -4,6 +4,7 @@ slow or hostile clients and hands each one to the REST handler.
 - h11 (the HTTP/1.1 state machine httpcore and uvicorn use) parses: a Content-Length that is not a plain number (-5,
   abc, 1e13), or one next to Transfer-Encoding, is an error, never the start of a second request; chunked bodies
   are read; the header block is bounded.
+- Bodies sent with `Content-Encoding: gzip` are uncompressed (TF Serving's default), bounded like any body.
 - One thread per connection with a deadline for the headers and an idle timeout for the body: a stalled client
   costs a sleeping thread until then and never blocks another; the number of connections is bounded too.
 - Answers go out with MSG_NOSIGNAL: a client that left gets no SIGPIPE sent to the server (the CLI restores
@@ -16,6 +17,7 @@ import logging
 import socket
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,7 +107,11 @@ class HttpServer:
                     else:
                         client.close()
                     continue
-                threading.Thread(target=self._serve_connection, args=(client,), daemon=True, name="rest-conn").start()
+                try:
+                    threading.Thread(target=self._serve_connection, args=(client,), daemon=True).start()
+                except RuntimeError:  # no thread to be had: this client is dropped, the accept loop goes on
+                    self._connections.release()
+                    client.close()
         finally:
             self._stopped.set()
 
@@ -190,8 +196,21 @@ class HttpServer:
             if size > self.limits.max_body_bytes:
                 raise _Refused(413, f"Request body is larger than the limit of {self.limits.max_body_bytes} bytes")
             chunks.append(event.data)
-        return Request(head.method.decode("ascii", "replace"), head.target.decode("ascii", "replace"), headers,
-                       b"".join(chunks))
+        body = b"".join(chunks)
+        if "gzip" in headers.get("content-encoding", "").lower():  # net_http's auto_uncompress_input, on by default
+            body = self._gunzip(body)
+        return Request(head.method.decode("ascii", "replace"), head.target.decode("ascii", "replace"), headers, body)
+
+    def _gunzip(self, data: bytes) -> bytes:
+        most = self.limits.max_body_bytes  # also what a small gzip body may grow to
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out = inflater.decompress(data, most + 1)
+        except zlib.error as err:
+            raise _Refused(400, f"Failed to uncompress the gzipped body: {err}") from None
+        if len(out) > most:
+            raise _Refused(413, f"Request body uncompresses to more than the limit of {most} bytes")
+        return out
 
     def _next_event(self, client: socket.socket, conn: h11.Connection, deadline: float | None, part: str):
         while True:

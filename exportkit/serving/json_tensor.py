@@ -366,8 +366,8 @@ _SPACES = (" ", "\t", "\n", "\r")  # not "": the end of the text
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _OPEN_ARRAYS = re.compile(r"\[(?:[ \t\n\r]*\[)*")
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
-_LITERALS = {"true": True, "false": False, "null": None, "NaN": math.nan, "Infinity": math.inf,
-             "-Infinity": -math.inf}
+_LITERALS = {"true": True, "false": False, "null": None, "NaN": math.nan, "-NaN": math.nan,  # kParseNanAndInfFlag
+             "Infinity": math.inf, "-Infinity": -math.inf, "Inf": math.inf, "-Inf": -math.inf}  # longest first
 
 
 def _parse_iteratively(text: str):

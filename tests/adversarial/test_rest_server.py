@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rest_models import MODEL, build_model, call, serve_in_process
+from rest_models import MODEL, call, serve_in_process, shared_model_base
 
 pytestmark = [pytest.mark.serving, pytest.mark.slow]
 
@@ -23,9 +23,7 @@ GOOD = json.dumps({"instances": [1.0, 2.0]}).encode()
 
 @pytest.fixture(scope="module")
 def model_base(tmp_path_factory):
-    from exportkit.tfenv import import_tf
-
-    return build_model(import_tf(), tmp_path_factory.mktemp("rest_hostile"))
+    return shared_model_base(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +98,24 @@ def _reset(sock: socket.socket) -> None:
 
 
 def test_clients_that_leave_before_the_answer_do_not_kill_the_server(served):
+    """Clients that close right after the request (the server's second write after the close meets EPIPE, which
+    was SIGPIPE and exit -13), and clients that reset once a ~1 MB answer has begun."""
+    import select
+
     proc, port, log = served
-    big = json.dumps({"instances": [[float(i)] * 512 for i in range(256)]}).encode()  # a ~1 MB answer
-    for body in (GOOD, big) * 10:
-        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    big = json.dumps({"instances": [[float(i)] * 512 for i in range(256)]}).encode()
+    for body, wait in [(GOOD, False)] * 6 + [(big, True)] * 4:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (PREDICT.encode(), len(body), body))
-        _reset(sock)
-    time.sleep(0.5)
+        if wait:
+            assert select.select([sock], [], [], 60)[0], "no answer began within 60 s"
+            time.sleep(0.2)  # the server is blocked in a write of the rest
+            _reset(sock)
+        else:
+            sock.close()
+        assert proc.poll() is None, _log(log)
+    time.sleep(1)
     _still_serving(port, proc, log)
 
 
@@ -156,6 +165,21 @@ def test_chunked_body_is_read(served):
     raw = _raw(port, f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
                .encode() + chunks)
     assert _answers(raw) == [(200, {"predictions": [3.5, 4.0]})], raw
+
+
+def test_gzip_bodies_are_uncompressed_and_bounded(served, limited):
+    import gzip
+
+    proc, port, log = served
+    status, _, body = call(port, "POST", PREDICT, body=gzip.compress(GOOD), headers={"Content-Encoding": "gzip"})
+    assert status == 200 and json.loads(body) == {"predictions": [3.5, 4.0]}
+    status, _, body = call(port, "POST", PREDICT, body=b"not gzip", headers={"Content-Encoding": "gzip"})
+    assert status == 400 and "Failed to uncompress the gzipped body" in json.loads(body)["error"]
+    bomb = gzip.compress(b" " * 3_000_000 + b"{}")  # 3 MB in 3 KB: under the 4 KiB limit until uncompressed
+    assert len(bomb) < 4096
+    status, _, body = call(limited, "POST", PREDICT, body=bomb, headers={"Content-Encoding": "gzip"})
+    assert status == 413 and "uncompresses to more than" in json.loads(body)["error"]
+    _still_serving(port, proc, log)
 
 
 @pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH", "OPTIONS"])
