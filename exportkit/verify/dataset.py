@@ -18,7 +18,7 @@ from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.layout import signature_entries
 from exportkit.spec import VerifyOptions
 from exportkit.verify.checks import serving_checks
-from exportkit.verify.compare import OutputComparison, _value_reasons
+from exportkit.verify.compare import OutputComparison, value_reasons
 from exportkit.verify.execute import started
 from exportkit.verify.output import finish
 from exportkit.verify.plan import Model, Plan, SignatureCheck, plan_runtimes, tolerances_for
@@ -281,7 +281,7 @@ def to_comparison(st: OutputStats, source: DataSource) -> OutputComparison:
         reasons = list(st.structural)
         if st.expected_dtype != st.actual_dtype:
             reasons.append(f"dtype {st.actual_dtype} != {st.expected_dtype}")
-        reasons += _value_reasons(st.elements, st.mismatched, st.nonfinite, st.exact)
+        reasons += value_reasons(st.elements, st.mismatched, st.nonfinite, st.exact)
         if st.failing_records:
             reasons.append(f"{st.failing_records} of {st.records} records fail")
         c.reason = "; ".join(reasons)
