@@ -147,7 +147,7 @@ def _stream(o, source, signature, runtimes_, feed, example_key, tolerances, vers
         ordered = [results[item.label] for item in runtimes_]
         report.runtimes = ordered
         serving_checks(runtimes_, {o.signature_name: signature}, [o.signature_name], version_dir,
-                        {o.signature_name: ordered}, report)
+                       {o.signature_name: ordered}, report)
         completed = True
     finally:
         if writer:
