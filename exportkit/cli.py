@@ -108,6 +108,12 @@ def _pop_op_libraries(argv: list[str]) -> list[str]:
 
 
 INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tokens:-1,16:int32 (repeatable override).")
+# verify and compat: generated inputs and tolerances
+SEED = typer.Option(0, "--seed", help="Seed for generated inputs.")
+GENERATED_INT_RANGE = typer.Option(None, "--int-range", help="LO:HI for generated integer inputs (default: the export's, else 0:10).")
+ATOL = typer.Option(None, "--atol", help="Absolute tolerance for every output.")
+RTOL = typer.Option(None, "--rtol", help="Relative tolerance for every output.")
+TOL = typer.Option(None, "--tol", help="KEY=ATOL,RTOL for one output (repeatable).")
 
 
 class SourceFlags(NamedTuple):
@@ -210,13 +216,13 @@ def verify(
     reference: Optional[str] = typer.Option(None, "--reference", help="Training-time reference (.npz from "
                                             "exportkit.record_reference); default: the one recorded at export."),
     samples: int = typer.Option(8, "--samples", help="Batch size of the generated input batch (batch 1 is always added)."),
-    seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
-    int_range: Optional[str] = typer.Option(None, "--int-range", help="LO:HI for generated integer inputs (default: the export's, else 0:10)."),
+    seed: int = SEED,
+    int_range: Optional[str] = GENERATED_INT_RANGE,
     save_inputs: Optional[str] = typer.Option(None, "--save-inputs", help="Write the inputs used, to reproduce a failure."),
     save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="Write every runtime's outputs."),
-    atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance for every output."),
-    rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance for every output."),
-    tol: Optional[List[str]] = typer.Option(None, "--tol", help="KEY=ATOL,RTOL for one output (repeatable)."),
+    atol: Optional[float] = ATOL,
+    rtol: Optional[float] = RTOL,
+    tol: Optional[List[str]] = TOL,
     runtimes: Optional[str] = typer.Option(None, "--runtimes", help="Comma-separated subset of golden,keras,saved_model,session,serving,rest."),
     serving: str = typer.Option("auto", "--serving", help="auto | binary | embedded | docker[:TAG] | none | HOST:PORT "
                                 "(docker: TF Serving's official image, e.g. docker:2.14.1, docker:2.14.1-gpu)."),
@@ -319,11 +325,11 @@ def compat(
     run: bool = typer.Option(False, "--run", help="Also load and run it in TensorFlow X.Y's TF1 loader (managed environments, CPU)."),
     signature_name: str = typer.Option("serving_default", "--signature-name", help="Signature to run with --run."),
     samples: int = typer.Option(8, "--samples", help="Batch size of the generated batch for --run."),
-    seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
-    int_range: Optional[str] = typer.Option(None, "--int-range", help="LO:HI for generated integer inputs (default: the export's, else 0:10)."),
-    atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance for every output."),
-    rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance for every output."),
-    tol: Optional[List[str]] = typer.Option(None, "--tol", help="KEY=ATOL,RTOL for one output (repeatable)."),
+    seed: int = SEED,
+    int_range: Optional[str] = GENERATED_INT_RANGE,
+    atol: Optional[float] = ATOL,
+    rtol: Optional[float] = RTOL,
+    tol: Optional[List[str]] = TOL,
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON matrix here ('-' for stdout)."),
     html: Optional[str] = HTML,
     summary: Optional[str] = SUMMARY,

@@ -350,7 +350,8 @@ def _merge_summaries(res: OutputComparison, items: list[tuple[int, OutputCompari
 # --------------------------------------------------------------------------------------------- compare
 
 
-def _value_reasons(elements: int, mismatched: int, nonfinite: int, exact: bool) -> list[str]:
+def value_reasons(elements: int, mismatched: int, nonfinite: int, exact: bool) -> list[str]:
+    """Why values differ, from the counts (shared with verify --data's streaming statistics)."""
     parts = []
     if nonfinite:
         parts.append(f"NaN/Inf mismatch in {nonfinite} of {elements} elements")
@@ -423,7 +424,7 @@ def _compare_exact(res: OutputComparison, e: np.ndarray, a: np.ndarray, cat: str
         res.worst_excess = math.inf
     else:
         res.worst_excess = 0.0 if n else None
-    reasons = reasons + _value_reasons(n, m, 0, exact=True)
+    reasons = reasons + value_reasons(n, m, 0, exact=True)
     res.passed = not reasons
     res.reason = "; ".join(reasons) or None
     return res
@@ -486,7 +487,7 @@ def _compare_numeric(res: OutputComparison, e: np.ndarray, a: np.ndarray, ce: st
         res.worst_expected = scalar_value(e, idx, ce)
         res.worst_actual = scalar_value(a, idx, ca)
 
-    reasons = reasons + _value_reasons(n, m, nf, exact=False)
+    reasons = reasons + value_reasons(n, m, nf, exact=False)
     res.passed = not reasons
     res.reason = "; ".join(reasons) or None
     return res
@@ -593,7 +594,7 @@ def merge_comparisons(per_batch: list[OutputComparison], batch_numbers: list[int
     reasons = []
     if res.expected_dtype != res.actual_dtype:
         reasons.append(f"dtype {res.actual_dtype} != {res.expected_dtype}")
-    reasons += _value_reasons(res.elements or 0, res.mismatched or 0, res.nonfinite_mismatched or 0, res.exact)
+    reasons += value_reasons(res.elements or 0, res.mismatched or 0, res.nonfinite_mismatched or 0, res.exact)
     res.reason = "; ".join(reasons) or next(c.reason for c in per_batch if c.reason)
     return res
 

@@ -18,7 +18,7 @@ from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.layout import signature_entries
 from exportkit.spec import VerifyOptions
 from exportkit.verify.checks import serving_checks
-from exportkit.verify.compare import OutputComparison, _value_reasons, histogram_summary
+from exportkit.verify.compare import OutputComparison, histogram_summary, value_reasons
 from exportkit.verify.execute import started
 from exportkit.verify.output import finish
 from exportkit.verify.plan import Model, Plan, SignatureCheck, plan_runtimes, tolerances_for
@@ -147,7 +147,7 @@ def _stream(o, source, signature, runtimes_, feed, example_key, tolerances, vers
         ordered = [results[item.label] for item in runtimes_]
         report.runtimes = ordered
         serving_checks(runtimes_, {o.signature_name: signature}, [o.signature_name], version_dir,
-                        {o.signature_name: ordered}, report)
+                       {o.signature_name: ordered}, report)
         completed = True
     finally:
         if writer:
@@ -282,7 +282,7 @@ def to_comparison(st: OutputStats, source: DataSource) -> OutputComparison:
         reasons = list(st.structural)
         if st.expected_dtype != st.actual_dtype:
             reasons.append(f"dtype {st.actual_dtype} != {st.expected_dtype}")
-        reasons += _value_reasons(st.elements, st.mismatched, st.nonfinite, st.exact)
+        reasons += value_reasons(st.elements, st.mismatched, st.nonfinite, st.exact)
         if st.failing_records:
             reasons.append(f"{st.failing_records} of {st.records} records fail")
         c.reason = "; ".join(reasons)
