@@ -362,7 +362,7 @@ def make_example(spec: ExampleSpec, rng: np.random.Generator, int_range: tuple[i
             feature.float_list.value.extend(rng.standard_normal(n).astype(np.float32).tolist())
         else:
             feature.int64_list.value.extend(rng.integers(int_range[0], int_range[1], size=n).tolist())
-    return example.SerializeToString()
+    return example.SerializeToString(deterministic=True)
 
 
 def generate_examples(spec: ExampleSpec, shape: tuple[int, ...], rng: np.random.Generator,

@@ -158,7 +158,7 @@ def encode_examples(batch: dict[str, np.ndarray], features: list[ExampleFeature]
                 target.extend(values.astype(np.float32).tolist())
             else:
                 target.extend(values.astype(np.int64).tolist())
-        out[i] = example.SerializeToString()
+        out[i] = example.SerializeToString(deterministic=True)  # map order: the same bytes in every process
     return out
 
 

@@ -94,10 +94,10 @@ def _run_in_process(o, source, version_dir, specs, signature, names, devices, ex
     check = SignatureCheck(o.signature_name, signature.get("method") or "", specs, output_dtypes, {})
     plan = Plan(version_dir, devices, [check], plan_runtimes(names, devices), [], signatures={check.name: signature})
     with started(o, plan) as runtimes_:
-        return _stream(o, source, signature, runtimes_, feed, example_key, tolerances, version_dir, report)
+        return _stream(o, source, signature, runtimes_, feed, writer, example_key, tolerances, version_dir, report)
 
 
-def _stream(o, source, signature, runtimes_, feed, example_key, tolerances, version_dir, report):
+def _stream(o, source, signature, runtimes_, feed, writer, example_key, tolerances, version_dir, report):
     """Batch after batch through every live runtime, compared with the first (the reference) into the statistics."""
     parsing = []  # runtimes that parse the records themselves (keras on a signature over tf.Example)
     for item in runtimes_:
