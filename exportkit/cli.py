@@ -96,7 +96,7 @@ def export(
     feature_spec: Optional[str] = typer.Option(None, "--feature-spec", help="JSON overriding the tf.Example features derived from the model's inputs."),
     output_names: Optional[str] = typer.Option(None, "--output-names", help="Comma-separated keys for the outputs of a model returning a list or tuple, in order."),
     input_spec: Optional[List[str]] = INPUT_SPEC,
-    int_range: Optional[str] = typer.Option(None, "--int-range", help="LO:HI for integer golden inputs (default 0:10)."),
+    int_range: Optional[List[str]] = typer.Option(None, "--int-range", help="NAME=LO:HI for one integer input, LO:HI for every one (repeatable; default: derived from the embedding/one-hot each input reaches, else 0:10)."),
     keep_output_dtype: bool = typer.Option(False, "--keep-output-dtype", help="Keep float16/bfloat16 outputs (default: cast to float32)."),
     unsafe: bool = UNSAFE,
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the self-check after writing."),
@@ -115,7 +115,7 @@ def export(
             model_config=model_config, spec_path=spec, custom_objects=custom_objects or [],
             python_path=python_path or [], policy=policy, version=version, assets=asset or [],
             signature_name=signature_name, input_specs=input_spec or [], keep_output_dtype=keep_output_dtype,
-            int_range=int_range, reference=reference, allow_incomplete_config=allow_incomplete_config,
+            int_range=int_range or [], reference=reference, allow_incomplete_config=allow_incomplete_config,
             signatures=signature or [], feature_spec=feature_spec,
             output_names=output_names,
             unsafe=unsafe, no_verify=no_verify, json_out=json_out)
@@ -143,7 +143,7 @@ def verify(
                                             "exportkit.record_reference); default: the one recorded at export."),
     samples: int = typer.Option(8, "--samples", help="Batch size of the generated input batch (batch 1 is always added)."),
     seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
-    int_range: Optional[str] = typer.Option(None, "--int-range", help="LO:HI for generated integer inputs (default: the export's, else 0:10)."),
+    int_range: Optional[List[str]] = typer.Option(None, "--int-range", help="NAME=LO:HI for one integer input, LO:HI for every one (repeatable; default: the export's, else 0:10)."),
     save_inputs: Optional[str] = typer.Option(None, "--save-inputs", help="Write the inputs used, to reproduce a failure."),
     save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="Write every runtime's outputs."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance for every output."),
@@ -183,7 +183,7 @@ def verify(
                                  python_path, policy, unsafe) if against else None
         return verify_command(VerifyOptions(
             path=path, against=source, signature_name=signature_name, inputs=inputs, samples=samples, seed=seed,
-            int_range=int_range, save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
+            int_range=int_range or [], save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
             tol=tol or [], runtimes=runtimes, serving=serving, serving_protocol=serving_protocol,
             model_server_bin=model_server_bin, model_name=model_name, model_version=model_version,
             load_timeout=load_timeout, device=device, allow_tf32=allow_tf32, allow_io_ops=allow_io_ops,
@@ -211,6 +211,7 @@ def inspect(
     policy: Optional[str] = POLICY,
     unsafe: bool = UNSAFE,
     allow_incomplete_config: bool = ALLOW_INCOMPLETE,
+    int_range: Optional[List[str]] = typer.Option(None, "--int-range", help="NAME=LO:HI for one integer input, LO:HI for every one, for the batch a source is run on and --requests (repeatable; default: derived, or the export's)."),
     debug: bool = DEBUG,
 ):
     """Signatures, dtypes, shapes, ops, assets and findings of a SavedModel (or a source's inputs and outputs)."""
@@ -220,7 +221,8 @@ def inspect(
 
         return inspect_command(path, json_out=json_out, strict=strict, source=lambda: _source_options(
             path, spec, format, builder, builder_arg, model_config, custom_objects, python_path, policy, unsafe),
-            allow_incomplete_config=allow_incomplete_config, requests=requests, model_name=model_name)
+            allow_incomplete_config=allow_incomplete_config, requests=requests, model_name=model_name,
+            int_range=int_range or [])
 
     _run(go, debug)
 
@@ -253,7 +255,7 @@ def compat(
     signature_name: str = typer.Option("serving_default", "--signature-name", help="Signature to run with --run."),
     samples: int = typer.Option(8, "--samples", help="Batch size of the generated batch for --run."),
     seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
-    int_range: Optional[str] = typer.Option(None, "--int-range", help="LO:HI for generated integer inputs (default: the export's, else 0:10)."),
+    int_range: Optional[List[str]] = typer.Option(None, "--int-range", help="NAME=LO:HI for one integer input, LO:HI for every one (repeatable; default: the export's, else 0:10)."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance for every output."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance for every output."),
     tol: Optional[List[str]] = typer.Option(None, "--tol", help="KEY=ATOL,RTOL for one output (repeatable)."),
@@ -266,7 +268,7 @@ def compat(
         from exportkit.verify.matrix import compat_command
 
         return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
-                              samples=samples, seed=seed, int_range=int_range, atol=atol, rtol=rtol, tol=tol,
+                              samples=samples, seed=seed, int_range=int_range or [], atol=atol, rtol=rtol, tol=tol,
                               json_out=json_out)
 
     _run(go, debug)

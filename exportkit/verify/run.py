@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from exportkit import __version__
-from exportkit.batches import InputSpec, generate_batches, load_inputs, parse_int_range
+from exportkit.batches import InputSpec, generate_batches, load_inputs, parse_int_range_flags, recorded_int_ranges
 from exportkit.dtypes import HALF_DTYPES, numpy_dtype
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.findings import Finding
@@ -346,7 +346,7 @@ def verify_command(options: VerifyOptions) -> int:
         from exportkit.serving.launcher import check_serving_mode
 
         check_serving_mode(o.serving)
-    lo_hi = parse_int_range(o.int_range) if o.int_range else None
+    parse_int_range_flags(o.int_range)
     per_output = dict(parse_tol(t) for t in o.tol)
     from exportkit.lint import IO_OP_REFUSAL, asset_findings, lint_saved_model
 
@@ -366,8 +366,8 @@ def verify_command(options: VerifyOptions) -> int:
         require_gpu()  # before any process is started: no GPU is an infrastructure failure (exit 3)
     manifest, manifest_findings = read_manifest(version_dir)
     findings += manifest_findings
-    if lo_hi is None:  # the range the model was exported with fits its integer inputs (e.g. a vocabulary)
-        lo_hi = parse_int_range((manifest or {}).get("golden", {}).get("int_range") or "0:10")
+    # the ranges the model was exported with fit its integer inputs (e.g. vocabularies); --int-range over them
+    lo_hi = recorded_int_ranges(o.int_range, manifest, signatures)
     if o.baseline:
         findings += _baseline_findings(o, signatures, selected)
 
