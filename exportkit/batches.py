@@ -129,19 +129,17 @@ def parse_int_range_flags(texts: list[str]) -> tuple[tuple[int, int] | None, dic
 
 def resolve_int_ranges(texts: list[str], integer_keys: list[str], found: IntRanges | None = None) -> IntRanges:
     """--int-range values over what is `found` (derived from the model, or recorded by export): `NAME=LO:HI` sets
-    one input, a plain `LO:HI` every integer input without its own; nothing given keeps what was found."""
+    one input, a plain `LO:HI` every integer input without its own; nothing given keeps what was found. Every
+    integer input gets its range by name (so that the manifest records each)."""
     plain, named = parse_int_range_flags(texts)
     unknown = sorted(set(named) - set(integer_keys))
     if unknown:
         raise UsageError(f"--int-range names {', '.join(unknown)}, which {'is' if len(unknown) == 1 else 'are'} not "
                          f"an integer input", "integer inputs: " + (", ".join(integer_keys) or "none"))
     found = found or IntRanges()
-    by_input = {}
-    for key in integer_keys:
-        chosen = named.get(key) or plain or found.by_input.get(key)
-        if chosen:
-            by_input[key] = chosen
-    return IntRanges(plain or found.default, by_input)
+    default = plain or found.default
+    return IntRanges(default, {key: named.get(key) or plain or found.by_input.get(key) or default
+                               for key in integer_keys})
 
 
 def recorded_int_ranges(texts: list[str], manifest: dict | None, signatures: dict) -> IntRanges:

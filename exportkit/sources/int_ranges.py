@@ -2,8 +2,8 @@
 
 Token ids index an embedding table, segment ids a smaller one, a padding mask only tells zero from non-zero:
 one range for every integer input cannot fit them all. The model is traced once with symbolic inputs; from
-each integer input the graph is followed through ops that pass its values on unchanged (casts to another
-integer type, reshapes, slices, selects, ...) to the ops that bound it:
+each integer input the graph is followed through ops that pass its values on unchanged (casts, reshapes,
+slices, selects, ...) to the ops that bound it:
 
 * a gather's indices (an embedding lookup, `ops.take`, a constant table): [0, rows of the table);
 * `one_hot`: [0, depth); a bincount: [0, size); a segment reduction: [0, num_segments);
@@ -60,8 +60,8 @@ def _bound(op, position: int, resources: dict) -> tuple[int, int] | None:
         rows = _rows(op.inputs[0], 0, resources)
     elif kind == "OneHot" and position == 0:
         rows = _const(op.inputs[1])
-    elif kind in ("Bincount", "DenseBincount") and position == 0:
-        rows = _const(op.inputs[1])
+    elif kind in ("Bincount", "DenseBincount") and position == 0:  # the size may be computed: read the output
+        rows = _const(op.inputs[1]) or (op.outputs[0].shape[-1] if op.outputs[0].shape.rank else None)
     elif kind.startswith("UnsortedSegment") and position == 1:
         rows = _const(op.inputs[2])
     else:
@@ -88,9 +88,8 @@ def _walk(start, resources: dict) -> tuple[list[tuple[int, int]], bool]:
                     mask = True
                 elif op.type in _ZERO_TESTS and _const(op.inputs[1 - position]) == 0:
                     mask = True
-                elif op.type == "Cast":
-                    if op.get_attr("DstT").is_integer:
-                        todo += [(t, exact) for t in op.outputs]
+                elif op.type == "Cast":  # to another integer or a float type: the (small) values stay
+                    todo += [(t, exact) for t in op.outputs]
                 elif op.type in _ZERO_PRESERVING:
                     todo += [(t, False) for t in op.outputs]
                 elif _PASS_THROUGH.get(op.type, ()) is None or position in _PASS_THROUGH.get(op.type, ()):
