@@ -116,7 +116,7 @@ def integer_keys(specs: list[InputSpec]) -> list[str]:
 def parse_int_range_flags(texts: list[str]) -> tuple[tuple[int, int] | None, dict[str, tuple[int, int]]]:
     """--int-range values -> (the plain `LO:HI` or None, {NAME: range} of the `NAME=LO:HI` ones); the last wins."""
     plain, named = None, {}
-    for text in texts:
+    for text in int_range_texts(texts):
         name, sep, lo_hi = text.partition("=") if "=" in text else ("", "", text)
         if sep and not name.strip():
             raise UsageError(f"bad --int-range {text!r}: no input name before '='", "write NAME=LO:HI")

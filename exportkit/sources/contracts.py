@@ -66,19 +66,17 @@ def _class_key(obj) -> str:
     return keras.saving.get_registered_name(type(obj))
 
 
-def _stored_objects(model) -> set[tuple[str, str | None]] | None:
-    """(registered class name, object name) of every object the model's saved config stores, or None when the
-    config cannot be serialized (then every custom object counts; the unserializable one is reported)."""
+def _serialized_objects(obj) -> list[dict] | None:
+    """Every `{"class_name": ..., "config": ...}` node of `obj` serialized as a .keras file stores it (JSON), or
+    None when it cannot be serialized."""
     import keras
 
-    stored: set[tuple[str, str | None]] = set()
+    nodes: list[dict] = []
 
     def walk(node):
         if isinstance(node, dict):
             if isinstance(node.get("class_name"), str) and "config" in node:
-                config = node["config"]
-                name = config.get("name") if isinstance(config, dict) else None
-                stored.add((node.get("registered_name") or node["class_name"], name if isinstance(name, str) else None))
+                nodes.append(node)
             for value in node.values():
                 walk(value)
         elif isinstance(node, list):
@@ -86,9 +84,22 @@ def _stored_objects(model) -> set[tuple[str, str | None]] | None:
                 walk(value)
 
     try:
-        walk(json.loads(json.dumps(keras.saving.serialize_keras_object(model))))
+        walk(json.loads(json.dumps(keras.saving.serialize_keras_object(obj))))
     except Exception:  # a get_config() somewhere returns what JSON cannot hold
         return None
+    return nodes
+
+
+def _stored_objects(model) -> set[tuple[str, str | None]] | None:
+    """(registered class name, object name) of every object the model's saved config stores, or None when the
+    config cannot be serialized (then every custom object counts; the unserializable one is reported)."""
+    nodes = _serialized_objects(model)
+    if nodes is None:
+        return None
+    stored = set()
+    for node in nodes:
+        name = node["config"].get("name") if isinstance(node["config"], dict) else None
+        stored.add((node.get("registered_name") or node["class_name"], name if isinstance(name, str) else None))
     return stored
 
 
@@ -123,25 +134,12 @@ def custom_objects_of(model) -> list:
 
 def _serialized_function_names(layer) -> set[str]:
     """Names of the functions the layer's config stores by name (activations and the like)."""
-    import keras
-
-    names: set[str] = set()
-
-    def walk(node):
-        if isinstance(node, dict):
-            if node.get("class_name") == "function" and isinstance(node.get("config"), str):
-                names.add(node["config"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
     try:
-        walk(json.loads(json.dumps(keras.saving.serialize_keras_object(layer.get_config()))))
+        config = layer.get_config()
     except Exception:  # an unserializable config is reported by the layer's own check
-        pass
-    return names
+        return set()
+    return {node["config"] for node in _serialized_objects(config) or []
+            if node["class_name"] == "function" and isinstance(node["config"], str)}
 
 
 def _is_layer(obj) -> bool:
