@@ -78,8 +78,8 @@ class IntRanges:
     def of(self, key: str) -> tuple[int, int]:
         return self.by_input.get(key, self.default)
 
-    def describe(self, keys: list[str]) -> str:
-        return ", ".join(f"{k}={format_int_range(self.of(k))}" for k in keys)
+    def describe(self) -> str:
+        return ", ".join(f"{k}={format_int_range(v)}" for k, v in self.by_input.items())
 
     def to_manifest(self) -> dict:
         """The manifest's golden entries: `int_range` (what older readers use) and `int_ranges` per input."""

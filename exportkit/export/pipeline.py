@@ -27,7 +27,7 @@ from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_sp
 from exportkit.spec import ExportOptions, export_options
 from exportkit.tfenv import import_tf, tensorflow_version
 from exportkit.verify.compare import Tolerance, compare_batches, compare_with_default_tolerances, default_tolerance
-from exportkit.batches import InputSpec, IntRanges, generate_batches, integer_keys, parse_int_range_flags
+from exportkit.batches import InputSpec, IntRanges, generate_batches, parse_int_range_flags
 from exportkit.tfexample import ExampleFeature, apply_feature_spec, derive_features, encode_examples, to_manifest
 
 GOLDEN_SAMPLES = 8
@@ -398,10 +398,9 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
             int_ranges = int_ranges_for(loaded.model, specs, options.int_range)
             golden = _golden_record(loaded.model, specs, options, int_ranges, reference_inputs)
             names = [r.plan.name for r in golden.signatures]
-            integers = integer_keys(specs)
             progress.stage("build", f"{len(golden.specs)} input(s), {len(golden.keys)} output(s), golden record of "
                                     f"{len(golden.inputs)} batches" + (
-                                        f" (integers: {int_ranges.describe(integers)})" if integers else ""))
+                                        f" (integers: {int_ranges.describe()})" if int_ranges.by_input else ""))
 
             tolerances = {k: vars(default_tolerance(_tolerance_dtype(loaded.policy, golden.raw_dtypes[k])))
                           for k in golden.keys}

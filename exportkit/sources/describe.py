@@ -93,15 +93,14 @@ def _describe_io(model, description: SourceDescription, int_range: list[str]) ->
     is returned for the contract check."""
     import tensorflow as tf
 
-    from exportkit.batches import format_int_range, generate_batches, integer_keys
+    from exportkit.batches import format_int_range, generate_batches
     from exportkit.sources.int_ranges import generated_inputs_failure, int_ranges_for
     from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs
 
     specs = model_input_specs(model, [])
     ranges = int_ranges_for(model, specs, int_range)
-    integers = integer_keys(specs)
     description.inputs = [{"key": s.key, "dtype": s.dtype, "shape": s.shape,
-                           **({"int_range": format_int_range(ranges.of(s.key))} if s.key in integers else {})}
+                           **({"int_range": format_int_range(ranges.of(s.key))} if s.key in ranges.by_input else {})}
                           for s in specs]
     batch = generate_batches(specs, samples=1, seed=0, int_range=ranges)[0]
     try:

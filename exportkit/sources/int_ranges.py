@@ -151,8 +151,7 @@ def int_ranges_for(model, specs: list[InputSpec], texts: list[str]) -> IntRanges
 def generated_inputs_failure(err: Exception, specs: list[InputSpec], ranges: IntRanges) -> UsageError:
     """The model fails on generated inputs (mostly: an integer out of a table's range): what to pass instead."""
     detail = " ".join(str(err).split())[:300]
-    keys = integer_keys(specs)
-    used = f"; integers drawn from {ranges.describe(keys)}" if keys else ""
+    used = f"; integers drawn from {ranges.describe()}" if ranges.by_input else ""
     return UsageError(f"the model fails on generated inputs ({type(err).__name__}: {detail}){used}",
                       "pass --int-range NAME=LO:HI for each integer input that must stay in a range (e.g. "
                       "token_ids=0:VOCAB_SIZE; a plain LO:HI sets every integer input), or --input-spec "
