@@ -49,16 +49,108 @@ class InputSpec:
     examples: Any = None  # exportkit.examples.ExampleSpec (generate, check, describe) for serialized tf.Example
 
 
+DEFAULT_INT_RANGE = (0, 10)
+_RANGE = r"\s*(-?\d+)\s*:\s*(-?\d+)\s*"
+
+
 def parse_int_range(spec: str) -> tuple[int, int]:
     """`"LO:HI"` -> (LO, HI), half-open [LO, HI), LO < HI; negative numbers allowed (`-5:5`)."""
-    m = re.fullmatch(r"\s*(-?\d+)\s*:\s*(-?\d+)\s*", spec or "")
+    m = re.fullmatch(_RANGE, spec or "")
     if not m:
-        raise UsageError(f"bad --int-range {spec!r}", "expected LO:HI with integers, e.g. --int-range 0:10")
+        raise UsageError(f"bad --int-range {spec!r}", "expected LO:HI or NAME=LO:HI with integers, e.g. --int-range "
+                                                      "0:10 or --int-range token_ids=0:30522")
     lo, hi = int(m.group(1)), int(m.group(2))
     if lo >= hi:
         raise UsageError(f"bad --int-range {spec!r}: LO must be < HI (the range is [LO, HI))",
                          "e.g. --int-range 0:10")
     return lo, hi
+
+
+def format_int_range(lo_hi: tuple[int, int]) -> str:
+    return f"{lo_hi[0]}:{lo_hi[1]}"
+
+
+@dataclass(frozen=True)
+class IntRanges:
+    """The values of generated integer inputs: [LO, HI) per input key, else `default`."""
+
+    default: tuple[int, int] = DEFAULT_INT_RANGE
+    by_input: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def of(self, key: str) -> tuple[int, int]:
+        return self.by_input.get(key, self.default)
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={format_int_range(v)}" for k, v in self.by_input.items())
+
+    def to_manifest(self) -> dict:
+        """The manifest's golden entries: `int_range` (what older readers use) and `int_ranges` per input."""
+        return {"int_range": format_int_range(self.default),
+                "int_ranges": {k: format_int_range(v) for k, v in self.by_input.items()}}
+
+    @classmethod
+    def from_manifest(cls, golden: dict | None) -> "IntRanges":
+        golden = golden or {}
+        return cls(parse_int_range(golden.get("int_range") or format_int_range(DEFAULT_INT_RANGE)),
+                   {k: parse_int_range(v) for k, v in (golden.get("int_ranges") or {}).items()})
+
+
+def int_range_texts(value) -> list[str]:
+    """--int-range values (repeatable) or exportkit.toml's int_range (a string or a list) as a list."""
+    if value is None or value == "":
+        return []
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def is_integer(dtype: str) -> bool:
+    """An integer dtype name (int8 ... uint64): the inputs --int-range and derived ranges apply to."""
+    try:
+        return not is_string(dtype) and numpy_dtype(dtype).kind in "iu"
+    except (TypeError, ValueError, KeyError):
+        return False
+
+
+def integer_keys(specs: list[InputSpec]) -> list[str]:
+    """The inputs that hold integers (serialized Examples are strings, their features follow the default)."""
+    return [s.key for s in specs if s.examples is None and is_integer(s.dtype)]
+
+
+def parse_int_range_flags(texts: list[str]) -> tuple[tuple[int, int] | None, dict[str, tuple[int, int]]]:
+    """--int-range values -> (the plain `LO:HI` or None, {NAME: range} of the `NAME=LO:HI` ones); the last wins."""
+    plain, named = None, {}
+    for text in int_range_texts(texts):
+        name, sep, lo_hi = text.partition("=") if "=" in text else ("", "", text)
+        if sep and not name.strip():
+            raise UsageError(f"bad --int-range {text!r}: no input name before '='", "write NAME=LO:HI")
+        if sep:
+            named[name.strip()] = parse_int_range(lo_hi)
+        else:
+            plain = parse_int_range(lo_hi)
+    return plain, named
+
+
+def resolve_int_ranges(texts: list[str], integer_keys: list[str], found: IntRanges | None = None) -> IntRanges:
+    """--int-range values over what is `found` (derived from the model, or recorded by export): `NAME=LO:HI` sets
+    one input, a plain `LO:HI` every integer input without its own; nothing given keeps what was found. Every
+    integer input gets its range by name (so that the manifest records each)."""
+    plain, named = parse_int_range_flags(texts)
+    unknown = sorted(set(named) - set(integer_keys))
+    if unknown:
+        raise UsageError(f"--int-range names {', '.join(unknown)}, which {'is' if len(unknown) == 1 else 'are'} not "
+                         f"an integer input", "integer inputs: " + (", ".join(integer_keys) or "none"))
+    found = found or IntRanges()
+    default = plain or found.default
+    return IntRanges(default, {key: named.get(key) or plain or found.by_input.get(key) or default
+                               for key in integer_keys})
+
+
+def recorded_int_ranges(texts: list[str], manifest: dict | None, signatures: dict) -> IntRanges:
+    """The ranges a SavedModel's inputs are generated from (verify, compat --run, inspect --requests): what its
+    export recorded (exportkit's manifest; else the default), with --int-range over them. `signatures`: in
+    savedmodel.signatures_of's form."""
+    keys = sorted({key for signature in signatures.values() for key, info in signature.get("inputs", {}).items()
+                   if is_integer(info.get("dtype") or "")})
+    return resolve_int_ranges(texts, keys, IntRanges.from_manifest((manifest or {}).get("golden")))
 
 
 def _has_dynamic_batch(spec: InputSpec) -> bool:
@@ -79,6 +171,7 @@ def _concrete_shape(spec: InputSpec, batch: int, unknown_dim: int) -> tuple[int,
 
 def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator,
                   int_range: tuple[int, int]) -> np.ndarray:
+    """Random values for one input; integers uniform in `int_range` [LO, HI), clipped to the dtype."""
     if spec.examples is not None:
         return spec.examples.generate(shape, rng, int_range)
     if is_string(spec.dtype):
@@ -107,14 +200,16 @@ def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Genera
                      "pass --inputs with an .npz or .json file")
 
 
-def generate_batches(specs: list[InputSpec], samples: int, seed: int, int_range: tuple[int, int] = (0, 10),
+def generate_batches(specs: list[InputSpec], samples: int, seed: int,
+                     int_range: tuple[int, int] | IntRanges = DEFAULT_INT_RANGE,
                      unknown_dim: int = DEFAULT_UNKNOWN_DIM) -> list[dict[str, np.ndarray]]:
     """Random input batches: batch size 1, then batch size `samples` (only the first if samples == 1).
 
     * The leading -1 dim is the batch size; other -1 dims become `unknown_dim` (8). Fixed dims are kept.
     * If no input has a dynamic batch dim (all fixed or scalar), a single batch is generated: other batch sizes
       would be rejected.
-    * floats: standard normal cast to the dtype; ints: uniform in [lo, hi) clipped to the dtype's range;
+    * floats: standard normal cast to the dtype; ints: uniform in [lo, hi) clipped to the dtype's range (one
+      range for all, or IntRanges: one per input; serialized Examples use its default);
       bools: fair coin; strings: object arrays of 1..8 random lowercase ASCII letters (bytes).
     * Deterministic: every (batch, input) pair has its own generator seeded by (seed, batch index, crc32(key)),
       so adding or reordering inputs does not change the values of the others.
@@ -125,6 +220,7 @@ def generate_batches(specs: list[InputSpec], samples: int, seed: int, int_range:
         raise UsageError(f"--samples must be >= 1, got {samples}", "pass --samples 8 (for example)")
     if unknown_dim < 1:
         raise UsageError(f"unknown_dim must be >= 1, got {unknown_dim}", "pass a positive size")
+    ranges = int_range if isinstance(int_range, IntRanges) else IntRanges(tuple(int_range))
     sizes = [1] if samples == 1 else [1, samples]
     if specs and not any(_has_dynamic_batch(s) for s in specs):
         sizes = [1]
@@ -133,7 +229,8 @@ def generate_batches(specs: list[InputSpec], samples: int, seed: int, int_range:
         batch = {}
         for spec in specs:
             rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, b, zlib.crc32(spec.key.encode("utf-8"))])
-            batch[spec.key] = _random_array(spec, _concrete_shape(spec, size, unknown_dim), rng, int_range)
+            lo_hi = ranges.default if spec.examples is not None else ranges.of(spec.key)
+            batch[spec.key] = _random_array(spec, _concrete_shape(spec, size, unknown_dim), rng, lo_hi)
         batches.append(batch)
     if len(batches) == 2:
         single, many = batches

@@ -110,7 +110,8 @@ def _pop_op_libraries(argv: list[str]) -> list[str]:
 INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tokens:-1,16:int32 (repeatable override).")
 # verify and compat: generated inputs and tolerances
 SEED = typer.Option(0, "--seed", help="Seed for generated inputs.")
-GENERATED_INT_RANGE = typer.Option(None, "--int-range", help="LO:HI for generated integer inputs (default: the export's, else 0:10).")
+GENERATED_INT_RANGE = typer.Option(None, "--int-range", help="NAME=LO:HI for one integer input, LO:HI for every one "
+                                   "(repeatable; default: the export's, else 0:10).")
 ATOL = typer.Option(None, "--atol", help="Absolute tolerance for every output.")
 RTOL = typer.Option(None, "--rtol", help="Relative tolerance for every output.")
 TOL = typer.Option(None, "--tol", help="KEY=ATOL,RTOL for one output (repeatable).")
@@ -175,7 +176,7 @@ def export(
     feature_spec: Optional[str] = typer.Option(None, "--feature-spec", help="JSON overriding the tf.Example features derived from the model's inputs."),
     output_names: Optional[str] = typer.Option(None, "--output-names", help="Comma-separated keys for the outputs of a model returning a list or tuple, in order."),
     input_spec: Optional[List[str]] = INPUT_SPEC,
-    int_range: Optional[str] = typer.Option(None, "--int-range", help="LO:HI for integer golden inputs (default 0:10)."),
+    int_range: Optional[List[str]] = typer.Option(None, "--int-range", help="NAME=LO:HI for one integer input, LO:HI for every one (repeatable; default: derived from the embedding/one-hot each input reaches, else 0:10)."),
     keep_output_dtype: bool = typer.Option(False, "--keep-output-dtype", help="Keep float16/bfloat16 outputs (default: cast to float32)."),
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the self-check after writing."),
     reference: Optional[str] = REFERENCE,
@@ -197,7 +198,7 @@ def export(
             custom_objects=source.custom_objects or [], python_path=source.python_path or [],
             policy=source.policy, version=version, assets=asset or [],
             signature_name=signature_name, input_specs=input_spec or [], keep_output_dtype=keep_output_dtype,
-            int_range=int_range, reference=reference, allow_incomplete_config=allow_incomplete_config,
+            int_range=int_range or [], reference=reference, allow_incomplete_config=allow_incomplete_config,
             signatures=signature or [], feature_spec=feature_spec,
             output_names=output_names,
             unsafe=source.unsafe, no_verify=no_verify, json_out=json_out, html=html, summary=summary)
@@ -217,7 +218,7 @@ def verify(
                                             "exportkit.record_reference); default: the one recorded at export."),
     samples: int = typer.Option(8, "--samples", help="Batch size of the generated input batch (batch 1 is always added)."),
     seed: int = SEED,
-    int_range: Optional[str] = GENERATED_INT_RANGE,
+    int_range: Optional[List[str]] = GENERATED_INT_RANGE,
     save_inputs: Optional[str] = typer.Option(None, "--save-inputs", help="Write the inputs used, to reproduce a failure."),
     save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="Write every runtime's outputs."),
     atol: Optional[float] = ATOL,
@@ -266,7 +267,7 @@ def verify(
         return verify_command(VerifyOptions(
             path=path, against=source.options(against) if against else None, signature_name=signature_name,
             inputs=inputs, samples=samples, seed=seed,
-            int_range=int_range, save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
+            int_range=int_range or [], save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
             tol=tol or [], runtimes=runtimes, serving=serving, serving_protocol=serving_protocol,
             model_server_bin=model_server_bin, container_cli=container_cli, pull=pull,
             batching_parameters=batching_parameters, model_name=model_name, model_version=model_version,
@@ -287,6 +288,7 @@ def inspect(
     requests: Optional[str] = typer.Option(None, "--requests", help="Write a ready request per signature here: curl + JSON (REST), JSON for grpcurl."),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name in the --requests URLs (default: base directory name)."),
     allow_incomplete_config: bool = ALLOW_INCOMPLETE,
+    int_range: Optional[List[str]] = typer.Option(None, "--int-range", help="NAME=LO:HI for one integer input, LO:HI for every one, for the batch a source is run on and --requests (repeatable; default: derived, or the export's)."),
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
@@ -296,7 +298,8 @@ def inspect(
         from exportkit.inspection import inspect_command
 
         return inspect_command(path, json_out=json_out, strict=strict, source=lambda: source.options(path),
-            allow_incomplete_config=allow_incomplete_config, requests=requests, model_name=model_name)
+            allow_incomplete_config=allow_incomplete_config, requests=requests, model_name=model_name,
+            int_range=int_range or [])
 
     _run(go, debug)
 
@@ -326,7 +329,7 @@ def compat(
     signature_name: str = typer.Option("serving_default", "--signature-name", help="Signature to run with --run."),
     samples: int = typer.Option(8, "--samples", help="Batch size of the generated batch for --run."),
     seed: int = SEED,
-    int_range: Optional[str] = GENERATED_INT_RANGE,
+    int_range: Optional[List[str]] = GENERATED_INT_RANGE,
     atol: Optional[float] = ATOL,
     rtol: Optional[float] = RTOL,
     tol: Optional[List[str]] = TOL,
@@ -351,7 +354,7 @@ def compat(
         from exportkit.verify.matrix import compat_command
 
         return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
-                              samples=samples, seed=seed, int_range=int_range, atol=atol, rtol=rtol, tol=tol,
+                              samples=samples, seed=seed, int_range=int_range or [], atol=atol, rtol=rtol, tol=tol,
                               json_out=json_out, html=html, summary=summary, serving=serving,
                               load_timeout=load_timeout, launch=LaunchOptions(container_cli=container_cli, pull=pull),
                               server=server)

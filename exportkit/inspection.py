@@ -243,12 +243,12 @@ def _print(text: str) -> None:
     sys.stdout.flush()
 
 
-def _describe(options, json_out, strict=False, allow_incomplete_config=False) -> int:
+def _describe(options, json_out, strict=False, allow_incomplete_config=False, int_range=()) -> int:
     from exportkit.sources.describe import describe_source
     from exportkit.verify.compare import compare_with_default_tolerances
 
     result = describe_source(options, allow_incomplete_config=allow_incomplete_config,
-                             compare=compare_with_default_tolerances)
+                             compare=compare_with_default_tolerances, int_range=list(int_range))
     if json_out:
         data = result.to_dict() if hasattr(result, "to_dict") else result
         _print(json.dumps(data, indent=2, sort_keys=False, default=str))
@@ -262,10 +262,11 @@ def _describe(options, json_out, strict=False, allow_incomplete_config=False) ->
     return EXIT_CHECK_FAILED if code == EXIT_OK and strict and has_errors(result.findings) else code
 
 
-def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, manifest: dict | None) -> dict:
+def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, manifest: dict | None,
+                   int_range=()) -> dict:
     """One row of inputs for `name`: the golden record's first row when it belongs to this signature, else
     generated (serialized tf.Example where the signature parses them)."""
-    from exportkit.batches import generate_batches, parse_int_range
+    from exportkit.batches import generate_batches, recorded_int_ranges
     from exportkit.examples import input_specs
     from exportkit.layout import read_golden
     from exportkit.savedmodel import DEFAULT_SIGNATURE
@@ -275,11 +276,11 @@ def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, ma
         if golden and set(golden[0]) == set(signature["inputs"]):
             return {k: v[:1] if getattr(v, "ndim", 0) else v for k, v in golden[0].items()}
     specs = input_specs(meta_graph, name, signature, version_dir)
-    int_range = parse_int_range(((manifest or {}).get("golden") or {}).get("int_range") or "0:10")
-    return generate_batches(specs, samples=1, seed=0, int_range=int_range)[0]
+    return generate_batches(specs, samples=1, seed=0, int_range=recorded_int_ranges(list(int_range), manifest,
+                                                                                {name: signature}))[0]
 
 
-def write_requests(info: "SavedModelInfo", out_dir: str, model_name: str | None) -> list[Path]:
+def write_requests(info: "SavedModelInfo", out_dir: str, model_name: str | None, int_range=()) -> list[Path]:
     from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
     from exportkit.serving.requests import request_samples, write_request_samples
 
@@ -288,13 +289,13 @@ def write_requests(info: "SavedModelInfo", out_dir: str, model_name: str | None)
     name = model_name or (version_dir.parent.name if version_dir.name.isdigit() else version_dir.name)
     samples = {}
     for sig_name, signature in info.signatures.items():
-        batch = _request_batch(version_dir, meta_graph, sig_name, signature, info.manifest)
+        batch = _request_batch(version_dir, meta_graph, sig_name, signature, info.manifest, int_range)
         samples[sig_name] = request_samples(sig_name, signature, batch, name)
     return write_request_samples(out_dir, samples, name)
 
 
 def inspect_command(path, json_out=False, strict=False, source=None, allow_incomplete_config=False, requests=None,
-                    model_name=None) -> int:
+                    model_name=None, int_range=()) -> int:
     """Show a SavedModel (or describe a model source). Returns the exit code: 0 readable; 1 with --strict and
     an error finding; unreadable input raises UsageError (exit 2). `source()` gives the SourceOptions for a
     model source (built only when `path` is one)."""
@@ -307,13 +308,13 @@ def inspect_command(path, json_out=False, strict=False, source=None, allow_incom
                          "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")
     options = source() if source else None
     if is_model_source(p, options.format if options else None):
-        return _describe(options or source_options(str(p)), json_out, strict, allow_incomplete_config)
+        return _describe(options or source_options(str(p)), json_out, strict, allow_incomplete_config, int_range)
     if p.is_file() and p.name not in ("saved_model.pb", "saved_model.pbtxt"):
         raise UsageError(f"{p} is neither a SavedModel nor a model source exportkit reads",
                          "pass a SavedModel directory, a .h5/.hdf5/.keras/.weights.h5 file or a checkpoint directory")
     info = read_info(p)
     if requests:
-        written = write_requests(info, requests, model_name)
+        written = write_requests(info, requests, model_name, int_range)
         print(f"wrote {len(written)} request files for {len(info.signatures)} signature(s) to {requests}",
               file=sys.stderr)
     if json_out:

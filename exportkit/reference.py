@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit.batches import (InputSpec, cast_input, generate_batches, parse_int_range, read_batch_members,
+from exportkit.batches import (InputSpec, cast_input, generate_batches, int_range_texts, read_batch_members,
                                write_batch_members)
 from exportkit.dtypes import HALF_DTYPES, name_of
 from exportkit.errors import UsageError
@@ -60,18 +60,26 @@ def _given_batches(inputs, specs: list[InputSpec]) -> list[dict]:
     return batches
 
 
-def record_reference(model, path, inputs=None, samples: int = 8, seed: int = 0, int_range: str = "0:10") -> Path:
-    """Write `inputs` (default: generated like export's golden inputs) and the model's eager outputs to `path`."""
+def _ranges_meta(ranges) -> dict:
+    entry = ranges.to_manifest()
+    return entry if entry["int_ranges"] else {"int_range": entry["int_range"]}
+
+
+def record_reference(model, path, inputs=None, samples: int = 8, seed: int = 0, int_range=None) -> Path:
+    """Write `inputs` (default: generated like export's golden inputs) and the model's eager outputs to `path`.
+    `int_range`: LO:HI or NAME=LO:HI (a string or a list), over the ranges derived from the model, as export does."""
     import keras
     import tensorflow as tf
 
+    from exportkit.sources.int_ranges import int_ranges_for
     from exportkit.version import __version__
     from exportkit.sources.load import model_policy
     from exportkit.sources.model_io import feed_model, flat_outputs, model_input_specs, output_keys
 
     tf_keras_2 = type(model).__module__.startswith("tf_keras")  # a model trained with tf.keras 2 (tf_keras)
     specs = _tf_keras_specs(model) if tf_keras_2 else model_input_specs(model, [])
-    batches = (generate_batches(specs, samples=samples, seed=seed, int_range=parse_int_range(int_range))
+    ranges = int_ranges_for(model, specs, int_range_texts(int_range)) if inputs is None else None
+    batches = (generate_batches(specs, samples=samples, seed=seed, int_range=ranges)
                if inputs is None else _given_batches(inputs, specs))
     outputs, compute = [], {}
     for batch in batches:
@@ -97,7 +105,7 @@ def record_reference(model, path, inputs=None, samples: int = 8, seed: int = 0, 
         "inputs": {s.key: {"dtype": s.dtype, "shape": s.shape} for s in specs},
         "outputs": {k: {"dtype": name_of(v.dtype), "compute_dtype": compute[k]} for k, v in outputs[0].items()},
         "batches": len(batches),
-        "generated": {"samples": samples, "seed": seed, "int_range": int_range} if inputs is None else None,
+        "generated": {"samples": samples, "seed": seed, **_ranges_meta(ranges)} if inputs is None else None,
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exportkit.batches import int_range_texts
 from exportkit.errors import UsageError
 from exportkit.savedmodel import DEFAULT_SIGNATURE
 
@@ -132,7 +133,9 @@ class ExportOptions:
     assets: list[str] = field(default_factory=list)
     signature_name: str = DEFAULT_SIGNATURE
     input_specs: list[str] = field(default_factory=list)
-    int_range: str = "0:10"  # values of generated integer inputs (golden record, warm-up): LO:HI
+    # values of generated integer inputs (golden record, warm-up): LO:HI (every integer input), NAME=LO:HI (one);
+    # inputs without one get the range derived from the model's graph (exportkit.sources.int_ranges), else 0:10
+    int_range: list[str] = field(default_factory=list)
     keep_output_dtype: bool = False
     verify: bool = True
     allow_incomplete_config: bool = False  # custom-config-* findings are warnings, not errors
@@ -154,7 +157,7 @@ class VerifyOptions:
     inputs: str | None = None
     samples: int = 8
     seed: int = 0
-    int_range: str | None = None
+    int_range: list[str] = field(default_factory=list)  # over the ranges the export recorded (LO:HI, NAME=LO:HI)
     save_inputs: str | None = None
     save_outputs: str | None = None
     atol: float | None = None
@@ -350,7 +353,7 @@ def export_options(src: str, output: str | None, spec_path: str | None = None, *
         assets=list(assets) + list(spec.get("assets", [])),
         signature_name=name,
         input_specs=list(input_specs) or list(spec.get("input_specs", [])),
-        int_range=int_range or spec.get("int_range", "0:10"),
+        int_range=int_range_texts(int_range) or int_range_texts(spec.get("int_range")),
         keep_output_dtype=bool(keep_output_dtype or spec.get("keep_output_dtype", False)),
         verify=not no_verify,
         allow_incomplete_config=bool(allow_incomplete_config or spec.get("allow_incomplete_config", False)),

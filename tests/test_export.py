@@ -343,13 +343,13 @@ def test_integer_inputs_outside_the_vocabulary_ask_for_int_range(tmp_path):
         keras.Model(ids, keras.layers.Dense(1, name="y")(keras.layers.Flatten()(x))).save({str(tmp_path / 'e.keras')!r})
     """)
     subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=120)
-    proc = invoke("export", tmp_path / "e.keras", "-o", tmp_path / "bad")
-    _assert_clean_failure(proc, 2, "generated inputs", "--int-range")
-    assert not (tmp_path / "bad").exists()
-    proc = invoke("export", tmp_path / "e.keras", "-o", tmp_path / "good", "--int-range", "0:5")
+    proc = invoke("export", tmp_path / "e.keras", "-o", tmp_path / "bad", "--int-range", "0:50")
+    _assert_clean_failure(proc, 2, "generated inputs", "--int-range NAME=LO:HI")
+    assert "ids=0:50" in proc.stderr and not (tmp_path / "bad").exists()
+    proc = invoke("export", tmp_path / "e.keras", "-o", tmp_path / "good")  # the range is read from the embedding
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((tmp_path / "good/1/assets.extra/exportkit/manifest.json").read_text())
-    assert manifest["golden"]["int_range"] == "0:5"
+    assert manifest["golden"]["int_ranges"] == {"ids": "0:5"}
     proc = invoke("verify", tmp_path / "good", "--serving", "none")  # verify generates ints in the export's range
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

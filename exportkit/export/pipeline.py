@@ -23,12 +23,13 @@ from exportkit.export import signature as sig
 from exportkit.export import writer
 from exportkit.findings import Finding, has_errors
 from exportkit.runtimes.session import SessionRuntime
+from exportkit.sources.int_ranges import generated_inputs_failure, int_ranges_for
 from exportkit.sources.load import detect_format, load_source, sha256_of
 from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs, parse_input_spec
 from exportkit.spec import ExportOptions, export_options
 from exportkit.tfenv import import_tf, tensorflow_version
 from exportkit.verify.compare import Tolerance, compare_batches, compare_with_default_tolerances, default_tolerance
-from exportkit.batches import InputSpec, generate_batches, parse_int_range
+from exportkit.batches import InputSpec, IntRanges, generate_batches, parse_int_range_flags
 from exportkit.tfexample import ExampleFeature, apply_feature_spec, derive_features, encode_examples, to_manifest
 
 GOLDEN_SAMPLES = 8
@@ -83,6 +84,7 @@ class SignatureRecord:
     eager Keras outputs mapped to its keys."""
 
     plan: sig.SignaturePlan
+    specs: list[InputSpec]  # the model's inputs, as the tensor signatures declare them
     inputs: list[dict]
     outputs: list[dict]
     out_dtypes: dict[str, str]  # output key -> dtype in the signature
@@ -91,7 +93,10 @@ class SignatureRecord:
 
     @property
     def input_specs(self) -> dict:
-        return {k: {"dtype": name_of_array(v), "shape": [-1, *v.shape[1:]]} for k, v in self.inputs[0].items()}
+        """The inputs as the written signature declares them (-1 for every free dimension)."""
+        if self.plan.input == "examples":
+            return {self.plan.examples_key: {"dtype": "string", "shape": [-1]}}
+        return {s.key: {"dtype": s.dtype, "shape": None if s.shape is None else list(s.shape)} for s in self.specs}
 
 
 @dataclass
@@ -100,6 +105,7 @@ class GoldenRecord:
     signature without --signature has them); `signatures` holds each signature's own record."""
 
     specs: list[InputSpec]
+    int_ranges: IntRanges  # what the generated integer inputs were drawn from
     keys: list[str]
     inputs: list[dict]
     outputs: list[dict]
@@ -110,11 +116,11 @@ class GoldenRecord:
     signatures: list[SignatureRecord] = field(default_factory=list)
 
 
-def _golden_record(model, specs: list[InputSpec], options: ExportOptions, int_range: tuple[int, int],
+def _golden_record(model, specs: list[InputSpec], options: ExportOptions, int_ranges: IntRanges,
                    extra_inputs: list[dict] = ()) -> GoldenRecord:
     import tensorflow as tf
 
-    inputs = generate_batches(specs, samples=GOLDEN_SAMPLES, seed=GOLDEN_SEED, int_range=int_range)
+    inputs = generate_batches(specs, samples=GOLDEN_SAMPLES, seed=GOLDEN_SEED, int_range=int_ranges)
     generated = len(inputs)
     reference_batches = []
     for batch in extra_inputs:  # a reference generated like the golden record has the very same inputs
@@ -126,17 +132,15 @@ def _golden_record(model, specs: list[InputSpec], options: ExportOptions, int_ra
     try:
         raws = [feed_model(model, {s.key: tf.constant(b[s.key]) for s in specs}) for b in inputs]
     except (tf.errors.OpError, ValueError, TypeError) as err:
-        detail = " ".join(str(err).split())[:300]
-        raise UsageError(f"the model fails on generated inputs ({type(err).__name__}: {detail})",
-                         "pass --int-range LO:HI that fits the integer inputs (e.g. 0:VOCAB_SIZE), or --input-spec "
-                         "name:shape:dtype for inputs whose shape or dtype cannot be read from the model") from err
+        raise generated_inputs_failure(err, specs, int_ranges) from err
     keyed = [keyed_outputs(model, raw, options.output_names) for raw in raws]
     keys = list(keyed[0])
     raw_dtypes = {k: name_of(v.dtype) for k, v in keyed[0].items()}
     outputs = [{k: v.numpy() for k, v in sig.serving_outputs(raw, keys, options.keep_output_dtype).items()}
                for raw in raws]
     out_dtypes = {k: name_of(v.dtype) for k, v in outputs[0].items()}
-    golden = GoldenRecord(specs, keys, inputs, outputs, raw_dtypes, out_dtypes, generated, reference_batches)
+    golden = GoldenRecord(specs, int_ranges, keys, inputs, outputs, raw_dtypes, out_dtypes, generated,
+                          reference_batches)
     golden.signatures = _signature_records(specs, keyed, inputs, raw_dtypes, options)
     return golden
 
@@ -165,7 +169,7 @@ def _signature_records(specs, keyed: list[dict], inputs: list[dict], raw_dtypes:
         else:
             sig_inputs = inputs
         compute = {k: (raw_dtypes[src] if src else "string") for k, src in plan.outputs.items()}
-        records.append(SignatureRecord(plan, sig_inputs, outputs, {k: name_of_array(v) for k, v in outputs[0].items()},
+        records.append(SignatureRecord(plan, specs, sig_inputs, outputs, {k: name_of_array(v) for k, v in outputs[0].items()},
                                        compute, features if plan.input == "examples" else None))
     return records
 
@@ -332,7 +336,7 @@ def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, reference: d
         "golden": {"dir": str(layout.EXTRA_DIR), "inputs": signatures[first.plan.name]["golden"]["inputs"],
                    "outputs": signatures[first.plan.name]["golden"]["outputs"],
                    "batch_sizes": [len(next(iter(b.values()))) for b in golden.inputs], "seed": GOLDEN_SEED,
-                   "int_range": options.int_range},
+                   **golden.int_ranges.to_manifest()},
         "output_names": list(options.output_names),
         "assets": list(dict.fromkeys([Path(a).name for a in options.assets] + [
             r.plan.classes_file.name for r in golden.signatures if r.plan.classes_file is not None])),
@@ -371,7 +375,7 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
     writer.choose_version(base, options.version)
     overrides = [parse_input_spec(text) for text in options.input_specs]
     assets = writer.check_assets(options.assets)
-    int_range = parse_int_range(options.int_range)
+    parse_int_range_flags(options.int_range)
     detect_format(options.source.src, options.source.format)
 
     # The version is reserved (and BASE_DIR proven writable) before the long stages.
@@ -393,10 +397,12 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
 
             specs = model_input_specs(loaded.model, overrides)
             reference, reference_inputs = _load_reference(options, specs)
-            golden = _golden_record(loaded.model, specs, options, int_range, reference_inputs)
+            int_ranges = int_ranges_for(loaded.model, specs, options.int_range)
+            golden = _golden_record(loaded.model, specs, options, int_ranges, reference_inputs)
             names = [r.plan.name for r in golden.signatures]
             progress.stage("build", f"{len(golden.specs)} input(s), {len(golden.keys)} output(s), golden record of "
-                                    f"{len(golden.inputs)} batches")
+                                    f"{len(golden.inputs)} batches" + (
+                                        f" (integers: {int_ranges.describe()})" if int_ranges.by_input else ""))
 
             tolerances = {k: vars(default_tolerance(_tolerance_dtype(loaded.policy, golden.raw_dtypes[k])))
                           for k in golden.keys}

@@ -66,19 +66,17 @@ def _class_key(obj) -> str:
     return keras.saving.get_registered_name(type(obj))
 
 
-def _stored_objects(model) -> set[tuple[str, str | None]] | None:
-    """(registered class name, object name) of every object the model's saved config stores, or None when the
-    config cannot be serialized (then every custom object counts; the unserializable one is reported)."""
+def _serialized_objects(obj) -> list[dict] | None:
+    """Every `{"class_name": ..., "config": ...}` node of `obj` serialized as a .keras file stores it (JSON), or
+    None when it cannot be serialized."""
     import keras
 
-    stored: set[tuple[str, str | None]] = set()
+    nodes: list[dict] = []
 
     def walk(node):
         if isinstance(node, dict):
             if isinstance(node.get("class_name"), str) and "config" in node:
-                config = node["config"]
-                name = config.get("name") if isinstance(config, dict) else None
-                stored.add((node.get("registered_name") or node["class_name"], name if isinstance(name, str) else None))
+                nodes.append(node)
             for value in node.values():
                 walk(value)
         elif isinstance(node, list):
@@ -86,9 +84,22 @@ def _stored_objects(model) -> set[tuple[str, str | None]] | None:
                 walk(value)
 
     try:
-        walk(json.loads(json.dumps(keras.saving.serialize_keras_object(model))))
+        walk(json.loads(json.dumps(keras.saving.serialize_keras_object(obj))))
     except Exception:  # a get_config() somewhere returns what JSON cannot hold
         return None
+    return nodes
+
+
+def _stored_objects(model) -> set[tuple[str, str | None]] | None:
+    """(registered class name, object name) of every object the model's saved config stores, or None when the
+    config cannot be serialized (then every custom object counts; the unserializable one is reported)."""
+    nodes = _serialized_objects(model)
+    if nodes is None:
+        return None
+    stored = set()
+    for node in nodes:
+        name = node["config"].get("name") if isinstance(node["config"], dict) else None
+        stored.add((node.get("registered_name") or node["class_name"], name if isinstance(name, str) else None))
     return stored
 
 
@@ -123,25 +134,12 @@ def custom_objects_of(model) -> list:
 
 def _serialized_function_names(layer) -> set[str]:
     """Names of the functions the layer's config stores by name (activations and the like)."""
-    import keras
-
-    names: set[str] = set()
-
-    def walk(node):
-        if isinstance(node, dict):
-            if node.get("class_name") == "function" and isinstance(node.get("config"), str):
-                names.add(node["config"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
     try:
-        walk(json.loads(json.dumps(keras.saving.serialize_keras_object(layer.get_config()))))
+        config = layer.get_config()
     except Exception:  # an unserializable config is reported by the layer's own check
-        pass
-    return names
+        return set()
+    return {node["config"] for node in _serialized_objects(config) or []
+            if node["class_name"] == "function" and isinstance(node["config"], str)}
 
 
 def _is_layer(obj) -> bool:
@@ -245,7 +243,7 @@ def _check_object(obj, calls, custom_objects, severity, compare) -> list[Finding
                         f"model cannot be saved and rebuilt; fix: return only plain values (numbers, strings, lists, "
                         f"serialized Keras objects) from get_config()")]
     findings = _check_coverage(obj, config, where, severity)
-    findings += _check_roundtrip(obj, config, serialized, calls, custom_objects, where, severity, compare)
+    findings += _check_roundtrip(obj, serialized, calls, custom_objects, where, severity, compare)
     return findings
 
 
@@ -270,7 +268,8 @@ def _scalar(value) -> bool:
 
 def _check_coverage(obj, config: dict, where: str, severity: str) -> list[Finding]:
     """Every __init__ argument is in the config, with the value the constructor received (where it is known:
-    an attribute of the same name may hold a derived value, and None defaults are resolved later on purpose)."""
+    an attribute of the same name may hold a derived value, and None defaults are resolved later on purpose).
+    A missing argument whose default and value are None is info: the check cannot decide."""
     findings = []
     if not _own_init(type(obj)):
         return []
@@ -283,6 +282,14 @@ def _check_coverage(obj, config: dict, where: str, severity: str) -> list[Findin
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or name in _BASE_ARGS:
             continue
         ok, value = _plain(received.get(name))
+        if name not in config and param.default is None and received.get(name) is None:
+            # A None default is resolved later (keras.config.image_data_format(), other arguments): this instance
+            # got None, as a rebuilt one does; whether a trained one got another value cannot be told here.
+            findings.append(Finding("info", "custom-config-unchecked",
+                                    f"{where}: get_config() does not return __init__ argument '{name}' (default "
+                                    f"None, and None here): a model built with another {name} would lose it on "
+                                    f"reload"))
+            continue
         if name not in config:
             if param.default is param.empty:
                 uses = "nothing: from_config() fails without it"
@@ -317,7 +324,7 @@ def _one_line(err: Exception) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
 
 
-def _check_roundtrip(obj, config, serialized, calls, custom_objects, where, severity, compare) -> list[Finding]:
+def _check_roundtrip(obj, serialized, calls, custom_objects, where, severity, compare) -> list[Finding]:
     """Rebuild `obj` from its config; for layers, replay the recorded calls on the original and on the rebuilt
     layer (same weights) and compare."""
     import keras
@@ -331,9 +338,9 @@ def _check_roundtrip(obj, config, serialized, calls, custom_objects, where, seve
         return [Finding("info", "custom-config-unchecked", f"{where}: the rebuilt layer was not run: {why}; its "
                                                            f"config was checked")]
 
-    try:
+    try:  # from the config as a .keras file stores it (JSON), the way a reload rebuilds the object
         with keras.saving.custom_object_scope(custom_objects):
-            clone = type(obj).from_config(copy.deepcopy(config))
+            clone = type(obj).from_config(copy.deepcopy(serialized))
         clone_config = json.loads(json.dumps(keras.saving.serialize_keras_object(clone.get_config())))
     except Exception as err:
         return finding(f"fails ({_one_line(err)})")

@@ -39,7 +39,8 @@ class SourceDescription:
         for title, tensors in (("inputs", self.inputs), ("outputs", self.outputs)):
             if tensors:
                 lines.append(f"{title}:")
-                lines += [f"  {t['key']:<24} {t['dtype']:<9} {t['shape']}" for t in tensors]
+                lines += [f"  {t['key']:<24} {t['dtype']:<9} {t['shape']}"
+                          + (f"  values {t['int_range']}" if t.get("int_range") else "") for t in tensors]
         if self.custom_objects_needed:
             lines.append("custom objects needed:")
             lines += [f"  {c['name']:<24} from {c['module'] or '?'}" for c in self.custom_objects_needed]
@@ -49,8 +50,10 @@ class SourceDescription:
         return "\n".join(lines)
 
 
-def describe_source(options: SourceOptions, allow_incomplete_config: bool = False, compare=None) -> SourceDescription:
-    """`compare` judges rebuilt custom layers' outputs (see exportkit.sources.contracts.check_contracts)."""
+def describe_source(options: SourceOptions, allow_incomplete_config: bool = False, compare=None,
+                    int_range: list[str] = ()) -> SourceDescription:
+    """`compare` judges rebuilt custom layers' outputs (see exportkit.sources.contracts.check_contracts);
+    `int_range`: --int-range values over the derived ranges, for the generated batch the model is run on."""
     from exportkit.sources import load
 
     path = options.src
@@ -71,7 +74,11 @@ def describe_source(options: SourceOptions, allow_incomplete_config: bool = Fals
         return description
     description.sha256, description.policy = loaded.sha256, loaded.policy
     description.parameters = int(loaded.model.count_params())
-    batches = _describe_io(loaded.model, description)
+    try:
+        batches = _describe_io(loaded.model, description, list(int_range))
+    except UsageError as err:  # the model fails on the generated batch: the inputs are known, say why
+        description.exit_code, description.error = EXIT_USAGE, err
+        return description
     from exportkit.sources.contracts import check_contracts
 
     description.findings = check_contracts(loaded.model, batches, loaded.custom_objects, allow_incomplete_config,
@@ -79,17 +86,25 @@ def describe_source(options: SourceOptions, allow_incomplete_config: bool = Fals
     return description
 
 
-def _describe_io(model, description: SourceDescription) -> list[dict]:
-    """Inputs and outputs from one generated batch, which is returned for the contract check."""
+def _describe_io(model, description: SourceDescription, int_range: list[str]) -> list[dict]:
+    """Inputs and outputs from one generated batch (integers in the derived ranges, as export draws them), which
+    is returned for the contract check."""
     import tensorflow as tf
 
-    from exportkit.batches import generate_batches
+    from exportkit.batches import format_int_range, generate_batches
+    from exportkit.sources.int_ranges import generated_inputs_failure, int_ranges_for
     from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs
 
     specs = model_input_specs(model, [])
-    description.inputs = [{"key": s.key, "dtype": s.dtype, "shape": s.shape} for s in specs]
-    batch = generate_batches(specs, samples=1, seed=0)[0]
-    outputs = keyed_outputs(model, feed_model(model, {k: tf.constant(v) for k, v in batch.items()}))
+    ranges = int_ranges_for(model, specs, int_range)
+    description.inputs = [{"key": s.key, "dtype": s.dtype, "shape": s.shape,
+                           **({"int_range": format_int_range(ranges.of(s.key))} if s.key in ranges.by_input else {})}
+                          for s in specs]
+    batch = generate_batches(specs, samples=1, seed=0, int_range=ranges)[0]
+    try:
+        outputs = keyed_outputs(model, feed_model(model, {k: tf.constant(v) for k, v in batch.items()}))
+    except (tf.errors.OpError, ValueError, TypeError) as err:
+        raise generated_inputs_failure(err, specs, ranges) from err
     for key, tensor in outputs.items():
         shape = [-1] + [int(d) for d in tensor.shape[1:]]
         description.outputs.append({"key": key, "dtype": tensor.dtype.name, "shape": shape})

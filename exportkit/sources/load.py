@@ -118,8 +118,21 @@ def _is_keras_object(obj, module_name: str) -> bool:
     return pyinspect.isfunction(obj)
 
 
+def _registered_from(module_name: str) -> dict:
+    """The objects Keras' global registry holds that `module_name` or its submodules defined (a package such as
+    keras_hub registers its classes with @register_keras_serializable as its submodules are imported)."""
+    import keras
+
+    def inside(obj) -> bool:
+        module = getattr(obj, "__module__", None) or ""
+        return module == module_name or module.startswith(module_name + ".")
+
+    return {name: obj for name, obj in keras.saving.get_custom_objects().items() if inside(obj)}
+
+
 def import_custom_objects(refs: list[str]) -> dict:
-    """`module` offers every Keras class or function defined in it; `module:Name` offers one object."""
+    """`module` offers every Keras class or function defined in it and every object it registered with Keras
+    (its submodules' too); `module:Name` offers one object."""
     import keras
 
     objects = {}
@@ -132,8 +145,9 @@ def import_custom_objects(refs: list[str]) -> dict:
             found = {attr: getattr(module, attr)}
         else:
             found = {n: o for n, o in vars(module).items() if _is_keras_object(o, module.__name__)}
+            found.update({name.split(">")[-1]: obj for name, obj in _registered_from(module.__name__).items()})
             if not found:
-                raise UsageError(f"module {module_name} defines no Keras layers, models or functions",
+                raise UsageError(f"module {module_name} defines or registers no Keras layers, models or functions",
                                  "pass the module that defines the custom objects, or module:Name")
         for name, obj in found.items():
             objects[name] = obj

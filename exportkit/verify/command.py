@@ -14,7 +14,7 @@ Examples encoded from the very tensor batches its tensor twin gets, and the two 
 """
 from __future__ import annotations
 
-from exportkit.batches import parse_int_range
+from exportkit.batches import parse_int_range_flags, recorded_int_ranges
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.layout import read_manifest
 from exportkit.runtimes import RUNTIME_KINDS
@@ -89,7 +89,7 @@ def _options(o: VerifyOptions):
 def _read(o: VerifyOptions, devices: list[str], per_output: dict):
     """(Model, the report with the static findings, the io-op findings that refuse execution): the SavedModel read
     and linted (pure protobuf, no TensorFlow import, nothing started)."""
-    lo_hi = parse_int_range(o.int_range) if o.int_range else None
+    parse_int_range_flags(o.int_range)  # a bad --int-range fails before the model is read
     version_dir, proto, signatures = read_model(o.path)
     selected = selected_signatures(o.signature_name, signatures)
     findings, refused = checks.static_findings(o, proto, version_dir)
@@ -101,8 +101,8 @@ def _read(o: VerifyOptions, devices: list[str], per_output: dict):
         require_gpu()  # before any process is started: no GPU is an infrastructure failure (exit 3)
     manifest, manifest_findings = read_manifest(version_dir)
     findings += manifest_findings
-    if lo_hi is None:  # the range the model was exported with fits its integer inputs (e.g. a vocabulary)
-        lo_hi = parse_int_range((manifest or {}).get("golden", {}).get("int_range") or "0:10")
+    # the ranges the model was exported with fit its integer inputs (e.g. vocabularies); --int-range over them
+    lo_hi = recorded_int_ranges(o.int_range, manifest, signatures)
     if o.baseline:
         findings += checks.baseline_findings(o, signatures, selected)
     report = VerifyReport(path=str(version_dir), signature=", ".join(selected) or (o.signature_name or ""),

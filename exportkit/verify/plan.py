@@ -32,7 +32,7 @@ class Model:
     signatures: dict = field(repr=False)  # {name: signature in savedmodel.signatures_of's form}
     selected: list[str]  # the signatures to verify
     manifest: dict | None = field(repr=False)  # exportkit's manifest (None: a SavedModel exportkit did not write)
-    int_range: tuple | None = None  # (LO, HI) for generated integer inputs
+    int_range: Any = None  # batches.IntRanges: [LO, HI) of generated integer inputs, per input
 
 
 @dataclass
