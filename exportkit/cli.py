@@ -351,7 +351,7 @@ def compat(
 
     def go():
         from exportkit.serving.launcher import LaunchOptions
-        from exportkit.verify.matrix import compat_command
+        from exportkit.verify.compat_command import compat_command
 
         return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
                               samples=samples, seed=seed, int_range=int_range or [], atol=atol, rtol=rtol, tol=tol,
