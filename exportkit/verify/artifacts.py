@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 from exportkit.errors import UsageError
+from exportkit.files import write_atomic
+
+STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
 
 def check_report_options(html: str | None, summary: str | None) -> None:
@@ -42,19 +44,10 @@ def check_report_path(path: str | None, what: str = "--html") -> None:
 def write_report(path: str, render: Callable[[], str], what: str = "HTML report") -> bool:
     """Render and write atomically; a failure here is reported on stderr and never raised (the check decided)."""
     try:
-        text = render()
-        target = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.resolve().parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, render(), f"the {what} {path}")
     except Exception as err:  # noqa: BLE001  (the report is a by-product: the check's exit code stands)
-        print(f"warning: the {what} {path} was not written: {type(err).__name__}: {err}", file=sys.stderr)
+        message = getattr(err, "message", None) or f"{type(err).__name__}: {err}"
+        print(f"warning: the {what} {path} was not written: {message}", file=sys.stderr)
         return False
     print(f"{what}: {path}", file=sys.stderr)
     return True
@@ -63,7 +56,7 @@ def write_report(path: str, render: Callable[[], str], what: str = "HTML report"
 def write_verify(report, html: str | None, summary: str | None) -> None:
     """verify's HTML report and Markdown summary from the finished VerifyReport (also appended to
     $GITHUB_STEP_SUMMARY when it is set)."""
-    from exportkit.verify.summary import verify_markdown, write_summary
+    from exportkit.verify.summary import verify_markdown
 
     if html:
         from exportkit.verify.html import verify_html
@@ -73,7 +66,7 @@ def write_verify(report, html: str | None, summary: str | None) -> None:
 
 
 def write_compat(report, html: str | None, summary: str | None, other_device: list | None = None) -> None:
-    from exportkit.verify.summary import compat_markdown, write_summary
+    from exportkit.verify.summary import compat_markdown
 
     if html:
         from exportkit.verify.html import compat_html
@@ -84,10 +77,26 @@ def write_compat(report, html: str | None, summary: str | None, other_device: li
 
 def write_export(summary_json: dict | None, verdict: str, passed: bool, html: str | None, summary: str | None,
                  error: tuple[str, str | None] | None = None) -> None:
-    from exportkit.verify.summary import export_markdown, write_summary
+    from exportkit.verify.summary import export_markdown
 
     if html:
         from exportkit.verify.html import export_html
 
         write_report(html, lambda: export_html(summary_json, verdict, passed, error))
     write_summary(summary, lambda: export_markdown(summary_json, verdict, passed))
+
+
+def write_summary(path: str | None, render: Callable[[], str], append_step_summary: bool = False) -> None:
+    """--summary FILE (written atomically), and appended to $GITHUB_STEP_SUMMARY when asked and set. Rendered
+    only when wanted; a failure is a warning on stderr (the check's exit code stands)."""
+    if path:
+        write_report(path, render, "summary")
+    step = os.environ.get(STEP_SUMMARY)
+    if append_step_summary and step and (not path or Path(step).resolve() != Path(path).resolve()):
+        try:
+            text = render()
+            with open(step, "a", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+        except Exception as err:  # noqa: BLE001
+            print(f"warning: could not append to ${STEP_SUMMARY} ({step}): {type(err).__name__}: {err}",
+                  file=sys.stderr)

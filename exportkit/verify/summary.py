@@ -5,14 +5,7 @@ Made for `$GITHUB_STEP_SUMMARY` and merge-request comments; verify appends to `$
 """
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-from typing import Callable
-
 from exportkit.verify.report import VerifyReport, _g, _pct, _who, clean, error_cause, needs, shorten, verdict_line
-
-STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
 
 def cell(x) -> str:
@@ -72,21 +65,3 @@ def export_markdown(summary: dict | None, verdict: str, passed: bool) -> str:
         rows += [[s["name"], "output", k, d, ""] for s in summary["signatures"] for k, d in s["outputs"].items()]
         lines += _table(["signature", "", "key", "dtype", "shape"], rows)
     return "\n".join(lines + ["", f"**{cell(verdict)}**", ""])
-
-
-def write_summary(path: str | None, render: Callable[[], str], append_step_summary: bool = False) -> None:
-    """--summary FILE (written atomically), and appended to $GITHUB_STEP_SUMMARY when asked and set. Rendered
-    only when wanted; a failure is a warning on stderr (the check's exit code stands)."""
-    from exportkit.verify.artifacts import write_report
-
-    if path:
-        write_report(path, render, "summary")
-    step = os.environ.get(STEP_SUMMARY)
-    if append_step_summary and step and (not path or Path(step).resolve() != Path(path).resolve()):
-        try:
-            text = render()
-            with open(step, "a", encoding="utf-8") as fh:
-                fh.write(text + "\n")
-        except Exception as err:  # noqa: BLE001
-            print(f"warning: could not append to ${STEP_SUMMARY} ({step}): {type(err).__name__}: {err}",
-                  file=sys.stderr)
