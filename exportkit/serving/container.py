@@ -181,7 +181,11 @@ class Container:
         if batching_parameters:
             inside = f"{CONFIG_DIR}/batching_parameters.txt"
             args += ["-v", f"{os.path.abspath(batching_parameters)}:{inside}:ro"]
-        proc = cli.run(*args, image, *batching_flags(inside), check=False)
+        try:
+            proc = cli.run(*args, image, *batching_flags(inside), check=False)
+        except BaseException:  # interrupted while `run` was creating it: remove it by the name we gave it
+            cli.run("rm", "-f", name, check=False)
+            raise
         if proc.returncode != 0:
             cli.run("rm", "-f", name, check=False)  # created but not started: nothing may stay behind
             raise InfraError(f"`{cli.name} run {image}` failed: {_last_line(proc.stderr or proc.stdout)}",
