@@ -32,6 +32,7 @@ from exportkit.errors import InfraError, UsageError
 from exportkit.files import os_error
 from exportkit.lint import cache_dir
 from exportkit.tfenv import tensorflow_version
+from exportkit.processes import pid_alive
 
 READY = "exportkit-env.json"
 WORKER = Path(__file__).with_name("worker.py")
@@ -250,13 +251,7 @@ def _terminated(signum, frame):
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid != os.getpid()  # our own pid reused from a dead install's: stale too
+    return pid != os.getpid() and pid_alive(pid)  # our own pid reused from a dead install's: stale too
 
 
 def _die_with_parent() -> None:

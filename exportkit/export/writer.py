@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from exportkit.errors import InfraError, UsageError
+from exportkit.processes import pid_alive
 
 STAGING_PREFIX = ".exportkit-"
 # .exportkit-<version>-<owner pid>-<random>: the version it reserves and the process that owns it.
@@ -61,16 +62,6 @@ def staging_version(staging: Path) -> int:
     return int(_STAGING.fullmatch(staging.name).group("version"))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def _reservations(base: Path, notice: Callable[[str], None]) -> dict[int, int]:
     """{version: pid} of live exports into `base`; staging directories whose owner process is gone are removed
     (a SIGKILLed export cannot clean up after itself)."""
@@ -80,7 +71,7 @@ def _reservations(base: Path, notice: Callable[[str], None]) -> dict[int, int]:
         if not match or not entry.is_dir():
             continue
         pid = int(match.group("pid"))
-        if pid != os.getpid() and not _alive(pid):
+        if pid != os.getpid() and not pid_alive(pid):
             shutil.rmtree(entry, ignore_errors=True)
             notice(f"exportkit: removed stale staging directory {entry} (its export, process {pid}, is gone)")
         else:

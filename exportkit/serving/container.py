@@ -20,6 +20,7 @@ import socket
 import subprocess
 
 from exportkit.errors import InfraError, UsageError
+from exportkit.processes import pid_alive
 
 IMAGE_REPO = "tensorflow/serving"
 LABEL = "org.exportkit.run"
@@ -126,16 +127,6 @@ def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale(cli: ContainerCli) -> list[str]:
     """Remove the containers that exportkit runs on this host left behind when they were killed; their names."""
     proc = cli.run("ps", "-a", "--filter", f"label={LABEL}", "--format", '{{.ID}} {{.Label "%s"}} {{.Names}}' % LABEL,
@@ -148,7 +139,7 @@ def remove_stale(cli: ContainerCli) -> list[str]:
             continue
         container, owner, name = parts[0], parts[1], parts[2]
         owner_host, _, pid = owner.rpartition(":")
-        if owner_host != host or not pid.isdigit() or _pid_alive(int(pid)):
+        if owner_host != host or not pid.isdigit() or pid_alive(int(pid)):
             continue  # another machine's, or a run still going
         cli.run("rm", "-f", container, check=False)
         removed.append(name)
