@@ -312,9 +312,7 @@ def _start_servers(core: ServerCore, options: ServerOptions, grpc_options, metri
     if options.rest_api_port:
         from exportkit.serving.http_handler import start_rest
 
-        rest, rest_bound = start_rest(core, options.rest_api_port)
-        if metrics is not None:
-            rest.RequestHandlerClass = _with_metrics(rest.RequestHandlerClass, metrics)
+        rest, rest_bound = start_rest(core, options.rest_api_port, routes=_metrics_route(metrics))
         servers.append(rest)
         line += REST_SUFFIX.format(rest_address=f"127.0.0.1:{rest_bound}")  # completed by _address_line
         log.info("REST API on 127.0.0.1:%d", rest_bound)
@@ -330,19 +328,11 @@ def _address_line(core: ServerCore, addresses: str) -> str:
     return f"{line} {rest}" if rest else line
 
 
-def _with_metrics(handler_class, metrics):
-    """The REST handler, plus GET <prometheus path> answering the metrics (http_rest_api_handler.cc's
+def _metrics_route(metrics) -> dict:
+    """GET <prometheus path> answering the metrics, on the REST server (http_rest_api_handler.cc's
     ProcessPrometheusRequest is part of the same HTTP server in TF Serving)."""
+    from exportkit.serving.http_server import Response
 
-    class MetricsHandler(handler_class):
-        def do_GET(self):  # noqa: N802 — the stdlib's naming
-            if self.path.split("?", 1)[0] != metrics.path:
-                return super().do_GET()
-            payload = metrics.render()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-    return MetricsHandler
+    if metrics is None:
+        return {}
+    return {metrics.path: lambda request: Response(200, metrics.render(), "text/plain; version=0.0.4")}
