@@ -92,9 +92,8 @@ def test_a_cache_directory_that_is_a_file(cache):
 def test_the_next_install_removes_a_killed_installs_build_and_its_processes(cache, capsys):
     from exportkit.compat import envs
 
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    stale = cache / "tf" / f".2.15.building-{dead.pid}"
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process has it (a finished child's pid
+    stale = cache / "tf" / f".2.15.building-{dead}"                 # can be reused while other tests spawn)
     (stale / "bin").mkdir(parents=True)
     leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(stale / "bin" / "pip")])
     envs.root().mkdir(parents=True, exist_ok=True)
