@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import gc
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from exportkit import layout
 from exportkit.version import __version__
 from exportkit import reference as refs
 from exportkit.errors import CheckFailed, ExportkitError, UsageError
-from exportkit.files import write_atomic
+from exportkit.files import print_report
 from exportkit.dtypes import HALF_DTYPES, name_of, name_of_array
 from exportkit.export import selfcheck
 from exportkit.export import signature as sig
@@ -529,11 +528,6 @@ def export_command(*, src, output=None, spec_path=None, json_out=None, html=None
         if html or summary:
             write_export(None, f"FAILED: {shorten(err.message, 180)}", False, html, summary, (err.message, err.remedy))
         raise
-    if json_out == "-":
-        print(json.dumps(summary_json(result), indent=2))
-    else:
-        print(render_summary(result))
-        if json_out:
-            write_atomic(json_out, json.dumps(summary_json(result), indent=2) + "\n", f"--json {json_out}")
+    print_report(render_summary(result), summary_json(result), json_out)
     write_export(summary_json(result), export_verdict(result), True, html, summary)
     return 0

@@ -9,7 +9,6 @@ and compared the same way: the ground truth the prediction and the managed loade
 """
 from __future__ import annotations
 
-import json
 import sys
 
 from exportkit.errors import UsageError
@@ -25,7 +24,7 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
     LaunchOptions). `server`: stock (TF X.Y and the op libraries tensorflow_model_server links) or tf-only."""
     from exportkit.compat import analysis, parse_versions
     from exportkit.compat.registry import SERVERS
-    from exportkit.files import write_atomic
+    from exportkit.files import print_report
     from exportkit.savedmodel import select_meta_graph
     from exportkit.spec import check_tolerances
     from exportkit.verify.artifacts import check_report_options, write_compat
@@ -57,12 +56,7 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
         _observe(rows, version_dir, signature_name, signature, samples, seed, int_range, atol, rtol, tol,
                  run=run, servers=servers, device=device, launch=launch, load_timeout=load_timeout)
     report = CompatReport(path=str(version_dir), device=device, versions=rows)
-    if json_out == "-":
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        print(render_text(report, run))
-        if json_out:
-            write_atomic(json_out, json.dumps(report.to_json(), indent=2) + "\n", f"--json {json_out}")
+    print_report(render_text(report, run), report.to_json(), json_out)
     sys.stdout.flush()
     # the HTML shows the static forecast of the other device too (cheap: no TensorFlow), as a version x device matrix
     other = "gpu" if device == "cpu" else "cpu"

@@ -5,10 +5,9 @@ Rendering itself is verify/report.py's; this only decides where each rendering g
 """
 from __future__ import annotations
 
-import json
 import sys
 
-from exportkit.files import write_atomic
+from exportkit.files import print_report, write_atomic
 from exportkit.spec import VerifyOptions
 from exportkit.verify.report import VerifyReport
 
@@ -18,12 +17,7 @@ def finish(report: VerifyReport, o: VerifyOptions) -> int:
     from exportkit.verify.report import render_text, to_json, to_junit_xml
 
     json_out, junit = o.json_out, o.junit
-    if json_out == "-":
-        print(json.dumps(to_json(report), indent=2))
-    else:
-        print(render_text(report))
-        if json_out:
-            write_atomic(json_out, json.dumps(to_json(report), indent=2) + "\n", f"--json {json_out}")
+    print_report(render_text(report) if json_out != "-" else "", to_json(report), json_out)
     if junit:
         write_atomic(junit, to_junit_xml(report), f"--junit {junit}")
     sys.stdout.flush()
