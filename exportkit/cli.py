@@ -255,6 +255,9 @@ def verify(
     beam_option: Optional[List[str]] = typer.Option(None, "--beam-option", help="--runner beam: KEY=VALUE pipeline option (repeatable)."),
     tf_versions: Optional[List[str]] = typer.Option(None, "--tf", help="Also run the session runtime on TensorFlow X.Y (2.12-2.21; a list, a range or all; repeatable), in a managed environment."),
     op_library: Optional[List[str]] = OP_LIBRARY,
+    max_latency_ms: Optional[float] = typer.Option(None, "--max-latency-ms", metavar="MS",
+                                                   help="Fail (exit 1) when a runtime's steady-state p99 request "
+                                                        "latency (the batches after its first) exceeds MS."),
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
@@ -274,7 +277,8 @@ def verify(
             load_timeout=load_timeout, device=device, allow_tf32=allow_tf32, allow_io_ops=allow_io_ops,
             allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json_out=json_out,
             junit=junit, html=html, summary=summary, data=data, limit=limit, batch_size=batch_size, sample=sample,
-            save_failures=save_failures, runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or []))
+            save_failures=save_failures, runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or [],
+            max_latency_ms=max_latency_ms))
 
     _run(_with_op_libraries(go, op_library), debug)
 

@@ -192,6 +192,7 @@ class VerifyOptions:
     runner: str = "in-process"
     beam_options: list[str] = field(default_factory=list)
     tf_versions: list[str] = field(default_factory=list)  # --tf: also session@X.Y in managed environments
+    max_latency_ms: float | None = None  # fail when a runtime's steady-state p99 exceeds it (verify/latency.py)
 
     def __post_init__(self):
         check_tolerances(self.atol, self.rtol)

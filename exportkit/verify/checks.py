@@ -3,7 +3,8 @@
 Before anything starts (static, no TensorFlow): lint, assets, the I/O-op refusal, --baseline.
 While the runtimes are up: the served signatures and warm-up replay (`serving_checks`), generated inputs rejected.
 From the outputs: batch independence, determinism and REST = gRPC (`behaviours`, pure functions in
-verify/behaviours.py), and the training-time reference chain (`reference_chain`).
+verify/behaviours.py), NaN/Inf (`non_finite`, verify/finite.py), and the training-time reference chain
+(`reference_chain`).
 A new check goes here (its pure part beside it, like behaviours.py and baseline.py).
 """
 from __future__ import annotations
@@ -124,6 +125,13 @@ def behaviours(report: VerifyReport, outputs: dict[str, list], batches, toleranc
         found = [Finding(f.severity, f.code, f"signature '{signature}': {f.message}") for f in found]
     report.findings += found
     return noisy
+
+
+def non_finite(report: VerifyReport, outputs: dict[str, list], signature: str | None = None) -> None:
+    """NaN/Inf in the outputs: a warning, an error where the reference was finite (verify/finite.py)."""
+    from exportkit.verify.finite import non_finite_findings
+
+    report.findings += non_finite_findings(outputs, signature)
 
 
 def drop_outputs(outputs: dict[str, list], keys: set[str]) -> None:

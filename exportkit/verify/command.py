@@ -26,6 +26,7 @@ from exportkit.verify.compare import parse_tol
 from exportkit.verify.dataset import verify_data
 from exportkit.verify.execute import Execution, run_plan, started, versioned_pythons
 from exportkit.verify.inputs import rows
+from exportkit.verify.latency import latency_findings
 from exportkit.verify.output import finish, save
 from exportkit.verify.pairs import agreement, compare_all
 from exportkit.verify.plan import (Model, Plan, check_tol_keys, devices_of, make_plan, protocol_of, read_model,
@@ -61,6 +62,7 @@ def verify_command(o: VerifyOptions) -> int:
         report.findings += checks.rejected_inputs_findings(runtimes_)
         report.findings += tf2_only_failures([r for per in execution.results.values() for r in per])
     _judge(o, plan, execution, report, model)
+    report.findings += latency_findings(report.runtimes, o.max_latency_ms)
     if o.save_outputs:
         for c in plan.checks:
             for label, per_batch in execution.outputs[c.name].items():
@@ -75,6 +77,9 @@ def verify_command(o: VerifyOptions) -> int:
 def _options(o: VerifyOptions):
     """(devices, runtime names, per-output tolerances): the flags that need no model, checked first."""
     devices = devices_of(o.device)
+    if o.max_latency_ms is not None and not o.max_latency_ms > 0:
+        raise UsageError(f"--max-latency-ms {o.max_latency_ms:g} must be a positive number of milliseconds",
+                         "pass --max-latency-ms 50 (for example)")
     if o.data and o.tf_versions:
         raise UsageError("--tf runs on the generated/golden batches, not on --data records (not supported yet)",
                          "run `exportkit verify PATH --tf X.Y` and `exportkit verify PATH --data GLOB` separately")
@@ -167,6 +172,7 @@ def _judge(o: VerifyOptions, plan: Plan, execution: Execution, report: VerifyRep
             report.findings.append(state.finding)
         if noisy and (o.allow_nondeterministic or state is not None):
             checks.drop_outputs(outputs, noisy)
+        checks.non_finite(report, outputs, c.name if len(plan.checks) > 1 else None)
         compare_all(sub, outputs, c.batches, c.tolerance, plan.devices, plan.pairs_of(c, "reference")
                     + plan.pairs_of(c, "device"))
         for result in sub.runtimes:

@@ -12,6 +12,7 @@ import numpy as np
 from exportkit.dtypes import name_of_array
 from exportkit.findings import Finding
 from exportkit.verify.compare import OutputComparison, to_jsonable
+from exportkit.verify.latency import latency_text
 from exportkit.version import __version__
 
 SCHEMA_VERSION = 1
@@ -29,6 +30,7 @@ class RuntimeResult:
     is_reference: bool = False
     comparisons: list[OutputComparison] = field(default_factory=list)
     signature: str | None = None  # the signature these outputs answer for
+    latency: dict | None = None  # {"requests", "first_ms", "p50_ms", "p99_ms"} (verify/latency.py); None: not timed
 
     @property
     def passed(self) -> bool:
@@ -239,7 +241,19 @@ def verdict_line(report: VerifyReport) -> str:
                 f"output{'s' if len(keys) != 1 else ''} (reference: {report.reference})")
     if skipped:
         line += "; skipped: " + ", ".join(skipped)
-    return line
+    return line + non_finite_note(report)
+
+
+_NON_FINITE = re.compile(r"output '([^']+)' is (\S+) in")
+
+
+def non_finite_note(report: VerifyReport) -> str:
+    """'; but output 'y' is NaN in every answer' for a passing verdict: agreeing on NaN is no pass to be quiet about."""
+    found = [m.groups() for f in report.findings if f.code == "non-finite-output" and f.severity == "warning"
+             for m in [_NON_FINITE.search(f.message)] if m]
+    if not found:
+        return ""
+    return "; but " + ", ".join(f"output '{key}' holds {kinds}" for key, kinds in found) + " (finding non-finite-output)"
 
 
 def tensors_of(batch: dict) -> dict:
@@ -251,7 +265,7 @@ def tensors_of(batch: dict) -> dict:
 # --------------------------------------------------------------------------------------------- text
 
 _HEADERS = ("RUNTIME", "DEVICE", "OUTPUT", "RESULT", "MAX ABS ERR", "MAX REL ERR", "OVER TOL", "TOLERANCE", "TIME",
-            "NOTE")
+            "FIRST/P50/P99 MS", "NOTE")
 
 
 def _rows(report: VerifyReport) -> list[tuple[str, ...]]:
@@ -264,15 +278,15 @@ def _rows(report: VerifyReport) -> list[tuple[str, ...]]:
 
 def _runtime_rows(r: RuntimeResult) -> list[tuple[str, ...]]:
     dev = r.device or "-"
-    t = f"{r.seconds:.2f}s"
+    t, ms = f"{r.seconds:.2f}s", latency_text(r.latency)
     if r.status == "error":
-        return [(r.name, dev, "-", "ERROR", "-", "-", "-", "-", t, _first_line(r.error))]
+        return [(r.name, dev, "-", "ERROR", "-", "-", "-", "-", t, ms, _first_line(r.error))]
     if r.status == "skipped":
-        return [(r.name, dev, "-", "SKIP", "-", "-", "-", "-", t, _first_line(r.error))]
+        return [(r.name, dev, "-", "SKIP", "-", "-", "-", "-", t, ms, _first_line(r.error))]
     if r.is_reference and not r.comparisons:
-        return [(r.name, dev, "*", "REF", "-", "-", "-", "-", t, "reference")]
+        return [(r.name, dev, "*", "REF", "-", "-", "-", "-", t, ms, "reference")]
     if not r.comparisons:
-        return [(r.name, dev, "-", "PASS", "-", "-", "-", "-", t, "no outputs compared")]
+        return [(r.name, dev, "-", "PASS", "-", "-", "-", "-", t, ms, "no outputs compared")]
     rows = []
     for i, c in enumerate(r.comparisons):
         note = "" if c.passed else c.reason or ""
@@ -281,7 +295,7 @@ def _runtime_rows(r: RuntimeResult) -> list[tuple[str, ...]]:
             note = f"{note}; {n}" if note else n
         rows.append((r.name if i == 0 else "", dev if i == 0 else "", c.key, "PASS" if c.passed else "FAIL",
                      _g(c.max_abs_err), _g(c.max_rel_err), _pct(c.mismatch_fraction), _tol(c),
-                     t if i == 0 else "", note))
+                     t if i == 0 else "", ms if i == 0 else "", note))
     return rows
 
 
@@ -404,6 +418,7 @@ def runtime_to_dict(r: RuntimeResult) -> dict:
         "name": r.name, "kind": r.kind, "device": r.device, "server": to_jsonable(r.server), "status": r.status,
         "error": None if r.error is None else clean(r.error), "seconds": round(float(r.seconds), 6), "is_reference": bool(r.is_reference),
         "passed": r.passed, "outputs": [c.to_dict() for c in r.comparisons], "signature": r.signature,
+        "latency": r.latency,
     }
 
 
