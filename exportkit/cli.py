@@ -241,7 +241,9 @@ def verify(
     allow_tf32: bool = typer.Option(False, "--allow-tf32", help="Keep TensorFloat-32 on during GPU runs."),
     allow_io_ops: bool = typer.Option(False, "--allow-io-ops", help="Execute graphs that read/write files, use the network or print (refused by default)."),
     allow_nondeterministic: bool = typer.Option(False, "--allow-nondeterministic", help="Outputs that differ between two identical requests are a warning (and not compared), not an error."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="Previously released SavedModel: fail on breaking signature changes."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Previously released SavedModel: fail on breaking signature changes "
+                                           "(default: the newest lower version in the base directory, or with --serving HOST:PORT the deployed model)."),
+    no_baseline: bool = typer.Option(False, "--no-baseline", help="Do not compare the signatures with a released version."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout)."),
     junit: Optional[str] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
     html: Optional[str] = HTML,
@@ -278,7 +280,7 @@ def verify(
             allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json_out=json_out,
             junit=junit, html=html, summary=summary, data=data, limit=limit, batch_size=batch_size, sample=sample,
             save_failures=save_failures, runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or [],
-            max_latency_ms=max_latency_ms))
+            max_latency_ms=max_latency_ms, no_baseline=no_baseline))
 
     _run(_with_op_libraries(go, op_library), debug)
 

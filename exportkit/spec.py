@@ -178,7 +178,8 @@ class VerifyOptions:
     reference: str | None = None  # --reference: a training-time reference (.npz from exportkit.record_reference)
     allow_io_ops: bool = False  # execute graphs whose signatures reach I/O ops (refused by default)
     allow_nondeterministic: bool = False  # nondeterministic outputs: a warning, left out of the comparisons
-    baseline: str | None = None
+    baseline: str | None = None  # None: the newest lower version in the base dir, or the deployed one (HOST:PORT)
+    no_baseline: bool = False  # --no-baseline: compare the signatures with no released ones
     json_out: str | None = None
     junit: str | None = None
     html: str | None = None  # --html FILE: the self-contained HTML report

@@ -60,6 +60,7 @@ def verify_command(o: VerifyOptions) -> int:
         checks.serving_checks(runtimes_, model.signatures, model.selected, model.version_dir, execution.results,
                               report, execution.infra)
         report.findings += checks.rejected_inputs_findings(runtimes_)
+        checks.dynamic_dims(o, plan.checks, runtimes_, execution.results, report, model.int_range, execution.infra)
         report.findings += tf2_only_failures([r for per in execution.results.values() for r in per])
     _judge(o, plan, execution, report, model)
     report.findings += latency_findings(report.runtimes, o.max_latency_ms)
@@ -77,6 +78,8 @@ def verify_command(o: VerifyOptions) -> int:
 def _options(o: VerifyOptions):
     """(devices, runtime names, per-output tolerances): the flags that need no model, checked first."""
     devices = devices_of(o.device)
+    if o.baseline and o.no_baseline:
+        raise UsageError("--baseline and --no-baseline contradict each other", "pass one of them")
     if o.max_latency_ms is not None and not o.max_latency_ms > 0:
         raise UsageError(f"--max-latency-ms {o.max_latency_ms:g} must be a positive number of milliseconds",
                          "pass --max-latency-ms 50 (for example)")
@@ -108,11 +111,11 @@ def _read(o: VerifyOptions, devices: list[str], per_output: dict):
     findings += manifest_findings
     # the ranges the model was exported with fit its integer inputs (e.g. vocabularies); --int-range over them
     lo_hi = recorded_int_ranges(o.int_range, manifest, signatures)
-    if o.baseline:
-        findings += checks.baseline_findings(o, signatures, selected)
+    baseline_found, baseline = checks.baseline_findings(o, signatures, selected, version_dir)
+    findings += baseline_found
     report = VerifyReport(path=str(version_dir), signature=", ".join(selected) or (o.signature_name or ""),
                           reference="", runtimes=[], findings=list(findings), inputs={}, tf32=None,
-                          exportkit_version=__version__, signatures=list(selected))
+                          exportkit_version=__version__, signatures=list(selected), baseline=baseline)
     return Model(version_dir, proto, signatures, selected, manifest, lo_hi), report, refused
 
 

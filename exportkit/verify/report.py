@@ -53,6 +53,9 @@ class VerifyReport:
     chain: list[dict] = field(default_factory=list)
     signatures: list[str] = field(default_factory=list)  # every signature verified, in order
     references: dict[str, str] = field(default_factory=dict)  # signature -> its reference runtime
+    # the signatures compared with the released ones: {"new", "old", "source": previous-version | serving |
+    # --baseline | none, "why"?} (verify/checks.py baseline_findings); None: not compared
+    baseline: dict | None = None
 
     @property
     def passed(self) -> bool:
@@ -154,7 +157,12 @@ def failures(report: VerifyReport) -> list[str]:
     """One short sentence per reason the report fails, in report order (the whole reasons are in the sections
     above the verdict). Runtimes that failed the same way, or on the same output, share one sentence."""
     out = []
-    errors = [f.code for f in report.findings if f.severity == "error"]
+    breaking = [f.message.split(";")[0].split(" (compared with")[0] for f in report.findings
+                if f.severity == "error" and f.code.startswith("baseline-")]
+    if breaking:
+        old = (report.baseline or {}).get("old") or "the released version"
+        out.append(shorten(f"breaks clients of {old}: {'; '.join(breaking)}", 150))
+    errors = [f.code for f in report.findings if f.severity == "error" and not f.code.startswith("baseline-")]
     if errors:
         codes = ", ".join(dict.fromkeys(errors))
         out.append(f"lint: {len(errors)} error{'s' if len(errors) != 1 else ''} ({codes})")
@@ -360,6 +368,17 @@ def batch_sizes_text(sizes: list[int], limit: int = 8) -> str:
     return ", ".join(parts)
 
 
+BASELINE_SOURCES = {"previous-version": "the version TF Serving served before", "serving": "what clients get now",
+                    "--baseline": "--baseline"}
+
+
+def baseline_text(baseline: dict) -> str:
+    """'baseline: signatures compared with models/m/1 (the version TF Serving served before)'."""
+    if baseline.get("old") is None:
+        return f"baseline: none ({baseline.get('why') or 'not compared'})"
+    return f"baseline: signatures compared with {baseline['old']} ({BASELINE_SOURCES.get(baseline['source'], '')})"
+
+
 def render_text(report: VerifyReport) -> str:
     """Plain text (no ANSI codes): header, table runtime x output, servers, findings, one verdict line."""
     inp = report.inputs or {}
@@ -378,6 +397,8 @@ def render_text(report: VerifyReport) -> str:
                     + (f", {inp['runner']} runner" if inp.get("runner") else ""))
     tf32 = {None: "n/a", True: "on", False: "off"}[report.tf32]
     head.append(", ".join(desc) + f"; reference: {report.reference}; tf32: {tf32}")
+    if report.baseline:
+        head.append(baseline_text(report.baseline))
     headers = ("SIGNATURE", *_HEADERS) if _several(report) else _HEADERS
     lines = head + [""] + _table(headers, _rows(report))
     if report.chain:
@@ -439,6 +460,7 @@ def to_json(report: VerifyReport) -> dict:
         "runtimes": [runtime_to_dict(r) for r in report.runtimes],
         "findings": [f.to_dict() for f in report.findings],
         "reference_chain": to_jsonable(report.chain),
+        "baseline": to_jsonable(report.baseline),
     }
 
 
