@@ -184,6 +184,9 @@ def export(
     json_out: Optional[str] = typer.Option(None, "--json", help="Write a JSON summary here ('-' for stdout)."),
     html: Optional[str] = HTML,
     summary: Optional[str] = SUMMARY,
+    batching_parameters: Optional[str] = typer.Option(None, "--batching-parameters", metavar="FILE",
+                                                      help="TF Serving BatchingParameters text proto the model is "
+                                                           "served with: the warm-up covers every allowed_batch_sizes entry."),
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
@@ -200,7 +203,7 @@ def export(
             signature_name=signature_name, input_specs=input_spec or [], keep_output_dtype=keep_output_dtype,
             int_range=int_range or [], reference=reference, allow_incomplete_config=allow_incomplete_config,
             signatures=signature or [], feature_spec=feature_spec,
-            output_names=output_names,
+            output_names=output_names, batching_parameters=batching_parameters,
             unsafe=source.unsafe, no_verify=no_verify, json_out=json_out, html=html, summary=summary)
 
     _run(go, debug)

@@ -144,6 +144,7 @@ class ExportOptions:
     feature_spec: str | None = None  # JSON overriding the tf.Example features derived from the model's inputs
     output_names: list[str] = field(default_factory=list)  # names for the outputs of a list/tuple-returning model
     output_origin: str | None = None  # how `output` was chosen when -o was not given (printed by export)
+    batching_parameters: str | None = None  # TF Serving BatchingParameters: warm-up of every allowed batch size
 
 
 @dataclass
@@ -323,7 +324,7 @@ def parse_output_names(value) -> list[str]:
 def export_options(src: str, output: str | None, spec_path: str | None = None, *, version=None, assets=(),
                    signature_name=None, input_specs=(), keep_output_dtype=False, no_verify=False, int_range=None,
                    allow_incomplete_config=False, reference=None, signatures=(), feature_spec=None,
-                   output_names=None, **source_flags) -> ExportOptions:
+                   output_names=None, batching_parameters=None, **source_flags) -> ExportOptions:
     spec_file = find_spec_file(src, spec_path)
     spec = read_spec_file(spec_file) if spec_file else {}
     named = merge_signatures([parse_signature_arg(text) for text in signatures], spec.get("signatures", []))
@@ -360,6 +361,7 @@ def export_options(src: str, output: str | None, spec_path: str | None = None, *
         verify=not no_verify,
         allow_incomplete_config=bool(allow_incomplete_config or spec.get("allow_incomplete_config", False)),
         reference=reference or spec.get("reference"),
+        batching_parameters=batching_parameters,
         signatures=named,
         feature_spec=feature_spec,
     )
