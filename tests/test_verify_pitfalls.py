@@ -176,7 +176,7 @@ def test_an_all_nan_model_is_named_in_the_verdict_with_latency_and_its_gate(caps
     assert code == 0, report["verdict"]
     (finding,) = [f for f in report["findings"] if f["code"] == "non-finite-output"]
     assert finding["severity"] == "warning" and "'y'" in finding["message"] and "batch 0 [0, 0]" in finding["message"]
-    assert "NaN" in report["verdict"] and "'y'" in report["verdict"]
+    assert "output 'y' holds NaN" in report["verdict"]
     for runtime in report["runtimes"]:  # saved_model and session both timed
         latency = runtime["latency"]
         assert latency["requests"] >= 3 and 0 < latency["p50_ms"] <= latency["p99_ms"] and latency["first_ms"] > 0
@@ -253,9 +253,10 @@ def test_tf_servings_test_model_in_two_versions_gets_no_false_error(capsys, mode
 @pytest.mark.slow
 def test_a_model_that_fails_only_at_long_lengths_is_named(capsys, models):
     code, report = _verify(capsys, models / "positional")
-    assert code == 1
+    assert code == 0  # a signature cannot say "at most 64": a warning, named in the verdict
     (finding,) = [f for f in report["findings"] if f["code"] == "dynamic-dim-fails"]
     assert "input 'tokens' dim 1" in finding["message"] and "256" in finding["message"]
+    assert "input 'tokens' dim 1 fails at 256" in report["verdict"]
     assert report["inputs"]["open_dim_sizes"] == {"serving_default": [1, 8, 256]}
     assert all(r["passed"] for r in report["runtimes"])  # at the default size every runtime agrees
 

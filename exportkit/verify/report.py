@@ -255,13 +255,17 @@ def verdict_line(report: VerifyReport) -> str:
 _NON_FINITE = re.compile(r"output '([^']+)' is (\S+) in")
 
 
+_OPEN_DIM = re.compile(r"(input '[^']+' dims? [\d, ]+) \(.*?\) set to (\d+)")
+
+
 def non_finite_note(report: VerifyReport) -> str:
-    """'; but output 'y' is NaN in every answer' for a passing verdict: agreeing on NaN is no pass to be quiet about."""
-    found = [m.groups() for f in report.findings if f.code == "non-finite-output" and f.severity == "warning"
-             for m in [_NON_FINITE.search(f.message)] if m]
-    if not found:
-        return ""
-    return "; but " + ", ".join(f"output '{key}' holds {kinds}" for key, kinds in found) + " (finding non-finite-output)"
+    """'; but output 'y' holds NaN' for a passing verdict: runtimes agreeing on NaN, or a model that fails at a
+    size its signature allows, are no passes to be quiet about."""
+    notes = [f"output '{m.group(1)}' holds {m.group(2)}" for f in report.findings
+             if f.code == "non-finite-output" and f.severity == "warning" for m in [_NON_FINITE.search(f.message)] if m]
+    notes += [f"{m.group(1)} fails at {m.group(2)}" for f in report.findings
+              if f.code == "dynamic-dim-fails" and f.severity == "warning" for m in [_OPEN_DIM.search(f.message)] if m]
+    return "; but " + ", ".join(notes) + " (see findings)" if notes else ""
 
 
 def tensors_of(batch: dict) -> dict:

@@ -62,8 +62,11 @@ def describe_dims(specs: list[InputSpec]) -> str:
 
 
 def dim_failure(signature: str, specs: list[InputSpec], size: int, runtime: str, error: str) -> Finding:
-    """The model fails at a size its signature allows: a client sending it gets this error."""
-    return Finding("error", "dynamic-dim-fails",
+    """The model fails at a size its signature allows: a client sending it gets this error. A warning, not an
+    error: a signature cannot say "at most 512" (a positional table's length), so a model with such a limit has
+    no signature that passes; the verdict names it all the same."""
+    return Finding("warning", "dynamic-dim-fails",
                    f"signature '{signature}': {describe_dims(specs)} set to {size}, a size the signature allows: "
                    f"{runtime} fails ({error}); clients sending it get this error: declare the size the model takes "
-                   f"(export --input-spec NAME:-1,SIZE:DTYPE) or make the model accept any size")
+                   f"(export --input-spec NAME:-1,SIZE:DTYPE), make the model accept any size, or tell clients the "
+                   f"limit")
