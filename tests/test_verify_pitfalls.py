@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import invoke
-from tfs_models import build_half_plus
+from tfs_models import build_half_plus, build_half_plus_two_tf2
 
 
 def _verify(capsys, path, **flags):
@@ -24,6 +24,17 @@ def _verify(capsys, path, **flags):
     flags.setdefault("serving", "none")
     code = verify_command(VerifyOptions(path=str(path), json_out="-", **flags))
     return code, json.loads(capsys.readouterr().out)
+
+
+def _baseline(path, **flags):
+    """verify's baseline check alone (static: no runtime starts): (findings, what was compared with what)."""
+    from exportkit.spec import VerifyOptions
+    from exportkit.verify.checks import baseline_findings
+    from exportkit.verify.plan import read_model
+
+    flags.setdefault("serving", "none")
+    version_dir, _, signatures = read_model(str(path))
+    return baseline_findings(VerifyOptions(path=str(path), **flags), signatures, list(signatures), version_dir)
 
 
 def _codes(report, severity=None):
@@ -129,16 +140,12 @@ def test_warmup_batch_sizes_of_batching_parameters(tmp_path):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """tf.Module saves: an all-NaN model, v1 `features` / v2 renamed `inputs` in one base dir, a positional
-    embedding of 64 rows on a [None, None] input; a tf.compat.v1 graph in two versions (TF Serving's half_plus)."""
+    """tf.Module saves: a positional embedding of 64 rows on a [None, None] input with an all-NaN output, v1
+    `features` / v2 renamed `inputs` in one base dir; TF Serving's test models in two versions each (half_plus: a
+    tf.compat.v1 graph; half_plus_two: a tf.Module, zero-padded version names)."""
     import tensorflow as tf
 
     root = tmp_path_factory.mktemp("pitfalls")
-
-    class NaNs(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
-        def serve(self, x):
-            return {"y": x * float("nan")}
 
     def scorer(name):
         class Scorer(tf.Module):
@@ -151,6 +158,8 @@ def models(tmp_path_factory):
         return Scorer()
 
     class Positional(tf.Module):
+        """A positional table of 64 rows on a [None, None] input, and an output that is NaN everywhere."""
+
         def __init__(self):
             self.embedding = tf.Variable(tf.random.stateless_normal([10, 4], seed=[1, 2]))
             self.positions = tf.Variable(tf.random.stateless_normal([64, 4], seed=[3, 4]))
@@ -158,30 +167,52 @@ def models(tmp_path_factory):
         @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="tokens")])
         def serve(self, tokens):
             n = tf.shape(tokens)[1]
-            return {"h": tf.gather(self.embedding, tokens) + self.positions[None, :n] + tf.zeros([1, n, 4])}
+            return {"h": tf.gather(self.embedding, tokens) + self.positions[None, :n] + tf.zeros([1, n, 4]),
+                    "y": tf.cast(tokens, tf.float32) * float("nan")}
 
-    for module, path in ((NaNs(), "nan/1"), (scorer("features"), "renamed/1"), (scorer("inputs"), "renamed/2"),
-                         (Positional(), "positional/1")):
+    for module, path in ((Positional(), "positional/1"), (scorer("features"), "renamed/1"),
+                         (scorer("inputs"), "renamed/2")):
         tf.saved_model.save(module, str(root / path), signatures={"serving_default": module.serve})
     build_half_plus(str(root / "half_plus" / "1"), b=2.0)
     build_half_plus(str(root / "half_plus" / "2"), b=3.0)
+    build_half_plus_two_tf2(str(root / "half_plus_two" / "00000123"))
+    build_half_plus_two_tf2(str(root / "half_plus_two" / "00000124"))
     return root
 
 
 @pytest.mark.slow
-def test_an_all_nan_model_is_named_in_the_verdict_with_latency_and_its_gate(capsys, models):
-    from exportkit.verify.report import render_text
-
-    code, report = _verify(capsys, models / "nan")
-    assert code == 0, report["verdict"]
-    (finding,) = [f for f in report["findings"] if f["code"] == "non-finite-output"]
-    assert finding["severity"] == "warning" and "'y'" in finding["message"] and "batch 0 [0, 0]" in finding["message"]
-    assert "output 'y' holds NaN" in report["verdict"]
-    for runtime in report["runtimes"]:  # saved_model and session both timed
+def test_nan_outputs_long_lengths_and_the_latency_gate_in_one_run(capsys, models):
+    code, report = _verify(capsys, models / "positional", max_latency_ms=1e-6)
+    assert code == 1 and "latency-over-limit" in _codes(report, "error")  # only the gate fails
+    assert _codes(report, "error") == {"latency-over-limit"}
+    (nan,) = [f for f in report["findings"] if f["code"] == "non-finite-output"]
+    assert nan["severity"] == "warning" and "'y'" in nan["message"] and "batch 0 [0, 0]" in nan["message"]
+    (dim,) = [f for f in report["findings"] if f["code"] == "dynamic-dim-fails"]  # a warning: no signature says "<= 64"
+    assert dim["severity"] == "warning" and "input 'tokens' dim 1" in dim["message"] and "256" in dim["message"]
+    assert report["inputs"]["open_dim_sizes"] == {"serving_default": [1, 8, 256]}
+    for runtime in report["runtimes"]:  # saved_model and session both timed, and agree at the default size
         latency = runtime["latency"]
         assert latency["requests"] >= 3 and 0 < latency["p50_ms"] <= latency["p99_ms"] and latency["first_ms"] > 0
-    code, report = _verify(capsys, models / "nan", max_latency_ms=1e-6)
-    assert code == 1 and "latency-over-limit" in _codes(report, "error")
+        assert all(o["passed"] for o in runtime["outputs"])
+
+
+def test_a_passing_verdict_names_nan_and_failing_sizes():
+    from exportkit.findings import Finding
+    from exportkit.verify.finite import non_finite_findings
+    from exportkit.verify.report import RuntimeResult, VerifyReport, verdict_line
+    from exportkit.verify.shapes import dim_failure
+    from exportkit.batches import InputSpec
+
+    nan = np.full((1, 2), np.nan, np.float32)
+    findings = non_finite_findings({"saved_model": [{"y": nan}], "session": [{"y": nan}]})
+    findings.append(dim_failure("serving_default", [InputSpec("tokens", "int32", [-1, -1])], 256, "session", "boom"))
+    report = VerifyReport("m/1", "serving_default", "saved_model", findings=findings, runtimes=[
+        RuntimeResult("saved_model", "subprocess", is_reference=True), RuntimeResult("session", "subprocess")])
+    assert verdict_line(report).endswith("; but output 'y' holds NaN, input 'tokens' dim 1 fails at 256 (see findings)")
+    report.findings.append(Finding("error", "baseline-renamed-input", "input 'features' was renamed to 'inputs'; "
+                                                                     "requests use the old name: keep it"))
+    report.baseline = {"old": "m/0", "source": "previous-version"}
+    assert verdict_line(report) == "FAILED: breaks clients of m/0: input 'features' was renamed to 'inputs'"
 
 
 @pytest.mark.slow
@@ -224,49 +255,27 @@ def test_verify_of_the_base_dir_compares_with_the_version_served_before(capsys, 
 @pytest.mark.slow
 def test_baseline_choices(models):
     """The static part of verify alone (no runtime starts): which released signatures are compared."""
-    from exportkit.spec import VerifyOptions
-    from exportkit.verify.checks import baseline_findings
-    from exportkit.verify.plan import read_model
-
-    def baseline(path, **flags):
-        version_dir, _, signatures = read_model(str(path))
-        return baseline_findings(VerifyOptions(path=str(path), serving="none", **flags), signatures,
-                                 list(signatures), version_dir)
-
-    findings, compared = baseline(models / "renamed" / "2")
+    findings, compared = _baseline(models / "renamed" / "2")
     assert [f.code for f in findings] == ["baseline-renamed-input"] and compared["source"] == "previous-version"
-    assert baseline(models / "renamed", no_baseline=True) == ([], {"new": str(models / "renamed" / "2"),
+    assert _baseline(models / "renamed", no_baseline=True) == ([], {"new": str(models / "renamed" / "2"),
                                                                   "source": "none", "old": None, "why": "--no-baseline"})
-    findings, compared = baseline(models / "renamed" / "1")  # the first version
+    findings, compared = _baseline(models / "renamed" / "1")  # the first version
     assert findings == [] and compared["old"] is None and "no lower version" in compared["why"]
-    findings, compared = baseline(models / "renamed" / "1", baseline=str(models / "renamed" / "2"))
+    findings, compared = _baseline(models / "renamed" / "1", baseline=str(models / "renamed" / "2"))
     assert compared["source"] == "--baseline" and [f.code for f in findings] == ["baseline-renamed-input"]
-
-
-@pytest.mark.slow
-def test_tf_servings_test_model_in_two_versions_gets_no_false_error(capsys, models):
-    code, report = _verify(capsys, models / "half_plus")
-    assert report["baseline"]["source"] == "previous-version"
-    assert not {c for c in _codes(report, "error") if c.startswith("baseline") or c == "dynamic-dim-fails"}
-
-
-@pytest.mark.slow
-def test_a_model_that_fails_only_at_long_lengths_is_named(capsys, models):
-    code, report = _verify(capsys, models / "positional")
-    assert code == 0  # a signature cannot say "at most 64": a warning, named in the verdict
-    (finding,) = [f for f in report["findings"] if f["code"] == "dynamic-dim-fails"]
-    assert "input 'tokens' dim 1" in finding["message"] and "256" in finding["message"]
-    assert "input 'tokens' dim 1 fails at 256" in report["verdict"]
-    assert report["inputs"]["open_dim_sizes"] == {"serving_default": [1, 8, 256]}
-    assert all(r["passed"] for r in report["runtimes"])  # at the default size every runtime agrees
+    # TF Serving's test models, two versions each: no false error
+    findings, compared = _baseline(models / "half_plus")
+    assert findings == [] and Path(compared["old"]).name == "1", compared
+    findings, compared = _baseline(models / "half_plus_two")  # zero-padded version names
+    assert findings == [] and Path(compared["old"]).name == "00000123", compared
 
 
 @pytest.mark.slow
 def test_non_finite_outputs_under_data(capsys, models, tmp_path):
-    np.savez(tmp_path / "shard.npz", x=np.ones((5, 3), np.float32))
-    code, report = _verify(capsys, models / "nan", data=str(tmp_path / "*.npz"), runtimes="saved_model")
+    np.savez(tmp_path / "shard.npz", tokens=np.ones((5, 3), np.int32))
+    code, report = _verify(capsys, models / "positional", data=str(tmp_path / "*.npz"), runtimes="saved_model")
     (finding,) = [f for f in report["findings"] if f["code"] == "non-finite-output"]
-    assert "15 of 15" in finding["message"] and "record 0" in finding["message"]
+    assert "'y'" in finding["message"] and "15 of 15" in finding["message"] and "record 0" in finding["message"]
     assert report["runtimes"][0]["latency"]["requests"] == 1
 
 
@@ -294,7 +303,7 @@ def test_a_re_export_with_batching_warms_every_allowed_size_and_breaks_no_client
 
 @pytest.mark.slow
 @pytest.mark.serving
-def test_with_a_remote_server_the_deployed_model_is_the_baseline(capsys, models, tmp_path):
+def test_with_a_remote_server_the_deployed_model_is_the_baseline(models, tmp_path):
     from exportkit.serving.launcher import free_port
 
     deployed = tmp_path / "renamed"
@@ -304,10 +313,11 @@ def test_with_a_remote_server_the_deployed_model_is_the_baseline(capsys, models,
                              f"--model_base_path={deployed}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "AVAILABLE" in proc.stdout.readline(), proc.stderr.read()[-2000:]
-        code, report = _verify(capsys, models / "renamed" / "2", runtimes="saved_model", serving=f"127.0.0.1:{port}")
-        assert code == 1 and "baseline-renamed-input" in _codes(report, "error")
-        assert report["baseline"]["source"] == "serving"
-        assert "version 1" in report["baseline"]["old"] and f"127.0.0.1:{port}" in report["baseline"]["old"]
+        findings, compared = _baseline(models / "renamed" / "2", serving=f"127.0.0.1:{port}")
+        assert [f.code for f in findings] == ["baseline-renamed-input"] and compared["source"] == "serving"
+        assert compared["old"] == f"model 'renamed' version 1 served at 127.0.0.1:{port}"
+        findings, compared = _baseline(models / "renamed" / "2", serving=f"127.0.0.1:{port}", model_name="other")
+        assert findings == [] and compared["old"] is None and "serves no version" in compared["why"]
     finally:
         proc.terminate()
         proc.wait(30)

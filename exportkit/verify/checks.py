@@ -168,8 +168,8 @@ def dynamic_dims(o: VerifyOptions, checks, runtimes_: list[Labeled], results, re
         ok = {r.name for r in results.get(check.name, []) if r.status == "ok"}
         item = next((i for name in PROBE_RUNTIMES for i in runtimes_
                      if i.label.split("@")[0] == name and i.label in ok), None)
-        if not sizes or item is None:
-            continue
+        if not sizes or item is None or getattr(item.runtime, "rejected_generated", None):
+            continue  # (generated inputs it rejects at the default size say nothing about other sizes)
         item.runtime.use_signature(check.name, {s.key: s.dtype for s in check.specs})
         for size in sizes:
             try:
