@@ -140,7 +140,7 @@ def _compare_side(side: str, old: dict, new: dict, optional: set[str] = frozense
         elif noun == "input":
             findings.append(Finding("error", "baseline-added-input",
                                     f"new input '{k}' ({_dtype(new[k])} {_fmt(_shape(new[k]))}): requests made for "
-                                    f"the released model lack it; signature inputs cannot be optional"))
+                                    f"the released model lack it, and the signature has no default for it"))
         else:
             findings.append(Finding("info", "baseline-added-output",
                                     f"new output '{k}' ({_dtype(new[k])} {_fmt(_shape(new[k]))}) (compatible)"))

@@ -124,10 +124,10 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
             for item in list(live):
                 began = time.perf_counter()
                 out = _timed(results[item.label], lambda: item.runtime.run(inputs))
-                timings.setdefault(item.label, []).append(time.perf_counter() - began)
                 if out is None:
                     live.remove(item)
                 else:
+                    timings.setdefault(item.label, []).append(time.perf_counter() - began)
                     outputs[item.label] = out
                     nonfinite.add(item.label, out, records)
             if not live or live[0].label not in outputs:

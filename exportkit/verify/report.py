@@ -249,7 +249,7 @@ def verdict_line(report: VerifyReport) -> str:
                 f"output{'s' if len(keys) != 1 else ''} (reference: {report.reference})")
     if skipped:
         line += "; skipped: " + ", ".join(skipped)
-    return line + non_finite_note(report)
+    return line + verdict_notes(report)
 
 
 _NON_FINITE = re.compile(r"output '([^']+)' is (\S+) in")
@@ -258,7 +258,7 @@ _NON_FINITE = re.compile(r"output '([^']+)' is (\S+) in")
 _OPEN_DIM = re.compile(r"(input '[^']+' dims? [\d, ]+) \(.*?\) set to (\d+)")
 
 
-def non_finite_note(report: VerifyReport) -> str:
+def verdict_notes(report: VerifyReport) -> str:
     """'; but output 'y' holds NaN' for a passing verdict: runtimes agreeing on NaN, or a model that fails at a
     size its signature allows, are no passes to be quiet about."""
     notes = [f"output '{m.group(1)}' holds {m.group(2)}" for f in report.findings
