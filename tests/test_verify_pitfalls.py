@@ -135,6 +135,19 @@ def test_warmup_batch_sizes_of_batching_parameters(tmp_path):
     assert [len(b["x"]) for b in batches] == [1, 3, 4] and list(batches[-1]["x"]) == [0, 1, 2, 0]
 
 
+def test_the_new_flags_are_checked_before_anything_starts(tmp_path):
+    bad = tmp_path / "batching.txt"
+    bad.write_text("max_batch_size { value: 8 }\nallowed_batch_sizes: 4\n")
+    model = tmp_path / "m.keras"
+    model.write_bytes(b"")
+    for args, needle in ((["verify", tmp_path, "--baseline", tmp_path, "--no-baseline"], "contradict"),
+                         (["verify", tmp_path, "--max-latency-ms", "0"], "--max-latency-ms 0"),
+                         (["export", model, "-o", tmp_path / "out", "--batching-parameters", bad], "max_batch_size")):
+        result = invoke(*args)
+        assert result.returncode == 2 and needle in result.stderr and "fix:" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 # -- models as others write them -------------------------------------------------------------------------------
 
 

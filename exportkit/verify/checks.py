@@ -61,7 +61,8 @@ def baseline_findings(o: VerifyOptions, signatures: dict, selected: list[str],
         found = _deployed(o, version_dir) if _remote(o.serving) else _previous_version(version_dir)
         if found is None:
             why = ("the server serves no version of this model" if _remote(o.serving)
-                   else "no lower version in the base directory")
+                   else "no lower version in the base directory" if version_dir is None or version_dir.name.isdigit()
+                   else "not a numbered version directory")
             return [], {**compared, "source": "none", "old": None, "why": why}
         source, where, old = found
         compared.update(source=source, old=where)
