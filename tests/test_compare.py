@@ -15,10 +15,8 @@ import pytest
 
 from exportkit.dtypes import name_of_array
 from exportkit.errors import UsageError
-from exportkit.verify.compare import (
-    EXACT, OutputComparison, Tolerance, compare_arrays, compare_batches, compare_outputs, default_tolerance,
-    merge_comparisons, parse_tol, resolve_tolerance,
-)
+from exportkit.verify.compare import OutputComparison, compare_arrays, compare_batches, compare_outputs, merge_comparisons
+from exportkit.verify.tolerances import EXACT, Tolerance, default_tolerance, parse_tol, resolve_tolerance
 
 T = Tolerance(1e-5, 1e-5)
 
@@ -39,7 +37,7 @@ def _json(c: OutputComparison) -> dict:
 
 
 def test_no_tensorflow_imported():
-    code = ("import sys, exportkit.verify.compare, exportkit.batches, exportkit.verify.report, "
+    code = ("import sys, exportkit.verify.compare, exportkit.verify.tolerances, exportkit.batches, exportkit.verify.report, "
             "exportkit.verify.baseline; assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -27,7 +27,8 @@ from exportkit.sources.load import detect_format, load_source, sha256_of
 from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs, parse_input_spec
 from exportkit.spec import ExportOptions, export_options
 from exportkit.tfenv import import_tf, tensorflow_version
-from exportkit.verify.compare import Tolerance, compare_batches, compare_with_default_tolerances, default_tolerance
+from exportkit.verify.compare import compare_batches, compare_with_default_tolerances
+from exportkit.verify.tolerances import Tolerance, default_tolerance
 from exportkit.batches import InputSpec, IntRanges, generate_batches, parse_int_range_flags
 from exportkit.tfexample import ExampleFeature, apply_feature_spec, derive_features, encode_examples, to_manifest
 

@@ -22,7 +22,7 @@ from exportkit.runtimes.verdicts import signature_state, tf2_only_failures
 from exportkit.spec import VerifyOptions
 from exportkit.verify import checks
 from exportkit.verify.artifacts import check_report_options
-from exportkit.verify.compare import parse_tol
+from exportkit.verify.tolerances import parse_tol
 from exportkit.verify.dataset import verify_data
 from exportkit.verify.execute import Execution, run_plan, started, versioned_pythons
 from exportkit.verify.inputs import rows

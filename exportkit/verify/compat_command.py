@@ -94,7 +94,7 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
     from exportkit.batches import recorded_int_ranges
     from exportkit.layout import read_manifest
     from exportkit.spec import VerifyOptions
-    from exportkit.verify.compare import parse_tol
+    from exportkit.verify.tolerances import parse_tol
     from exportkit.verify.report import VerifyReport
     from exportkit.verify.execute import build_runtimes, close_all, run_signature, started, versioned_pythons
     from exportkit.verify.pairs import compare_all

@@ -18,7 +18,8 @@ from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.layout import signature_entries
 from exportkit.spec import VerifyOptions
 from exportkit.verify.checks import serving_checks
-from exportkit.verify.compare import OutputComparison, histogram_summary, value_reasons
+from exportkit.verify.compare import OutputComparison, value_reasons
+from exportkit.verify.error_summaries import histogram_summary
 from exportkit.verify.execute import started
 from exportkit.verify.output import finish
 from exportkit.verify.plan import Model, Plan, SignatureCheck, plan_runtimes, tolerances_for
