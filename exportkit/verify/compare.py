@@ -256,8 +256,9 @@ def _compare_numeric(res: OutputComparison, e: np.ndarray, a: np.ndarray, ce: st
 
     excess = np.where(finite, diff - allowed, -np.inf)
     excess[nonfinite_bad] = np.inf
-    res.abs_err_histogram = error_histogram(fin_diff, over[finite])
-    res.rel_err_histogram = error_histogram(rel, over[nz])
+    failing = m > nf  # any finite element over tolerance
+    res.abs_err_histogram = error_histogram(fin_diff, _selected(over, finite, fin_diff.size, failing))
+    res.rel_err_histogram = error_histogram(rel, _selected(over, nz, rel.size, failing))
     res.worst_elements = worst_elements(e, a, excess, ce, ca, diff)
     if "float" in (ce, ca):
         res.sample_pairs = sample_pairs(e, a, finite)
@@ -279,6 +280,13 @@ def _compare_numeric(res: OutputComparison, e: np.ndarray, a: np.ndarray, ce: st
     res.passed = not reasons
     res.reason = "; ".join(reasons) or None
     return res
+
+
+def _selected(mask: np.ndarray, where: np.ndarray, size: int, any_set: bool) -> np.ndarray:
+    """mask[where] (`size` elements), without the copy when `where` selects all or `mask` has nothing set."""
+    if not any_set:
+        return np.broadcast_to(False, (size,))
+    return mask.ravel() if size == mask.size else mask[where]
 
 
 def _structural(key: str, reason: str, arr: np.ndarray, side: str, tol: Tolerance) -> OutputComparison:
