@@ -212,59 +212,11 @@ def test_deep_nesting_does_not_crash_the_parser(rest):
 
 # ------------------------------------------------------------------------------------------------ json_tensor tests
 def _request(doc, infomap):
-    """What the handler does: FillSignature, then the inputs; the orjson path agrees with it or declines."""
+    """What the handler does: FillSignature, then the inputs."""
     from exportkit.serving.json_tensor import fill_predict_request, parse_json, signature_name
 
-    body = (doc if isinstance(doc, str) else json.dumps(doc)).encode()
-    fast = _fast_request(body, infomap)
-    try:
-        parsed = parse_json(body)
-        exact = fill_predict_request(parsed, infomap, signature_name(parsed))
-    except Exception:
-        assert fast is None, "orjson's path answered where rapidjson's refuses"
-        raise
-    if fast is not None:
-        assert fast[1] == exact[1] and fast[0].keys() == exact[0].keys()
-        for name, array in exact[0].items():
-            assert fast[0][name].dtype == array.dtype and fast[0][name].shape == array.shape
-            assert fast[0][name].tobytes() == array.tobytes()  # bit for bit: -0.0, float32 rounding
-    return exact
-
-
-def _fast_request(body: bytes, infomap):
-    """The handler's first try (http_handler._predict): orjson's parse, or None where it declines or refuses."""
-    from exportkit.serving.json_tensor import NotAsRapidjson, fast_parse_json, fill_predict_request, signature_name
-    from exportkit.serving.status import RpcError
-
-    doc = fast_parse_json(body)
-    try:
-        return None if doc is None else fill_predict_request(doc, infomap, signature_name(doc), orjson_doubles=True)
-    except (RpcError, NotAsRapidjson):
-        return None
-
-
-def test_codec_orjson_path_declines_what_rapidjson_reads_otherwise():
-    """rapidjson (TF Serving's parse, no full precision) and orjson read long numbers differently: where that could
-    change a tensor the handler re-reads the body with rapidjson; a float32 written in full is read by orjson."""
-    long_digits = '{"instances": [2.2250738585072011e-308, 100000000000000000000000000000000000000000.5]}'
-    assert _fast_request(long_digits.encode(), {"default": "float64"}) is None  # float64: always rapidjson's
-    _request(long_digits, {"default": "float64"})
-    _request(long_digits, {"default": "float32"})
-    near_boundary = 1 + 2.0 ** -24 + 2.0 ** -60  # a double a hair above the midpoint of two float32
-    body = f'{{"instances": [{near_boundary!r}, 0.5]}}'.encode()
-    assert _fast_request(body, {"default": "float32"}) is None
-    images = np.random.default_rng(0).random((2, 4, 4, 3), dtype=np.float32)
-    body = json.dumps({"instances": images.tolist()}).encode()
-    fast = _fast_request(body, {"default": "float32"})
-    assert fast is not None and fast[0]["default"].tobytes() == images.tobytes()
-    from exportkit.serving.status import RpcError
-
-    for doc in ('{"instances": [true, 1.5]}', '{"instances": [[1, 2], [3]]}', '{"instances": [NaN, 1]}',
-                '{"instances": [1e400]}', '{"instances": [-0.0, -0]}'):
-        try:
-            _request(doc, {"default": "float32"})
-        except RpcError:
-            pass
+    parsed = parse_json((doc if isinstance(doc, str) else json.dumps(doc)).encode())
+    return fill_predict_request(parsed, infomap, signature_name(parsed))
 
 
 def _request_error(doc, infomap) -> str:
@@ -451,3 +403,28 @@ def test_codec_examples():
             signature_name(doc)
             fill_example_input(doc, classification_pb2.ClassificationRequest().input)
         assert words in caught.value.message, text
+
+
+def test_client_request_bodies_carry_the_values_json_dumps_would():
+    """verify's REST client writes arrays with orjson: the same values as json.dumps(a.tolist()) (a float32
+    widened to float64 in its shortest text), the json path where orjson would write something else (NaN)."""
+    import orjson
+
+    from exportkit.serving.rest_client import _exact_for_orjson, decode_json
+
+    rng = np.random.default_rng(5)
+    tiny = np.frombuffer(rng.integers(0, 2 ** 32, 4096, dtype=np.uint32).tobytes(), dtype=np.float32)
+    for array in (rng.random((3, 5, 2), dtype=np.float32), tiny[np.isfinite(tiny)], rng.normal(size=7) * 1e300,
+                  np.array([[1e-45, 3.4028235e38, -0.0, 1e-5]], np.float32), np.float16([0.1, 65504]),
+                  np.arange(-3, 3, dtype=np.int8), np.array([True, False]), np.array([2 ** 64 - 1], np.uint64)):
+        fast = _exact_for_orjson(array)
+        assert fast is not None
+        sent = json.loads(orjson.dumps(fast, option=orjson.OPT_SERIALIZE_NUMPY))
+        assert sent == json.loads(json.dumps(array.tolist()))
+        if array.dtype.kind == "f":
+            assert np.array_equal(np.array(sent, dtype=array.dtype).view(np.uint8), array.view(np.uint8))
+    for unsuitable in (np.array([1.0, np.nan], np.float32), np.array([np.inf]), np.float32(1.5),
+                       np.array([b"a"], object)):
+        assert _exact_for_orjson(unsuitable) is None
+    assert decode_json(b'{"predictions": [NaN, Infinity, 1.5]}')["predictions"][2] == 1.5
+    assert decode_json(b'{"error": "\xff"}') == {"error": "\ufffd"}

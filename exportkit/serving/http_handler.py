@@ -19,9 +19,8 @@ import grpc
 from exportkit.savedmodel import dtype_name
 from exportkit.serving.classifier import classify
 from exportkit.serving.http_server import HttpServer, Limits, Request, Response, error_response, serve_in_thread
-from exportkit.serving.json_tensor import (NotAsRapidjson, classify_json, error_json, fast_parse_json,
-                                           fill_example_input, fill_predict_request, parse_json, predict_json,
-                                           regress_json, signature_name)
+from exportkit.serving.json_tensor import (classify_json, error_json, fill_example_input, fill_predict_request,
+                                           parse_json, predict_json, regress_json, signature_name)
 from exportkit.serving.metadata import get_model_metadata
 from exportkit.serving.model_status import get_model_status
 from exportkit.serving.predict import run_predict
@@ -96,9 +95,9 @@ def _dispatch(core, info: ModelInfo, method: str, body: bytes) -> str:
         if not info.name:
             raise invalid_argument("Missing model name in request.")
         return _metadata(core, info) if info.verb == "metadata" else _status(core, info)
-    if info.verb == "predict":
-        return _predict(core, info, body)
     doc = parse_json(body)
+    if info.verb == "predict":
+        return _predict(core, info, doc)
     from tensorflow_serving.apis import classification_pb2, regression_pb2
 
     request = classification_pb2.ClassificationRequest() if info.verb == "classify" else \
@@ -111,31 +110,11 @@ def _dispatch(core, info: ModelInfo, method: str, body: bytes) -> str:
     return regress_json(regress(core, request).result)
 
 
-def _predict(core, info: ModelInfo, body: bytes) -> str:
-    """ProcessPredictRequest: the signature's input map (GetInfoMap), the JSON codec, Predict, JSON again.
-
-    The body is read by orjson first; where its tensors might differ from rapidjson's (json_tensor.NotAsRapidjson)
-    or anything is refused, by rapidjson again, so answers and error texts are those of parse_json alone."""
-    from exportkit.serving.tensors import to_ndarray
-
-    fast = fast_parse_json(body)
-    request = servable = None
-    if fast is not None:
-        try:
-            request, servable, row = _predict_request(core, info, fast, orjson_doubles=True)
-        except (RpcError, NotAsRapidjson):
-            request = None
-    if request is None:
-        request, servable, row = _predict_request(core, info, parse_json(body))
-    response = run_predict(servable, request)
-    return predict_json({k: to_ndarray(v) for k, v in response.outputs.items()}, row)
-
-
-def _predict_request(core, info: ModelInfo, doc: dict, orjson_doubles: bool = False):
-    """(PredictRequest, servable, row format?) from the parsed body."""
+def _predict(core, info: ModelInfo, doc: dict) -> str:
+    """ProcessPredictRequest: the signature's input map (GetInfoMap), the JSON codec, Predict, JSON again."""
     from tensorflow_serving.apis import predict_pb2
 
-    from exportkit.serving.tensors import to_tensor_proto
+    from exportkit.serving.tensors import to_ndarray, to_tensor_proto
 
     request = predict_pb2.PredictRequest()
     _model_spec(request.model_spec, info)
@@ -146,10 +125,11 @@ def _predict_request(core, info: ModelInfo, doc: dict, orjson_doubles: bool = Fa
     if signature is None:
         raise invalid_argument(f'Serving signature name: "{name}" not found in signature def')
     infomap = {k: dtype_name(v.dtype) for k, v in signature.inputs.items()}
-    arrays, row = fill_predict_request(doc, infomap, request.model_spec.signature_name, orjson_doubles)
+    arrays, row = fill_predict_request(doc, infomap, request.model_spec.signature_name)
     for key, value in arrays.items():
         request.inputs[key].CopyFrom(to_tensor_proto(value, dtype=signature.inputs[key].dtype))
-    return request, servable, row
+    response = run_predict(servable, request)
+    return predict_json({k: to_ndarray(v) for k, v in response.outputs.items()}, row)
 
 
 def _status(core, info: ModelInfo) -> str:

@@ -176,31 +176,9 @@ _INT_RANGES = {"int8": (-2 ** 31, 2 ** 31), "int16": (-2 ** 31, 2 ** 31), "int32
                "uint8": (-2 ** 31, 2 ** 31), "int64": (-2 ** 63, 2 ** 63), "uint32": (0, 2 ** 32), "uint64": (0, 2 ** 64)}
 
 
-class NotAsRapidjson(Exception):
-    """A document parsed by orjson may give other tensors than rapidjson's parse: parse it with rapidjson."""
-
-
-# rapidjson's number parsing without kParseFullPrecisionFlag (TF Serving's, ParseJson) rounds a few times: at most
-# a few ulps of a double from the correctly rounded value orjson reads. Far more than that, relative:
-_RAPIDJSON_ERROR = 2.0 ** -40
-
-
-def _same_float32_as_rapidjson(doubles: np.ndarray, floats: np.ndarray) -> bool:
-    """Whether every double, moved by rapidjson's largest error either way, still rounds to the same float32.
-
-    Always so for the values clients send (a float32 written in full reads back exactly as itself, far from the
-    boundaries); a double within 2**-40 of a boundary between two float32 is left to rapidjson."""
-    with np.errstate(over="ignore"):
-        return bool(np.array_equal((doubles * (1 - _RAPIDJSON_ERROR)).astype(np.float32), floats)
-                    and np.array_equal((doubles * (1 + _RAPIDJSON_ERROR)).astype(np.float32), floats))
-
-
-def _regular_numbers(value, dtype: str, orjson_doubles: bool = False) -> np.ndarray | None:
+def _regular_numbers(value, dtype: str) -> np.ndarray | None:
     """The fast path of tensor_from_json: a regular nested list of JSON numbers of the types `_scalar` accepts for
-    `dtype`, converted by numpy; None for anything else (the element-wise path then accepts it or says why not).
-
-    `orjson_doubles`: the document was parsed by orjson (correctly rounded doubles, not rapidjson's): a tensor
-    that could differ raises NotAsRapidjson, and so does anything but this fast path."""
+    `dtype`, converted by numpy; None for anything else (the element-wise path then accepts it or says why not)."""
     if dtype not in ("float32", "float64", "bool") and dtype not in _INT_RANGES:
         return None
     try:
@@ -221,19 +199,14 @@ def _regular_numbers(value, dtype: str, orjson_doubles: bool = False) -> np.ndar
         if not (low <= int(arr.min()) and int(arr.max()) < high):
             return None
     with np.errstate(over="ignore"):  # a double beyond float32's range is inf, as GetFloat() gives
-        out = arr.astype(dtype)
-    if orjson_doubles and arr.dtype.kind == "f" and (dtype == "float64" or not _same_float32_as_rapidjson(arr, out)):
-        raise NotAsRapidjson()
-    return out
+        return arr.astype(dtype)
 
 
-def tensor_from_json(value, dtype: str, orjson_doubles: bool = False) -> np.ndarray:
+def tensor_from_json(value, dtype: str) -> np.ndarray:
     """json_tensor.cc FillTensorProto: the shape follows the first element at each level; all levels must agree."""
-    fast = _regular_numbers(value, dtype, orjson_doubles)
+    fast = _regular_numbers(value, dtype)
     if fast is not None:
         return fast
-    if orjson_doubles:
-        raise NotAsRapidjson()
     shape, probe = [], value
     while isinstance(probe, list):
         shape.append(len(probe))
@@ -275,7 +248,7 @@ def _status_text(err) -> str:
     return f"{err.code.name}: {err.message}"
 
 
-def inputs_from_instances(instances: list, infomap: dict, orjson_doubles: bool = False) -> dict[str, np.ndarray]:
+def inputs_from_instances(instances: list, infomap: dict) -> dict[str, np.ndarray]:
     """json_tensor.cc FillTensorMapFromInstancesList (row format)."""
     def is_object(value):
         return isinstance(value, dict) and not _is_b64(value)
@@ -300,7 +273,7 @@ def inputs_from_instances(instances: list, infomap: dict, orjson_doubles: bool =
             try:
                 if name not in infomap:
                     raise _invalid(f"JSON object: does not have named input: {name}")
-                tensor = tensor_from_json(value, infomap[name], orjson_doubles)
+                tensor = tensor_from_json(value, infomap[name])
                 if rows.get(name):
                     first = rows[name][0]
                     if first.size != tensor.size:
@@ -319,27 +292,24 @@ def inputs_from_instances(instances: list, infomap: dict, orjson_doubles: bool =
     return {name: np.stack(values) for name, values in rows.items()}
 
 
-def inputs_from_columns(inputs, infomap: dict, orjson_doubles: bool = False) -> dict[str, np.ndarray]:
+def inputs_from_columns(inputs, infomap: dict) -> dict[str, np.ndarray]:
     """json_tensor.cc FillTensorMapFromInputsMap (columnar format). Keys not in the signature are ignored."""
     if not isinstance(inputs, dict) or _is_b64(inputs):
         if len(infomap) > 1:
             raise _invalid("inputs is a plain value/list, but expecting an object as multiple input tensors required "
                            "as per tensorinfo_map")
         name = next(iter(infomap))
-        return {name: tensor_from_json(inputs, infomap[name], orjson_doubles)}
+        return {name: tensor_from_json(inputs, infomap[name])}
     out = {}
     for name in sorted(infomap):
         if name not in inputs:
             raise _invalid(f"Missing named input: {name} in 'inputs' object.")
-        out[name] = tensor_from_json(inputs[name], infomap[name], orjson_doubles)
+        out[name] = tensor_from_json(inputs[name], infomap[name])
     return out
 
 
-def fill_predict_request(doc: dict, infomap: dict, signature_name: str,
-                         orjson_doubles: bool = False) -> tuple[dict[str, np.ndarray], bool]:
-    """json_tensor.cc FillPredictRequestFromJson after the signature lookup: (input arrays, row format?).
-
-    `orjson_doubles`: `doc` is fast_parse_json's; NotAsRapidjson where its tensors might not be parse_json's."""
+def fill_predict_request(doc: dict, infomap: dict, signature_name: str) -> tuple[dict[str, np.ndarray], bool]:
+    """json_tensor.cc FillPredictRequestFromJson after the signature lookup: (input arrays, row format?)."""
     if not infomap:
         raise _invalid(f"Failed to get input map for signature: {signature_name or 'DEFAULT'}")
     if "instances" in doc:
@@ -348,9 +318,9 @@ def fill_predict_request(doc: dict, infomap: dict, signature_name: str,
                            "'instances' keys to exist ")
         instances = _array_member(doc, "instances", "Expecting 'instances' to be an list/array",
                                   "No values in 'instances' array")
-        return inputs_from_instances(instances, infomap, orjson_doubles), True
+        return inputs_from_instances(instances, infomap), True
     if "inputs" in doc:
-        return inputs_from_columns(doc["inputs"], infomap, orjson_doubles), False
+        return inputs_from_columns(doc["inputs"], infomap), False
     raise _invalid("Missing 'inputs' or 'instances' key")
 
 
@@ -361,20 +331,6 @@ def _array_member(doc: dict, key: str, not_array: str, empty: str) -> list:
     if not value:
         raise _invalid(f"JSON Value: {_debug(doc)} {empty}")
     return value
-
-
-def fast_parse_json(body: bytes) -> dict | None:
-    """The request parsed by orjson (~10x faster than python-rapidjson on a batch of images), or None where
-    parse_json must: anything orjson refuses (NaN/Infinity, bad UTF-8, a BOM, deep nesting: parse_json then says
-    why in TF Serving's words) and a document that is not an object. Its numbers are correctly rounded doubles,
-    which rapidjson's are not always: fill_predict_request(..., orjson_doubles=True) checks the tensors."""
-    import orjson
-
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def parse_json(body: bytes) -> dict:
