@@ -23,6 +23,20 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Export Keras/TensorFlow models for TF Serving and prove they compute what the model computed.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from exportkit.version import __version__
+
+        typer.echo(f"exportkit {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print exportkit's version and exit.")) -> None:
+    """Export Keras/TensorFlow models for TF Serving and prove they compute what the model computed."""
+
+
 def _fail(message: str, remedy: str | None, code: int) -> None:
     typer.echo(f"error: {message}", err=True)
     if remedy:
@@ -261,20 +275,20 @@ def verify(
     """Prove the SavedModel computes what the model computed, in every runtime. Exit 0 only if all agree."""
 
     def go():
-        from exportkit.spec import VerifyOptions
+        from exportkit.api import verify_options
         from exportkit.verify.command import verify_command
 
-        return verify_command(VerifyOptions(
-            path=path, against=source.options(against) if against else None, signature_name=signature_name,
+        return verify_command(verify_options(
+            path, against=against, **source._asdict(), signature_name=signature_name,
             inputs=inputs, samples=samples, seed=seed,
-            int_range=int_range or [], save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
-            tol=tol or [], runtimes=runtimes, serving=serving, serving_protocol=serving_protocol,
+            int_range=int_range, save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
+            tol=tol, runtimes=runtimes, serving=serving, serving_protocol=serving_protocol,
             model_server_bin=model_server_bin, container_cli=container_cli, pull=pull,
             batching_parameters=batching_parameters, model_name=model_name, model_version=model_version,
             load_timeout=load_timeout, device=device, allow_tf32=allow_tf32, allow_io_ops=allow_io_ops,
-            allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json_out=json_out,
+            allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json=json_out,
             junit=junit, html=html, summary=summary, data=data, limit=limit, batch_size=batch_size, sample=sample,
-            save_failures=save_failures, runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or []))
+            save_failures=save_failures, runner=runner, beam_option=beam_option, tf=tf_versions))
 
     _run(_with_op_libraries(go, op_library), debug)
 
@@ -426,6 +440,7 @@ def main() -> None:
         sys.exit(EXIT_INFRA)
     sys.stdout = GuardedStream(sys.stdout)  # SIGPIPE stays ignored: `| head` ends quietly in _output_fault
     signal.signal(signal.SIGTERM, _terminated)
+    _notes_to_stderr()
     if "--debug" not in sys.argv:
         warnings.simplefilter("ignore")  # Keras' UserWarnings about the user's model are noise in a CI log
     try:
@@ -442,6 +457,19 @@ def main() -> None:
     except SystemExit as done:
         _exit_fast(done.code)
         raise
+
+
+def _notes_to_stderr() -> None:
+    """The pipeline's notes and progress (the `exportkit` logger) as plain lines on stderr, as the CLI prints them."""
+    import logging
+
+    from exportkit.log import log
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 def _closed_stdio() -> bool:

@@ -17,6 +17,11 @@ class ExportkitError(Exception):
         self.message = message
         self.remedy = remedy
 
+    @property
+    def fix(self) -> str | None:
+        """The `fix:` line (the Python API's name for the remedy)."""
+        return self.remedy
+
     def __str__(self) -> str:
         return f"{self.message}: {self.remedy}" if self.remedy else self.message
 

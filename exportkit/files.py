@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def atomic_path(path: str | os.PathLike, what: str):
         except OSError as err:
             raise os_error(err, what) from None
         return
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # two threads, one path
     try:
         yield tmp
         os.replace(tmp, target)

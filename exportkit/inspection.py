@@ -18,6 +18,7 @@ from exportkit.layout import ASSET_DIRS, read_manifest
 from exportkit.spec import source_options
 
 SOURCE_SUFFIXES = (".h5", ".hdf5", ".keras")
+SCHEMA_VERSION = 1  # of `inspect --json` (docs/report-schema.md)
 
 
 @dataclass
@@ -36,6 +37,7 @@ class SavedModelInfo:
 
     def to_dict(self) -> dict:
         return {
+            "schema_version": SCHEMA_VERSION,
             "path": self.path,
             "tags": list(self.tags),
             "tensorflow_version": self.tensorflow_version,

@@ -33,6 +33,7 @@ from exportkit.files import os_error
 from exportkit.lint import cache_dir
 from exportkit.tfenv import tensorflow_version
 from exportkit.processes import pid_alive
+from exportkit.log import log
 
 READY = "exportkit-env.json"
 WORKER = Path(__file__).with_name("worker.py")
@@ -166,8 +167,7 @@ def list_envs() -> list[EnvInfo]:
 
 
 def _progress(message: str) -> None:
-    sys.stderr.write(f"exportkit: {message}\n")
-    sys.stderr.flush()
+    log.info(f"exportkit: {message}")
 
 
 def install(version: str, force: bool = False) -> EnvInfo:
@@ -186,9 +186,9 @@ def install(version: str, force: bool = False) -> EnvInfo:
     shutil.rmtree(building, ignore_errors=True)
     began = time.monotonic()
     _progress(f"creating the TensorFlow {version} environment in {target} (once; about a minute and 1.7 GB)")
-    previous = signal.getsignal(signal.SIGTERM)
+    # No signal handler of its own (a library installs none behind its caller's back): the CLI turns SIGTERM into
+    # KeyboardInterrupt, which removes the build below; pip's group dies with this process in any case.
     try:
-        signal.signal(signal.SIGTERM, _terminated)  # SIGTERM, too, kills pip's group and removes the build
         _run_child([sys.executable, "-m", "venv", str(building)], f"python -m venv {building}")
         python = str(_python(building))
         spec = f"tensorflow-cpu=={version}.*"
@@ -214,9 +214,6 @@ def install(version: str, force: bool = False) -> EnvInfo:
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     _progress(f"TensorFlow {meta['tensorflow']} (numpy {meta['numpy']}) ready in {time.monotonic() - began:.0f} s")
     return info(version)
 
@@ -244,10 +241,6 @@ def _kill_running_from(directory: Path) -> None:
                 os.kill(int(proc.name), signal.SIGKILL)
         except (OSError, ValueError):
             continue
-
-
-def _terminated(signum, frame):
-    raise InfraError("terminated (SIGTERM) while installing", "run the install again; nothing half-built was left")
 
 
 def _alive(pid: int) -> bool:

@@ -32,6 +32,7 @@ from exportkit.verify.tolerances import Tolerance, default_tolerance
 from exportkit.batches import InputSpec, IntRanges, generate_batches, parse_int_range_flags
 from exportkit.tfexample import ExampleFeature, apply_feature_spec, derive_features, encode_examples, to_manifest
 
+SCHEMA_VERSION = 1  # of the `export --json` summary (docs/report-schema.md)
 GOLDEN_SAMPLES = 8
 GOLDEN_SEED = 0
 
@@ -67,6 +68,27 @@ class ExportResult:
     findings: list[Finding] = field(default_factory=list)  # custom-object contracts (warnings, infos)
     reference: dict | None = None  # the manifest's "reference" entry when a training-time reference was used
     signatures: list[dict] = field(default_factory=list)  # per signature: name, method, inputs, outputs
+
+    exit_code = 0  # an export that fails raises (the version is not written)
+
+    @property
+    def version_dir(self) -> Path:
+        return Path(self.path)
+
+    def to_dict(self) -> dict:
+        """The JSON summary, as `export --json` writes it."""
+        return summary_json(self)
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "ExportResult":
+        """The result back from `export --json`'s document (the Python API runs the export in a child process)."""
+        return cls(path=Path(doc["path"]), version=doc["version"], signature_name=doc["signature_name"],
+                   inputs=[InputSpec(key, spec["dtype"], spec["shape"]) for key, spec in doc["inputs"].items()],
+                   outputs={key: spec["dtype"] for key, spec in doc["outputs"].items()}, policy=doc["dtype_policy"],
+                   source_format=doc["source_format"], checked=doc["self_check"] == "passed",
+                   checked_how=doc["self_check_how"] or "", stage_seconds=dict(doc["stage_seconds"]),
+                   findings=[Finding(**f) for f in doc["findings"]], reference=doc["reference"],
+                   signatures=doc["signatures"])
 
 
 def _tolerance_dtype(policy: str, raw_dtype: str) -> str:
@@ -504,7 +526,7 @@ def export_verdict(result: ExportResult) -> str:
 
 
 def summary_json(result: ExportResult) -> dict:
-    return {"path": str(result.path), "version": result.version, "signature_name": result.signature_name,
+    return {"schema_version": SCHEMA_VERSION, "path": str(result.path), "version": result.version, "signature_name": result.signature_name,
             "inputs": {s.key: {"dtype": s.dtype, "shape": s.shape} for s in result.inputs},
             "outputs": {k: {"dtype": d} for k, d in result.outputs.items()}, "dtype_policy": result.policy,
             "source_format": result.source_format, "self_check": "passed" if result.checked else "skipped",

@@ -29,6 +29,7 @@ from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.savedmodel import list_versions, resolve_model_path
 from exportkit.serving.container import batching_flags, is_container_mode
 from exportkit.tfenv import child_env
+from exportkit.log import log
 
 BINARY_NAME = "tensorflow_model_server"
 BINARY_ENV = "EXPORTKIT_MODEL_SERVER"
@@ -373,7 +374,7 @@ def start_container(serving: str, path: str, model_name: str | None = None, devi
     cli = containers.ContainerCli(options.container_cli)
     removed = containers.remove_stale(cli)
     for stale in removed:
-        print(f"note: removed container {stale}, left behind by an exportkit run that was killed", file=sys.stderr)
+        log.warning(f"note: removed container {stale}, left behind by an exportkit run that was killed")
     image_id, digest = containers.image_identity(cli, image, options.pull)
     loc = resolve_model_path(path)
     name = model_name or loc.default_name

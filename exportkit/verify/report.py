@@ -51,12 +51,40 @@ class VerifyReport:
     chain: list[dict] = field(default_factory=list)
     signatures: list[str] = field(default_factory=list)  # every signature verified, in order
     references: dict[str, str] = field(default_factory=dict)  # signature -> its reference runtime
+    # why the run stopped early: a graph verify refuses to execute (CheckFailed) or an infrastructure failure
+    stopped: Exception | None = field(default=None, repr=False, compare=False)
 
     @property
     def passed(self) -> bool:
         """No error finding, no runtime with status error, every comparison passed. Skipped runtimes don't fail."""
         return (not any(f.severity == "error" for f in self.findings)
                 and all(r.passed for r in self.runtimes))
+
+    @property
+    def exit_code(self) -> int:
+        """The CLI's exit code for this report: 0 passed, 1 the model fails a check, 3 infrastructure."""
+        if self.stopped is not None:
+            return getattr(self.stopped, "exit_code", 3)
+        return 0 if self.passed else 1
+
+    @property
+    def verdict(self) -> str:
+        return verdict_line(self)
+
+    @property
+    def outputs(self) -> dict[str, dict[str, OutputComparison]]:
+        """Every comparison: {output key ("SIGNATURE/key" when several signatures were verified): {runtime: it}}."""
+        several = len(self.signatures) > 1
+        table: dict[str, dict[str, OutputComparison]] = {}
+        for r in self.runtimes:
+            for c in r.comparisons:
+                key = f"{r.signature}/{c.key}" if several and r.signature else c.key
+                table.setdefault(key, {})[r.name] = c
+        return table
+
+    def to_dict(self) -> dict:
+        """The JSON report, as `verify --json` writes it (docs/report-schema.md)."""
+        return to_json(self)
 
 
 # --------------------------------------------------------------------------------------------- helpers
