@@ -96,6 +96,10 @@ def test_the_next_install_removes_a_killed_installs_build_and_its_processes(cach
     stale = cache / "tf" / f".2.15.building-{dead}"                 # can be reused while other tests spawn)
     (stale / "bin").mkdir(parents=True)
     leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(stale / "bin" / "pip")])
+    for _ in range(100):  # until it has exec'd: before, its command line is still pytest's
+        if str(stale).encode() in Path(f"/proc/{leftover.pid}/cmdline").read_bytes():
+            break
+        time.sleep(0.05)
     envs.root().mkdir(parents=True, exist_ok=True)
     envs._remove_stale_builds()
     assert not stale.exists() and leftover.wait(timeout=10) == -signal.SIGKILL
@@ -118,7 +122,7 @@ envs._pip(sys.argv[1], ["tensorflow-cpu==2.13.*"], "2.13")
 
 
 def test_pip_dies_with_an_install_that_is_sigkilled(tmp_path):
-    """pip runs in its own process group with a parent-death signal: SIGKILL of the install ends it too."""
+    """pip runs in its own process group, whose guard has a parent-death signal: SIGKILL of the install ends it."""
     fake_python = tmp_path / "python"
     pid_file = tmp_path / "pip.pid"
     fake_python.write_text(f"#!/bin/sh\necho $$ > {pid_file}\necho Collecting tensorflow-cpu\nexec sleep 60\n")
@@ -130,7 +134,7 @@ def test_pip_dies_with_an_install_that_is_sigkilled(tmp_path):
             break
         time.sleep(0.1)
     pip_pid = int(pid_file.read_text())
-    assert os.getpgid(pip_pid) == pip_pid  # its own group
+    assert os.getpgid(pip_pid) != os.getpgid(0)  # its own group
     install.kill()
     install.wait()
     install.stderr.close()
@@ -141,3 +145,62 @@ def test_pip_dies_with_an_install_that_is_sigkilled(tmp_path):
     else:
         os.kill(pip_pid, signal.SIGKILL)
         pytest.fail("pip kept running after its install was SIGKILLed")
+
+
+STANDIN_SETUP = """
+import os, time
+from pathlib import Path
+Path(os.environ["STANDIN_PID_FILE"]).write_text(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_a_sigkilled_install_takes_pip_and_the_builds_it_started_with_it(cache, tmp_path):
+    """`exportkit runtimes install` SIGKILLed (a CI step timeout) while pip builds a package: pip and its build
+    subprocess end within seconds. The index is a local directory holding one stand-in sdist whose setup.py
+    waits (no download; the venv is real, made by `python -m venv` with its ensurepip)."""
+    import tarfile
+
+    index, src = tmp_path / "index", tmp_path / "tensorflow_cpu-2.15.0"
+    index.mkdir()
+    src.mkdir()
+    (src / "setup.py").write_text(STANDIN_SETUP)
+    (src / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: tensorflow-cpu\nVersion: 2.15.0\n")
+    with tarfile.open(index / "tensorflow_cpu-2.15.0.tar.gz", "w:gz") as tar:
+        tar.add(src, arcname=src.name)
+    pid_file = tmp_path / "setup.pid"
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index), "STANDIN_PID_FILE": str(pid_file),
+           "PIP_NO_BUILD_ISOLATION": "0"}  # (pip's inverted spelling of --no-build-isolation)
+    install = subprocess.Popen([sys.executable, "-m", "exportkit", "runtimes", "install", "2.15"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(1200):
+        if pid_file.exists() and pid_file.read_text().strip() or install.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert install.poll() is None and pid_file.exists(), "the stand-in build never started"
+    build = int(pid_file.read_text())
+    group = os.getpgid(build)
+    assert group != os.getpgid(0)  # pip's own process group
+    install.kill()
+    install.wait()
+    left = []
+    for _ in range(100):
+        left = [pid for pid in map(int, [p.name for p in Path("/proc").glob("[0-9]*")]) if _in_group(pid, group)]
+        if not left:
+            break
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "pip's processes kept running after the install was SIGKILLed"
+    from exportkit.compat import envs
+
+    envs._remove_stale_builds()  # what the next install does first
+    assert [p.name for p in (cache / "tf").iterdir()] == []
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group and _running(pid)
+    except ProcessLookupError:
+        return False
