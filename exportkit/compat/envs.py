@@ -103,12 +103,21 @@ def _stamp(directory: Path) -> list:
     return out
 
 
+# What the worker uses of TensorFlow at once (compat/worker.py): a `tensorflow` without them is not TensorFlow.
+_PROBE = """
+import json, numpy, tensorflow as tf
+missing = [name for name in ("get_logger", "bfloat16", "Graph", "compat") if not hasattr(tf, name)]
+print(json.dumps({"tensorflow": getattr(tf, "__version__", None), "numpy": numpy.__version__,
+                  "file": getattr(tf, "__file__", None), "missing": missing}))
+"""
+
+
 def _probe(python: str, timeout: float = 300) -> dict | str:
-    """{"tensorflow", "numpy"} as the interpreter imports them, or why it could not (the last line it said)."""
+    """{"tensorflow", "numpy"} as the interpreter imports them, or why it could not (the last line it said, or that
+    its `tensorflow` is not TensorFlow)."""
     try:
         proc = subprocess.run(
-            [python, "-I", "-B", "-c", "import json, numpy, tensorflow as tf; "
-             "print(json.dumps({'tensorflow': tf.__version__, 'numpy': numpy.__version__}))"],
+            [python, "-I", "-B", "-c", _PROBE],
             capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=timeout,
             start_new_session=True)  # no preexec_fn: verify calls this with TensorFlow's threads running
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -119,8 +128,10 @@ def _probe(python: str, timeout: float = 300) -> dict | str:
         return f"{said[-1]}{died}" if said else f"exit {proc.returncode}{died}, no output"
     try:
         meta = json.loads(proc.stdout.strip().splitlines()[-1])
+        if isinstance(meta, dict) and meta.get("missing"):
+            return f"its `tensorflow` ({meta.get('file')}) is not TensorFlow: it has no {', '.join(meta['missing'])}"
         if isinstance(meta, dict) and isinstance(meta.get("tensorflow"), str):
-            return meta
+            return {"tensorflow": meta["tensorflow"], "numpy": meta["numpy"]}
     except (ValueError, IndexError):
         pass
     return f"it printed {proc.stdout.strip()[-80:]!r}, not its TensorFlow version"
@@ -140,7 +151,7 @@ def checked(version: str) -> EnvInfo:
     if meta.get("stamp") != _stamp(directory):
         probed = _probe(env.python)
         if isinstance(probed, str):
-            raise InfraError(f"TensorFlow does not import in the TensorFlow {version} environment ({directory}): "
+            raise InfraError(f"the TensorFlow {version} environment ({directory}) has no working TensorFlow: "
                              f"{probed}", fix)
         meta.update(probed, stamp=_stamp(directory))
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -37,6 +38,9 @@ def _fake_env(cache: Path, label: str, tensorflow_init: str, recorded: str | Non
     return directory
 
 
+LOOKS_LIKE_TF = "get_logger = bfloat16 = Graph = compat = None\n"  # what the probe asks of a real TensorFlow
+
+
 def _error(fn):
     from exportkit.errors import ExportkitError
 
@@ -48,14 +52,14 @@ def _error(fn):
 def test_an_environment_is_trusted_only_after_its_tensorflow_is_shown_to_be_x_y(cache, monkeypatch):
     from exportkit.compat import envs
 
-    directory = _fake_env(cache, "2.14", "__version__ = '2.14.1'\n")
+    directory = _fake_env(cache, "2.14", "__version__ = '2.14.1'\n" + LOOKS_LIKE_TF)
     probes = []
     real_probe = envs._probe
     monkeypatch.setattr(envs, "_probe", lambda python, **kw: probes.append(python) or real_probe(python, **kw))
     assert envs.python_for("2.14", install_missing=False) == str(directory / "bin" / "python")
     assert envs.python_for("2.14", install_missing=False) and len(probes) == 1  # stamped: not probed again
     init = next(directory.glob("lib/python*/site-packages")) / "tensorflow" / "__init__.py"
-    init.write_text("__version__ = '2.12.1'\n")  # someone pip-installed another TensorFlow into it
+    init.write_text("__version__ = '2.12.1'\n" + LOOKS_LIKE_TF)  # someone pip-installed another TensorFlow into it
     os.utime(init, ns=(time.time_ns(), time.time_ns() + 10**9))
     err = _error(lambda: envs.python_for("2.14", install_missing=False))
     assert len(probes) == 2 and err.exit_code == 3
@@ -204,3 +208,72 @@ def _in_group(pid: int, group: int) -> bool:
         return os.getpgid(pid) == group and _running(pid)
     except ProcessLookupError:
         return False
+
+
+# ------------------------------------------------------------------------------------------ broken environments
+def _worker_error(python: Path, model: Path):
+    """What the standalone TF X.Y worker under `python` answers when asked to load `model`."""
+    from exportkit.compat.envs import WORKER
+    from exportkit.runtimes.session import SessionRuntime
+
+    runtime = SessionRuntime(str(model), python=str(python), worker=str(WORKER), broken_remedy="rebuild it")
+    try:
+        return _error(runtime.load)
+    finally:
+        runtime.close()
+
+
+def test_a_tensorflow_that_is_not_tensorflow_is_one_message_with_the_rebuild_command(cache, tmp_path):
+    """A managed environment whose `tensorflow` has a version and nothing else: refused before it is trusted (the
+    probe), and by the worker itself should it start anyway: one message, no AttributeError."""
+    from exportkit.compat import envs
+
+    directory = _fake_env(cache, "2.14", "__version__ = '2.14.1'\n")
+    err = _error(lambda: envs.python_for("2.14", install_missing=False))
+    assert err.exit_code == 3 and "exportkit runtimes install 2.14 --force" in err.remedy
+    assert "is not TensorFlow" in err.message and "get_logger" in err.message
+    assert "AttributeError" not in err.message and "Traceback" not in err.message
+    err = _worker_error(directory / "bin" / "python", tmp_path)
+    assert err.exit_code == 3 and err.remedy == "rebuild it", err.message
+    assert "is not TensorFlow" in err.message and "AttributeError" not in err.message
+
+
+def test_a_worker_python_without_numpy_is_exit_3_naming_the_package_and_pip(cache, tmp_path):
+    import shutil
+
+    directory = _fake_env(cache, "2.14", "__version__ = '2.14.1'\n")
+    shutil.rmtree(next(directory.glob("lib/python*/site-packages")) / "numpy")
+    python = directory / "bin" / "python"
+    err = _worker_error(python, tmp_path)
+    assert err.exit_code == 3 and "no module 'numpy'" in err.message, err.message
+    assert f"{python} -m pip install numpy" in err.remedy and "Traceback" not in err.message
+
+
+@pytest.fixture(scope="module")
+def python_without_h11(tmp_path_factory) -> Path:
+    """A real venv holding every package of this one but h11 (symlinked, so it costs no copy)."""
+    directory = tmp_path_factory.mktemp("no_h11") / "venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(directory)
+    site = next(directory.glob("lib/python*/site-packages"))
+    ours = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p, "numpy").is_dir()))
+    for entry in ours.iterdir():
+        if entry.name.split("-")[0].split(".")[0].lower() != "h11":
+            (site / entry.name).symlink_to(entry)
+    return directory / "bin" / "python"
+
+
+@pytest.mark.slow
+def test_an_embedded_server_without_h11_is_infrastructure_naming_the_package(python_without_h11, third_party):
+    """The model is fine: the Python lacks a dependency of the server. Exit 3 (not the model's FAILED, exit 1)."""
+    proc = subprocess.run([str(python_without_h11), "-m", "exportkit", "verify", str(third_party["plain"]),
+                           "--serving", "embedded", "--runtimes", "session,serving,rest"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "no module 'h11'" in proc.stderr and f"{python_without_h11} -m pip install h11" in proc.stderr
+    with socket.socket() as s:  # a free port for the REST API (TF Serving's --rest_api_port 0 means none)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([str(python_without_h11), "-m", "exportkit", "serve", str(third_party["plain"]),
+                           "--port", "0", "--rest_api_port", str(port)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3 and f"{python_without_h11} -m pip install h11" in proc.stderr, proc.stderr[-2000:]
+    assert "unexpected" not in proc.stderr
