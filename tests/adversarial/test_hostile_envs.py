@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -270,10 +269,21 @@ def test_an_embedded_server_without_h11_is_infrastructure_naming_the_package(pyt
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "no module 'h11'" in proc.stderr and f"{python_without_h11} -m pip install h11" in proc.stderr
-    with socket.socket() as s:  # a free port for the REST API (TF Serving's --rest_api_port 0 means none)
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.run([str(python_without_h11), "-m", "exportkit", "serve", str(third_party["plain"]),
-                           "--port", "0", "--rest_api_port", str(port)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 3 and f"{python_without_h11} -m pip install h11" in proc.stderr, proc.stderr[-2000:]
-    assert "unexpected" not in proc.stderr
+    # `exportkit serve` as the launcher runs it in a process of its own: its exit 3 is the launcher's InfraError
+    proc = subprocess.run([str(python_without_h11), "-I", "-c", LAUNCH_EMBEDDED, str(third_party["plain"])],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout)
+    assert said["exit_code"] == 3 and f"{python_without_h11} -m pip install h11" in said["remedy"], said
+    assert "no module 'h11'" in said["message"] and "unexpected" not in said["message"]
+
+
+LAUNCH_EMBEDDED = """
+import json, sys
+from exportkit.errors import ExportkitError
+from exportkit.serving.launcher import start_embedded
+try:
+    start_embedded(sys.argv[1], rest=True).wait().stop()
+except ExportkitError as err:
+    print(json.dumps({"exit_code": err.exit_code, "message": err.message, "remedy": err.remedy}))
+"""
