@@ -560,14 +560,13 @@ def _batch_name(prefix: str, i: int) -> str:
     return f"{prefix}_batch_{i}.npz" if prefix else f"batch_{i}.npz"
 
 
-def save_batches(dir: str | os.PathLike, batches: list[dict[str, np.ndarray]], prefix: str = "",
-                 what: str | None = None) -> list[Path]:
+def save_batches(dir: str | os.PathLike, batches: list[dict[str, np.ndarray]], prefix: str = "") -> list[Path]:
     """Write `[<prefix>_]batch_<i>.npz` files (readable with `numpy.load(..., allow_pickle=False)`), all or none.
 
     Any key is allowed (even "file" or ones with "/"): the zip members are written directly.
     Returns the paths written.
     """
-    return save_batch_sets(dir, {prefix: batches}, what)
+    return save_batch_sets(dir, {prefix: batches})
 
 
 def save_batch_sets(dir: str | os.PathLike, sets: dict[str, list[dict[str, np.ndarray]]],

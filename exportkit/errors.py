@@ -41,7 +41,7 @@ class InfraError(ExportkitError):
 
 # Import names of exportkit's dependencies that differ from the name pip installs them by (pyproject.toml).
 _DISTRIBUTIONS = {"grpc": "grpcio", "tensorflow_serving": "tensorflow-serving-api", "rapidjson": "python-rapidjson",
-                  "google_crc32c": "google-crc32c", "prometheus_client": "prometheus-client", "yaml": "PyYAML"}
+                  "yaml": "PyYAML"}
 
 
 class MissingModule(InfraError):

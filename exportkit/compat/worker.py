@@ -98,9 +98,9 @@ def load_op_libraries(path):
     module.load_server_op_libraries(path)
 
 
-def startup_failure(err):
-    """What is wrong with this Python when numpy/TensorFlow do not import or are not what they claim (a reply's
-    fields; the caller words a missing module with its pip command)."""
+def environment_failure(err):
+    """A reply's fields for what is wrong with this Python: a module it lacks (the caller words it with its pip
+    command), or numpy/TensorFlow that do not import or are not what they claim."""
     if isinstance(err, ModuleNotFoundError) and err.name:
         return {"kind": "infra", "missing_module": err.name, "message": f"no module {err.name!r}"}
     tf = sys.modules.get("tensorflow")
@@ -122,7 +122,7 @@ def main():
         tf.get_logger().setLevel("ERROR")
         bfloat16 = tf.bfloat16.as_numpy_dtype
     except Exception as err:  # this Python's fault: said on the ready line, which the caller turns into exit 3
-        reply(channel, ok=False, ready=True, **startup_failure(err))
+        reply(channel, ok=False, ready=True, **environment_failure(err))
         return 1
     reply(channel, ok=True, ready=True, tf=tf.__version__)
     session = signature = None
@@ -167,7 +167,7 @@ def main():
                 reply(channel, ok=False, kind="infra", message=err.message, remedy=err.fix)
                 continue
             if isinstance(err, ModuleNotFoundError) and err.name:
-                reply(channel, ok=False, **startup_failure(err))
+                reply(channel, ok=False, **environment_failure(err))
                 continue
             message = f"{type(err).__name__}: {' '.join(str(err).split())[:800]}"
             reply(channel, ok=False, kind="model", message=message, detail=traceback.format_exc()[-4000:])
