@@ -16,7 +16,7 @@ from typing import List, NamedTuple, Optional, get_type_hints
 
 import typer
 
-from exportkit.errors import EXIT_INFRA, ExportkitError
+from exportkit.errors import EXIT_INFRA, ExportkitError, MissingModule
 from exportkit.files import GuardedStream, OutputFault
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -62,6 +62,9 @@ def _run(fn, debug: bool) -> None:
     except Exception as err:  # an unexpected failure is ours or the environment's, never silent
         if debug:
             raise
+        if isinstance(err, ModuleNotFoundError) and err.name:  # this Python lacks a package (h11 for REST, ...)
+            missing = MissingModule(err.name, sys.executable)
+            _fail(missing.message, missing.remedy, missing.exit_code)
         _fail(f"unexpected {type(err).__name__}: {err}", "re-run with --debug for the traceback and report it", EXIT_INFRA)
     else:
         raise typer.Exit(code or 0)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from exportkit.errors import CheckFailed, InfraError, UsageError
+from exportkit.errors import EXIT_INFRA, CheckFailed, InfraError, UsageError
 from exportkit.savedmodel import list_versions, resolve_model_path
 from exportkit.serving.container import batching_flags, is_container_mode
 from exportkit.tfenv import child_env
@@ -196,6 +196,11 @@ def _died(child: "_Child", what: str) -> Exception:
     log = f"\nserver log (last {LOG_TAIL_LINES} lines):\n{tail}" if tail.strip() else ""
     if "Address already in use" in tail:  # lost the free-port race: not the model's fault
         return InfraError(f"{what} could not bind its port{log}", "run the check again")
+    if child.label == "embedded server" and code == EXIT_INFRA:  # `exportkit serve` said its environment failed
+        said = {ln.strip().partition(": ")[0]: ln.strip().partition(": ")[2] for ln in tail.splitlines()
+                if ln.strip().startswith(("error: ", "fix: "))}
+        return InfraError(f"{what}: {said.get('error') or _last_line(tail)}{log}",
+                          said.get("fix") or "the server log says what is missing; run the check again once it is fixed")
     if code is not None and code < 0:
         try:
             name = signal.Signals(-code).name
@@ -499,9 +504,6 @@ def _finish_embedded(child: _Child, name: str, deadline: float, load_timeout: fl
         if "No module named exportkit" in tail:
             raise InfraError(f"{what} cannot import exportkit in isolated mode (python -I)",
                              f"install exportkit into {sys.executable} (pip install -e .)")
-        if child.proc.returncode == 3:
-            raise InfraError(f"{what} could not start: {_last_line(tail)}\n{tail}",
-                             "the server log says what is missing; run the check again once it is fixed")
         raise _died(child, what)
     address = match.group("address")
     version = int(match.group("version"))

@@ -65,8 +65,8 @@ def run_verify(o: VerifyOptions) -> VerifyReport:
     plan = make_plan(o, model, names, devices, per_output, pythons)
     report.inputs = _inputs_summary(o, plan)
     if o.save_inputs:
-        for c in plan.checks:
-            save(o.save_inputs, "inputs" if len(plan.checks) == 1 else f"inputs.{c.name}", [b for _, b in c.batches])
+        save(o.save_inputs, "--save-inputs", {"inputs" if len(plan.checks) == 1 else f"inputs.{c.name}":
+                                              [b for _, b in c.batches] for c in plan.checks})
     report.tf32 = o.allow_tf32 if "gpu" in devices else None
     with started(o, plan) as runtimes_:  # the worker first: it imports TensorFlow while we work here
         execution = run_plan(o, plan, runtimes_)
@@ -76,10 +76,10 @@ def run_verify(o: VerifyOptions) -> VerifyReport:
         report.findings += tf2_only_failures([r for per in execution.results.values() for r in per])
     _judge(o, plan, execution, report, model)
     if o.save_outputs:
-        for c in plan.checks:
-            for label, per_batch in execution.outputs[c.name].items():
-                save(o.save_outputs, label if len(plan.checks) == 1 else f"{label}.{c.name}",
-                     [out for out in per_batch if out is not None])
+        save(o.save_outputs, "--save-outputs", {label if len(plan.checks) == 1 else f"{label}.{c.name}":
+                                                [out for out in per_batch if out is not None]
+                                                for c in plan.checks
+                                                for label, per_batch in execution.outputs[c.name].items()})
     if execution.infra:  # the report shows what did run; the infrastructure failure decides the exit code
         report.stopped = execution.infra[0]
     return report
