@@ -107,6 +107,10 @@ def _pop_op_libraries(argv: list[str]) -> list[str]:
     return libraries
 
 
+SERVER_FLAG = typer.Option(None, "--server-flag", help="NAME=VALUE: a tensorflow_model_server flag the deployment "
+                           "runs with (xla_cpu_compilation_enabled, xla_gpu_compilation_enabled, "
+                           "enable_signature_method_name_check, per_process_gpu_memory_fraction; repeatable): the "
+                           "verdict and a launched server follow it.")
 INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tokens:-1,16:int32 (repeatable override).")
 # verify and compat: generated inputs and tolerances
 SEED = typer.Option(0, "--seed", help="Seed for generated inputs.")
@@ -255,12 +259,14 @@ def verify(
     beam_option: Optional[List[str]] = typer.Option(None, "--beam-option", help="--runner beam: KEY=VALUE pipeline option (repeatable)."),
     tf_versions: Optional[List[str]] = typer.Option(None, "--tf", help="Also run the session runtime on TensorFlow X.Y (2.12-2.21; a list, a range or all; repeatable), in a managed environment."),
     op_library: Optional[List[str]] = OP_LIBRARY,
+    server_flag: Optional[List[str]] = SERVER_FLAG,
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
     """Prove the SavedModel computes what the model computed, in every runtime. Exit 0 only if all agree."""
 
     def go():
+        from exportkit.serverflags import parse_server_flags
         from exportkit.spec import VerifyOptions
         from exportkit.verify.command import verify_command
 
@@ -274,7 +280,8 @@ def verify(
             load_timeout=load_timeout, device=device, allow_tf32=allow_tf32, allow_io_ops=allow_io_ops,
             allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json_out=json_out,
             junit=junit, html=html, summary=summary, data=data, limit=limit, batch_size=batch_size, sample=sample,
-            save_failures=save_failures, runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or []))
+            save_failures=save_failures, runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or [],
+            server_flags=parse_server_flags(server_flag or [])))
 
     _run(_with_op_libraries(go, op_library), debug)
 

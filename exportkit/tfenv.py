@@ -104,3 +104,43 @@ def tf32(enabled: bool):
         yield
     finally:
         tf.config.experimental.enable_tensor_float_32_execution(previous)
+
+
+# The C++ functions behind tensorflow_model_server's XLA switch (tensorflow/compiler/jit/flags.h), exported by
+# libtensorflow_cc; TensorFlow has no Python API for them.
+_DISABLE_XLA = "_ZN10tensorflow21DisableXlaCompilationEv"
+_FAIL_ON_XLA = "_ZN10tensorflow20FailOnXlaCompilationEv"
+
+
+def disable_xla_compilation() -> bool:
+    """What tensorflow_model_server does unless started with --xla_cpu_compilation_enabled or
+    --xla_gpu_compilation_enabled (model_servers/main.cc): afterwards every function that must be compiled by XLA
+    fails with "XLA compilation disabled". Process-wide and for good, as in the server, so only a server process
+    calls it (there is nothing to restore: it is the process' configuration). False if this TensorFlow build does not
+    export the switch (then jit_compile functions still compile here, unlike TF Serving)."""
+    import ctypes
+    import glob
+
+    tf = import_tf()
+    for path in sorted(glob.glob(os.path.join(os.path.dirname(tf.__file__), "libtensorflow_cc.*"))):
+        try:
+            lib = ctypes.CDLL(path)
+            disable, fails = getattr(lib, _DISABLE_XLA), getattr(lib, _FAIL_ON_XLA)
+        except (OSError, AttributeError):
+            continue
+        fails.restype = ctypes.c_bool
+        disable()
+        return bool(fails())
+    return False
+
+
+def gpu_memory_growth() -> None:
+    """Let TensorFlow take GPU memory as it needs it instead of nearly all of it at once, so two TensorFlow processes
+    (the in-process Keras run and the GPU worker or server) share one GPU. Only effective before the GPUs are first
+    used, and it cannot be undone afterwards (a process-wide setting, like the device list); a no-op without a GPU."""
+    tf = import_tf()
+    for gpu in tf.config.list_physical_devices("GPU"):
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except (RuntimeError, ValueError):
+            pass  # already initialized: its memory is allocated the way it was

@@ -11,8 +11,11 @@ from exportkit.runtimes import Runtime
 
 
 def require_gpu() -> None:
-    from exportkit.tfenv import import_tf
+    """A visible GPU, taking its memory as needed (memory growth, before anything initializes it): the GPU worker or
+    server of the same run shares it."""
+    from exportkit.tfenv import gpu_memory_growth, import_tf
 
+    gpu_memory_growth()
     if not import_tf().config.list_logical_devices("GPU"):
         raise InfraError("--device gpu, but TensorFlow sees no GPU",
                          "run on a machine with a GPU and `pip install 'exportkit[gpu]'`, or use --device cpu")
