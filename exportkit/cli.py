@@ -351,20 +351,23 @@ def compat(
     server: str = typer.Option("stock", "--server", help="stock: TF X.Y plus the TF Text and TF-DF ops the stock "
                                "tensorflow_model_server links | tf-only: TF X.Y alone (a custom build without them)."),
     op_library: Optional[List[str]] = OP_LIBRARY,
+    server_flag: Optional[List[str]] = SERVER_FLAG,
     debug: bool = DEBUG,
 ):
     """Will it load, run and agree on TF Serving 2.12 ... 2.21? Predicted statically; observed with --run, and on
     TF Serving itself with --serving docker."""
 
     def go():
+        from exportkit.serverflags import parse_server_flags
         from exportkit.serving.launcher import LaunchOptions
         from exportkit.verify.compat_command import compat_command
 
         return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
                               samples=samples, seed=seed, int_range=int_range or [], atol=atol, rtol=rtol, tol=tol,
                               json_out=json_out, html=html, summary=summary, serving=serving,
-                              load_timeout=load_timeout, launch=LaunchOptions(container_cli=container_cli, pull=pull),
-                              server=server)
+                              load_timeout=load_timeout, server=server,
+                              launch=LaunchOptions(container_cli=container_cli, pull=pull,
+                                                   server_flags=parse_server_flags(server_flag or [])))
 
     _run(_with_op_libraries(go, op_library), debug)
 

@@ -39,6 +39,7 @@ PASS_THROUGH = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot", "
 VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 ASSIGN_OPS = frozenset({"AssignVariableOp", "Assign"})
 CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+XLA_ATTR = "_XlaMustCompile"  # set by tf.function(jit_compile=True) on the function and its call
 _REMOTE = ("gs://", "s3://", "hdfs://", "http://", "https://")
 _DT_STRING = 7
 _MAX_DEPTH = 64  # calls followed back from a file-name input; TensorFlow's own nesting is a handful
@@ -253,9 +254,9 @@ def xla_functions(meta_graph) -> list[str]:
     found: dict[str, None] = {}
     for function, node in reachable_nodes(meta_graph):
         attrs = functions[function].attr if function is not None else {}
-        if "_XlaMustCompile" in attrs and _true(attrs["_XlaMustCompile"]):
+        if XLA_ATTR in attrs and _true(attrs[XLA_ATTR]):
             found[function] = None
-        if "_XlaMustCompile" in node.attr and _true(node.attr["_XlaMustCompile"]):
+        if XLA_ATTR in node.attr and _true(node.attr[XLA_ATTR]):
             callee = node.attr["f"].func.name if "f" in node.attr else node.op
             found[callee or function_label(function)] = None
     return sorted(found)
@@ -279,12 +280,22 @@ def xla_findings(meta_graph, flags: ServerFlags = STOCK, prefix: str = "") -> li
             f"XLA (tf.function(jit_compile=True): _XlaMustCompile)")
     if flags.xla_enabled:
         return [Finding("info", "xla-jit", f"{what}; the server runs with {flags.describe()}, so it compiles them at "
-                                           f"their first request (a slow first request; warm-up hides it)")]
+                                           f"their first request (a slow first request; warm-up hides it)",
+                        op=XLA_ATTR, node=names[0])]
     return [Finding("error", "xla-jit", f"{what}: the stock tensorflow_model_server, CPU or GPU, calls "
                                         f"DisableXlaCompilation() unless started with --xla_cpu_compilation_enabled or "
                                         f"--xla_gpu_compilation_enabled (model_servers/main.cc), and then every request "
                                         f"fails with 'XLA compilation disabled' (with warm-up records, the load "
-                                        f"fails). {XLA_FIX}")]
+                                        f"fails). {XLA_FIX}", op=XLA_ATTR, node=names[0])]
+
+
+# The verdict's sentence per error code: what the real server does, which no local runtime shows.
+VERDICTS = {
+    "external-file": "the real TF Serving elsewhere (a container, another host) cannot load it: it reads files from "
+                     "outside the SavedModel",
+    "xla-jit": "the stock TF Serving answers its requests with 'XLA compilation disabled' (unless the deployment runs "
+               "--xla_cpu_compilation_enabled: say so with --server-flag)",
+}
 
 
 def deployment_findings(meta_graph, flags: ServerFlags = STOCK, prefix: str = "") -> list[Finding]:

@@ -144,3 +144,57 @@ def gpu_memory_growth() -> None:
             tf.config.experimental.set_memory_growth(gpu, True)
         except (RuntimeError, ValueError):
             pass  # already initialized: its memory is allocated the way it was
+
+
+_BUILD_KEYS = ("is_cuda_build", "cuda_version", "cudnn_version", "is_rocm_build")
+
+
+def _build_info() -> dict:
+    """tf.sysconfig.get_build_info() (CUDA/cuDNN of the wheel), read from its generated module
+    tensorflow/python/platform/build_info.py without importing TensorFlow; {} without TensorFlow."""
+    import ast
+    import importlib.util
+
+    if "tensorflow" in sys.modules and hasattr(sys.modules["tensorflow"], "sysconfig"):
+        return dict(sys.modules["tensorflow"].sysconfig.get_build_info())
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or spec.origin is None:
+        return {}
+    path = os.path.join(os.path.dirname(spec.origin), "python", "platform", "build_info.py")
+    try:
+        tree = ast.parse(open(path, encoding="utf-8").read())
+    except (OSError, SyntaxError):
+        return {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], (ast.List, ast.Dict)):
+            try:
+                return dict(ast.literal_eval(node.args[0]))
+            except (ValueError, TypeError):
+                return {}
+    return {}
+
+
+def package_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def toolchain(keras_package: str | None = None) -> dict:
+    """What computed the results, for the manifest and the verify report: Python, TensorFlow and its build
+    (CUDA/cuDNN), and the Keras that loaded the source (`keras_package`: "keras" or "tf_keras"; else the installed
+    Kerases and which one tf.keras means)."""
+    import platform
+
+    build = _build_info()
+    out = {"python": platform.python_version(), "tensorflow": tensorflow_version(),
+           "tensorflow_build": {k: build[k] for k in _BUILD_KEYS if k in build}}
+    if keras_package:
+        out["keras"] = {"package": keras_package, "version": package_version(keras_package)}
+    else:
+        out["keras"] = {"keras": package_version("keras"), "tf_keras": package_version("tf_keras"),
+                        "tf.keras": "tf_keras" if os.environ.get("TF_USE_LEGACY_KERAS") == "1" else "keras"}
+    return out

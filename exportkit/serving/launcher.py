@@ -228,6 +228,11 @@ def _flags(options: LaunchOptions | None) -> ServerFlags:
     return options.server_flags if options else STOCK
 
 
+def _flags_entry(flags: ServerFlags) -> dict:
+    """The server description's `server_flags` entry: the flags that differ from the stock server's, if any."""
+    return {"server_flags": flags.argv()} if flags.changed() else {}
+
+
 def _batching_file(options: LaunchOptions | None) -> str | None:
     path = options.batching_parameters if options else None
     if path and not os.path.isfile(path):
@@ -354,7 +359,7 @@ def start_binary(path: str, model_name: str | None = None, binary: str | None = 
             _wait(child, client, load_timeout, f"{BINARY_NAME} ({found})")
         description = {"kind": "binary", "version": binary_version(found), "address": address,
                        "binary": found, "model_name": name, "model_version": version,
-                       "server_flags": _flags(launch).changed()}
+                       **_flags_entry(_flags(launch))}
         handle = ServerHandle(address, description, name, version, stop, child.proc, child.tail,
                               rest_address=f"127.0.0.1:{rest_port}" if rest_port else None)
         _live.add(handle)
@@ -415,7 +420,7 @@ def start_container(serving: str, path: str, model_name: str | None = None, devi
         description = {"kind": "docker", "version": containers.server_version(cli, image), "address": address,
                        "binary": None, "image": image, "image_id": image_id, "digest": digest,
                        "container": container.name, "cli": cli.name, "model_name": name,
-                       "model_version": loc.version, "server_flags": options.server_flags.changed()}
+                       "model_version": loc.version, **_flags_entry(options.server_flags)}
         if removed:
             description["removed_stale"] = removed
         if containers.moving_tag(image):

@@ -20,6 +20,7 @@ from exportkit.layout import read_manifest
 from exportkit.runtimes import RUNTIME_KINDS
 from exportkit.runtimes.verdicts import signature_state, tf2_only_failures
 from exportkit.spec import VerifyOptions
+from exportkit.tfenv import toolchain
 from exportkit.verify import checks
 from exportkit.verify.artifacts import check_report_options
 from exportkit.verify.compare import parse_tol
@@ -107,7 +108,8 @@ def _read(o: VerifyOptions, devices: list[str], per_output: dict):
         findings += checks.baseline_findings(o, signatures, selected)
     report = VerifyReport(path=str(version_dir), signature=", ".join(selected) or (o.signature_name or ""),
                           reference="", runtimes=[], findings=list(findings), inputs={}, tf32=None,
-                          exportkit_version=__version__, signatures=list(selected))
+                          exportkit_version=__version__, signatures=list(selected),
+                          toolchain=toolchain(), server_flags=o.server_flags.argv())
     return Model(version_dir, proto, signatures, selected, manifest, lo_hi), report, refused
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from exportkit.errors import UsageError
+from exportkit.serverflags import STOCK
 from exportkit.verify.matrix import CompatReport, VersionRow, render_text
 
 PARALLEL_VERSIONS = 2
@@ -46,7 +47,8 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
     version_dir, proto, signatures = read_model(path)
     signature = signatures.get(signature_name)
     meta_graph = select_meta_graph(proto)
-    predicted = analysis.analyze(meta_graph, versions, device, server)
+    flags = launch.server_flags if launch else STOCK  # compat --server-flag: how the servers are started
+    predicted = analysis.analyze(meta_graph, versions, device, server, flags)
     rows = [VersionRow(r.tf, r.predicted, findings=r.findings) for r in predicted]
     if run or serving:
         if signature is None:
@@ -61,7 +63,7 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
     # the HTML shows the static forecast of the other device too (cheap: no TensorFlow), as a version x device matrix
     other = "gpu" if device == "cpu" else "cpu"
     other_rows = [VersionRow(r.tf, r.predicted, findings=r.findings)
-                  for r in analysis.analyze(meta_graph, versions, other)] if html else None
+                  for r in analysis.analyze(meta_graph, versions, other, server, flags)] if html else None
     write_compat(report, html, summary, other_rows)
     return 0 if report.passed else 1
 
