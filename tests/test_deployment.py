@@ -1,0 +1,188 @@
+"""Pitfalls every local runtime passes and the real server does not: files outside the SavedModel, XLA under TF
+Serving's stock flags (exportkit/deployment.py, serverflags.py). Models built the way others write them: a
+tf.compat.v1 graph saved by SavedModelBuilder without an assets collection, a tf.Module with jit_compile=True, a
+Keras 3 export of a layer holding a hash table over an absolute path."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from conftest import has_gpu, run_cli
+from exportkit.compat import analysis
+from exportkit.deployment import file_reads
+from exportkit.errors import CheckFailed, UsageError
+from exportkit.export.selfcheck import external_files_check
+from exportkit.inspection import read_info
+from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+from exportkit.serverflags import STOCK, parse_server_flags
+from exportkit.serving.container import moving_tag
+
+
+def _v1_table(path, vocab: str) -> None:
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default(), v1.Session() as sess:
+        x = v1.placeholder(tf.string, [None], name="x")
+        init = tf.lookup.TextFileInitializer(vocab, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
+                                             tf.lookup.TextFileIndex.LINE_NUMBER)
+        table = tf.lookup.StaticHashTable(init, -1)
+        sess.run(v1.tables_initializer())
+        builder = v1.saved_model.Builder(str(path))
+        signature = v1.saved_model.predict_signature_def({"x": x}, {"y": table.lookup(x)})
+        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"serving_default": signature},
+                                             main_op=v1.tables_initializer())  # no assets_collection
+        builder.save()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    import keras
+    import tensorflow as tf
+
+    root = tmp_path_factory.mktemp("pitfalls")
+    vocab = root / "vocab.txt"
+    vocab.write_text("a\nb\nc\n")
+    _v1_table(root / "v1_absolute" / "1", str(vocab))
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        _v1_table(root / "v1_relative" / "1", "vocab.txt")
+    finally:
+        os.chdir(cwd)
+
+    class Scaled(tf.Module):
+        def __init__(self):
+            self.w = tf.Variable(2.0)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")], jit_compile=True)
+        def serve(self, x):
+            return {"y": x * self.w}
+
+    module = Scaled()
+    tf.saved_model.save(module, str(root / "jit" / "1"), signatures={"serving_default": module.serve})
+
+    class Vocabulary(keras.layers.Layer):
+        def __init__(self, path, **kwargs):
+            super().__init__(**kwargs)
+            self.table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+                path, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER), -1)
+
+        def call(self, x):
+            return self.table.lookup(x)
+
+    inputs = keras.Input(shape=(), dtype="string", name="x")
+    model = keras.Model(inputs, {"y": Vocabulary(str(vocab), name="vocab_lookup")(inputs)})
+    model.export(str(root / "keras3" / "1"), format="tf_saved_model", verbose=False)
+    return root
+
+
+def _meta_graph(path):
+    return select_meta_graph(read_saved_model_proto(path))
+
+
+def test_a_v1_table_over_an_absolute_path_is_an_error_naming_it(models):
+    info = read_info(models / "v1_absolute" / "1", check_registry=False)
+    path = str(models / "vocab.txt")
+    assert info.files_read == [{"op": "InitializeTableFromTextFileV2", "node": "text_file_init/InitializeTableFromTextFileV2",
+                                "when": "load", "path": path, "owner": "text_file_init"}]
+    errors = [f for f in info.findings if f.code == "external-file"]
+    assert [f.severity for f in errors] == ["error"] and path in errors[0].message
+    assert "absolute path" in errors[0].message and "assets_collection" in errors[0].message
+    predicted = analysis.analyze(_meta_graph(models / "v1_absolute" / "1"), ["2.21"])
+    assert predicted[0].predicted == "fails"
+    with pytest.raises(CheckFailed, match="captured by text_file_init"):
+        external_files_check(models / "v1_absolute" / "1")
+
+
+def test_a_relative_path_is_an_error_too(models):
+    (read,) = file_reads(_meta_graph(models / "v1_relative" / "1"))
+    assert (read.path, read.outside) == ("vocab.txt", True)
+    info = read_info(models / "v1_relative" / "1", check_registry=False)
+    assert any(f.code == "external-file" and "relative path" in f.message for f in info.findings)
+
+
+def test_a_keras3_table_over_an_absolute_path_is_an_asset_and_no_error(models):
+    """TF2 tracks the path as a tf.saved_model.Asset: the save copies it into assets/, the loader feeds it."""
+    info = read_info(models / "keras3" / "1", check_registry=False)
+    assert [(r["op"], r.get("asset"), r.get("path")) for r in info.files_read] == [
+        ("InitializeTableFromTextFileV2", "vocab.txt", None)]
+    assert "assets/vocab.txt" in info.assets
+    assert not [f for f in info.findings if f.code == "external-file"]
+    external_files_check(models / "keras3" / "1")  # export writes it
+
+
+def test_jit_compile_fails_under_stock_flags_and_not_when_the_server_enables_xla(models):
+    meta_graph = _meta_graph(models / "jit" / "1")
+    info = read_info(models / "jit" / "1", check_registry=False)
+    (xla,) = [f for f in info.findings if f.code == "xla-jit"]
+    assert xla.severity == "error" and "DisableXlaCompilation" in xla.message and "__inference_serve" in xla.message
+    assert analysis.analyze(meta_graph, ["2.21"])[0].predicted == "fails"
+    enabled = parse_server_flags(["xla_cpu_compilation_enabled=true"])
+    result = analysis.analyze(meta_graph, ["2.21"], server_flags=enabled)[0]
+    assert result.predicted == "ok" and [f.severity for f in result.findings if f.code == "xla-jit"] == ["info"]
+
+
+def test_server_flags_parse_tensorflow_model_server_spellings():
+    flags = parse_server_flags(["--xla_gpu_compilation_enabled", "enable-signature-method-name-check=1",
+                                "per_process_gpu_memory_fraction=0.25"])
+    assert flags.xla_enabled and flags.enable_signature_method_name_check
+    assert flags.argv() == ["--xla_gpu_compilation_enabled=true", "--enable_signature_method_name_check=true",
+                            "--per_process_gpu_memory_fraction=0.25"]
+    assert STOCK.argv() == [] and not STOCK.xla_enabled
+    for bad in ("model_base_path=/m", "xla_cpu_compilation_enabled=maybe", "per_process_gpu_memory_fraction=2"):
+        with pytest.raises(UsageError):
+            parse_server_flags([bad])
+
+
+def test_latest_images_move():
+    assert moving_tag("tensorflow/serving:latest") and moving_tag("tensorflow/serving:latest-gpu")
+    assert not moving_tag("tensorflow/serving:2.14.1") and moving_tag("localhost:5000/serving")
+
+
+def test_tf_serving_test_models_get_no_new_false_error(tmp_path):
+    from tfs_models import build_testdata
+
+    for path in build_testdata(str(tmp_path)).values():
+        info = read_info(path, check_registry=False)
+        assert not [f for f in info.findings if f.code in ("external-file", "xla-jit")], path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["text.keras", "multi_io.keras", "tfk2_functional.h5"])
+def test_exportkit_exports_get_no_new_false_error_and_record_the_toolchain(exported, name):
+    result = exported(name)
+    assert result.proc.returncode == 0, result.proc.stdout + result.proc.stderr
+    info = read_info(result.path, check_registry=False)
+    assert not [f for f in info.findings if f.code in ("external-file", "xla-jit")]
+    toolchain = info.manifest["toolchain"]
+    assert toolchain["python"] and toolchain["tensorflow"] and "is_cuda_build" in toolchain["tensorflow_build"]
+    assert toolchain["keras"]["package"] == ("tf_keras" if name.startswith("tfk2") else "keras")
+
+
+@pytest.mark.slow
+@pytest.mark.serving
+def test_the_embedded_server_refuses_xla_as_tf_serving_does_unless_told(models):
+    path = models / "jit" / "1"
+    stock = run_cli("verify", path, "--runtimes", "session,serving")
+    assert stock.returncode == 1
+    assert "XLA compilation disabled" in stock.stdout and "server flags: stock" in stock.stdout
+    enabled = run_cli("verify", path, "--runtimes", "session,serving", "--server-flag",
+                      "xla_cpu_compilation_enabled=true")
+    assert enabled.returncode == 0, enabled.stdout + enabled.stderr
+    assert "server flags: --xla_cpu_compilation_enabled=true" in enabled.stdout
+
+
+@pytest.mark.gpu
+def test_memory_growth_lets_two_processes_share_a_gpu():
+    if not has_gpu():
+        pytest.skip("no GPU")
+    from exportkit.runtimes.local import require_gpu
+    from exportkit.tfenv import import_tf
+
+    require_gpu()
+    tf = import_tf()
+    assert all(tf.config.experimental.get_memory_growth(g) for g in tf.config.list_physical_devices("GPU"))
+    assert np.isfinite(tf.reduce_sum(tf.ones([4])).numpy())
