@@ -135,7 +135,7 @@ def codes(findings) -> list[str]:
 def test_json_schema(multi_json, models, tf):
     doc = multi_json
     assert set(doc) == {"path", "tags", "tensorflow_version", "signatures", "ops", "assets", "variables_bytes",
-                        "variables", "manifest", "findings", "oldest_tf_serving"}
+                        "variables", "manifest", "findings", "oldest_tf_serving", "files_read"}
     assert doc["path"] == os.path.abspath(models["multi"])
     assert doc["tags"] == ["serve"]
     assert doc["tensorflow_version"] == tf.__version__
