@@ -54,7 +54,7 @@ class FileRead:
     when: str  # "load" (the init op: tables) | "request" (a signature's path)
     path: str | None = None
     asset: str | None = None
-    owner: str | None = None  # what holds it: the object-graph path of its function (TF2), or the node's name scope
+    owner: str | None = None  # who holds it: the node's name scope (a layer) in its function's object path (TF2)
 
     @property
     def outside(self) -> bool:
@@ -91,11 +91,12 @@ class _Graph:
         return self._callers.get(function, [])
 
     def owner(self, function: str | None, node) -> str | None:
-        """The object-graph path of the function (e.g. `root.vocab_lookup.table._initialize`), else the name scope."""
+        """The node's name scope (a Keras layer's name, e.g. `functional_1/vocab`) in the object-graph path of its
+        function (e.g. `root.serve`, `root.table._initialize`): who captured the path."""
         if self._owners is None:
             self._owners = _object_paths(self.meta_graph.object_graph_def)
-        scope = node.name.rpartition("/")[0]
-        return self._owners.get(function or "") or scope or None
+        parts = [node.name.rpartition("/")[0], self._owners.get(function or "")]
+        return " in ".join(p for p in parts if p) or None
 
     def sources(self, function: str | None, ref: str, depth: int = 0) -> list[tuple[str, str]]:
         """Where a string tensor comes from: ("path", literal) | ("asset", filename) | ("fed", placeholder) |
@@ -218,7 +219,9 @@ def file_reads(meta_graph) -> list[FileRead]:
 EXTERNAL_FILE_FIX = ("fix: ship the file inside the SavedModel as an asset: in TF2 give tf.lookup.TextFileInitializer "
                      "(or tf.saved_model.Asset) the path as a Python string on a tracked object, so the save copies it "
                      "into assets/; with tf.compat.v1's SavedModelBuilder pass add_meta_graph_and_variables(..., "
-                     "assets_collection=tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS))")
+                     "assets_collection=tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS)); a file a "
+                     "layer reads per request (tf.io.read_file, a file dataset): read it once in Python when the layer "
+                     "is built, or hand the path over as a tf.saved_model.Asset the layer tracks")
 
 
 def external_file_message(read: FileRead) -> tuple[str, str]:
@@ -238,13 +241,20 @@ def external_file_message(read: FileRead) -> tuple[str, str]:
                      f"{fails}; the local runtimes pass only because this machine has the file. {EXTERNAL_FILE_FIX}")
 
 
-def file_findings(reads: list[FileRead], prefix: str = "") -> list[Finding]:
-    """One `external-file` finding per literal path a graph reads (asset reads are fine)."""
+def file_findings(reads: list[FileRead], prefix: str = "", directory=None) -> list[Finding]:
+    """One `external-file` finding per literal path a graph reads; with the SavedModel's `directory`, a
+    `missing-asset` error per asset the loader would feed from assets/ that is not there."""
     findings = []
     for read in reads:
         if read.outside:
             severity, message = external_file_message(read)
             findings.append(Finding(severity, "external-file", prefix + message, op=read.op, node=read.node))
+        elif directory is not None and not os.path.isfile(os.path.join(directory, "assets", read.asset)):
+            findings.append(Finding(
+                "error", "missing-asset",
+                f"{prefix}{read.op} '{read.node}' reads the asset {read.asset}, and assets/{read.asset} is not in the "
+                f"SavedModel: every server, TF Serving included, fails to load it (NotFound); fix: copy the file "
+                f"into assets/ or export again", op=read.op, node=read.node))
     return findings
 
 
@@ -298,6 +308,6 @@ VERDICTS = {
 }
 
 
-def deployment_findings(meta_graph, flags: ServerFlags = STOCK, prefix: str = "") -> list[Finding]:
-    """Files outside the SavedModel and XLA under the given server flags."""
-    return file_findings(file_reads(meta_graph), prefix) + xla_findings(meta_graph, flags, prefix)
+def deployment_findings(meta_graph, flags: ServerFlags = STOCK, prefix: str = "", directory=None) -> list[Finding]:
+    """Files outside the SavedModel (and missing assets, given its `directory`), XLA under the server flags."""
+    return file_findings(file_reads(meta_graph), prefix, directory) + xla_findings(meta_graph, flags, prefix)

@@ -5,11 +5,15 @@ Keras 3 export of a layer holding a hash table over an absolute path."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 
-from conftest import has_gpu, run_cli
+from conftest import has_gpu, invoke, run_cli
 from exportkit.compat import analysis
 from exportkit.deployment import file_reads
 from exportkit.errors import CheckFailed, UsageError
@@ -114,6 +118,14 @@ def test_a_keras3_table_over_an_absolute_path_is_an_asset_and_no_error(models):
     external_files_check(models / "keras3" / "1")  # export writes it
 
 
+def test_an_asset_missing_from_assets_is_an_error(models, tmp_path):
+    copy = tmp_path / "1"
+    shutil.copytree(models / "keras3" / "1", copy)
+    (copy / "assets" / "vocab.txt").unlink()
+    (missing,) = [f for f in read_info(copy, check_registry=False).findings if f.code == "missing-asset"]
+    assert missing.severity == "error" and "assets/vocab.txt" in missing.message
+
+
 def test_jit_compile_fails_under_stock_flags_and_not_when_the_server_enables_xla(models):
     meta_graph = _meta_graph(models / "jit" / "1")
     info = read_info(models / "jit" / "1", check_registry=False)
@@ -135,6 +147,18 @@ def test_server_flags_parse_tensorflow_model_server_spellings():
     for bad in ("model_base_path=/m", "xla_cpu_compilation_enabled=maybe", "per_process_gpu_memory_fraction=2"):
         with pytest.raises(UsageError):
             parse_server_flags([bad])
+
+
+def test_serve_takes_tf_servings_xla_and_gpu_memory_flags():
+    from exportkit.serving.model_server import _session_config, parse_flags
+
+    options = parse_flags(["m", "--xla_cpu_compilation_enabled", "--per_process_gpu_memory_fraction=0.3",
+                           "--device", "gpu"])
+    assert options.xla_cpu_compilation_enabled and options.per_process_gpu_memory_fraction == 0.3
+    assert abs(_session_config(options).gpu_options.per_process_gpu_memory_fraction - 0.3) < 1e-6
+    assert not parse_flags(["m"]).xla_cpu_compilation_enabled  # TF Serving's default: XLA off
+    with pytest.raises(UsageError, match="between 0.0 and 1.0"):
+        parse_flags(["m", "--per_process_gpu_memory_fraction=1.5"])
 
 
 def test_latest_images_move():
@@ -173,6 +197,45 @@ def test_the_embedded_server_refuses_xla_as_tf_serving_does_unless_told(models):
                       "xla_cpu_compilation_enabled=true")
     assert enabled.returncode == 0, enabled.stdout + enabled.stderr
     assert "server flags: --xla_cpu_compilation_enabled=true" in enabled.stdout
+
+
+@pytest.mark.slow
+def test_export_refuses_a_layer_that_reads_a_file_from_the_build_machine(tmp_path):
+    words = tmp_path / "words.txt"
+    words.write_text("a\nb\n")
+    (tmp_path / "file_layers.py").write_text(textwrap.dedent("""
+        import keras
+        import tensorflow as tf
+
+
+        @keras.saving.register_keras_serializable(package="pitfalls")
+        class FileLength(keras.layers.Layer):
+            def __init__(self, file_path, **kwargs):
+                super().__init__(**kwargs)
+                self.file_path = file_path
+
+            def call(self, x):
+                return x + tf.cast(tf.strings.length(tf.io.read_file(self.file_path)), x.dtype)
+
+            def get_config(self):
+                return {**super().get_config(), "file_path": self.file_path}
+    """))
+    script = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(tmp_path)!r})
+        import keras
+        from file_layers import FileLength
+        inp = keras.Input((3,), name="x")
+        out = keras.layers.Dense(2, name="y")(FileLength({str(words)!r}, name="file_length")(inp))
+        keras.Model(inp, out).save({str(tmp_path / 'reads.keras')!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=120)
+    base = tmp_path / "models"
+    base.mkdir()
+    proc = invoke("export", tmp_path / "reads.keras", "-o", base, "--custom-objects", "file_layers",
+                  "--python-path", tmp_path, "--no-verify")
+    assert proc.returncode == 1, proc.stderr
+    assert str(words) in proc.stderr and "file_length" in proc.stderr and "the version was not written" in proc.stderr
+    assert list(base.iterdir()) == []
 
 
 @pytest.mark.gpu

@@ -33,7 +33,7 @@ def static_findings(o: VerifyOptions, proto, version_dir):
     server_registry = installed(tensorflow_version())  # the ops the stock TF Serving of this TF links
     findings = lint_saved_model(proto, o.signature_name, server_registry=server_registry,
                                 op_libraries=env_op_libraries()) + asset_findings(version_dir)
-    findings += deployment_findings(select_meta_graph(proto), o.server_flags)
+    findings += deployment_findings(select_meta_graph(proto), o.server_flags, directory=version_dir)
     refused = [f for f in findings if f.code == "io-op" and f.severity == "error"]
     if refused and o.allow_io_ops:
         findings = [Finding("warning", f.code, f.message.replace(IO_OP_REFUSAL, " Executed anyway (--allow-io-ops)."))
