@@ -22,6 +22,7 @@ from exportkit.inspection import read_info
 from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
 from exportkit.serverflags import STOCK, parse_server_flags
 from exportkit.serving.container import moving_tag
+from exportkit.tfenv import package_version
 
 
 def _v1_table(path, vocab: str) -> None:
@@ -183,7 +184,32 @@ def test_exportkit_exports_get_no_new_false_error_and_record_the_toolchain(expor
     assert not [f for f in info.findings if f.code in ("external-file", "xla-jit")]
     toolchain = info.manifest["toolchain"]
     assert toolchain["python"] and toolchain["tensorflow"] and "is_cuda_build" in toolchain["tensorflow_build"]
-    assert toolchain["keras"]["package"] == ("tf_keras" if name.startswith("tfk2") else "keras")
+    keras = toolchain["keras"]  # the Keras that loaded the source (a tf.keras 2 .h5 loads in Keras 3 here)
+    assert keras["package"] in ("keras", "tf_keras") and keras["version"] == package_version(keras["package"])
+
+
+@pytest.mark.slow
+def test_the_verify_report_names_the_keras_that_rebuilt_the_source(exported, sample, tmp_path):
+    import json
+
+    entry = sample("tfk2_functional.h5")
+    report = tmp_path / "report.json"
+    proc = invoke("verify", exported("tfk2_functional.h5").path, "--against", entry["path"], "--runtimes",
+                  "golden,keras", "--json", report)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    toolchain = json.loads(report.read_text())["toolchain"]
+    exported_with = read_info(exported("tfk2_functional.h5").path, check_registry=False).manifest["toolchain"]
+    assert toolchain["keras"] == exported_with["keras"] and toolchain["python"] == sys.version.split()[0]
+    assert f"{toolchain['keras']['package']} {toolchain['keras']['version']}" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_relative_path_fails_in_the_workers_as_in_a_container(models):
+    """The serving-equivalent worker runs in an empty working directory: run from where vocab.txt lies, the TF1
+    loader still cannot find it, as a server elsewhere cannot."""
+    proc = run_cli("verify", models / "v1_relative" / "1", "--runtimes", "session", cwd=models)
+    assert proc.returncode == 1
+    assert "NotFoundError" in proc.stdout and "external-file" in proc.stdout
 
 
 @pytest.mark.slow

@@ -146,6 +146,11 @@ class KerasRuntime(Runtime):
         self._model = load_source(self.source_options).model
         self.loaded = True
 
+    @property
+    def keras_package(self) -> str | None:
+        """The Keras that loaded the source ("keras" or "tf_keras"), once loaded."""
+        return type(self._model).__module__.split(".")[0] if self._model is not None else None
+
     def input_specs(self):
         """The model's inputs (after load), for callers that must build them, e.g. from tf.Example records."""
         from exportkit.sources.model_io import model_input_specs

@@ -61,6 +61,9 @@ def verify_command(o: VerifyOptions) -> int:
                               report, execution.infra)
         report.findings += checks.rejected_inputs_findings(runtimes_)
         report.findings += tf2_only_failures([r for per in execution.results.values() for r in per])
+        loaded_by = next((p for item in runtimes_ if (p := getattr(item.runtime, "keras_package", None))), None)
+        if loaded_by:  # the report names the Keras that rebuilt the training source
+            report.toolchain = toolchain(loaded_by)
     _judge(o, plan, execution, report, model)
     if o.save_outputs:
         for c in plan.checks:
