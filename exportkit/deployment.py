@@ -30,6 +30,9 @@ FILENAME_INPUTS = {
     "MatchingFilesDataset": 0, "ExperimentalMatchingFilesDataset": 0, "LMDBDataset": 0, "ExperimentalLMDBDataset": 0,
     "LoadDataset": 0,
 }
+# Readers (WholeFileReader, TFRecordReader, ...) take file names from a queue (input 1) that enqueue ops fill.
+READER_OPS = frozenset({"ReaderRead", "ReaderReadV2", "ReaderReadUpTo", "ReaderReadUpToV2"})
+ENQUEUE_OPS = frozenset({"QueueEnqueue", "QueueEnqueueV2", "QueueEnqueueMany", "QueueEnqueueManyV2"})
 # Ops that read a file named by an attr (protocol-buffer descriptors; local:// and bytes:// are not files).
 FILENAME_ATTRS = {"DecodeProtoV2": "descriptor_source", "EncodeProto": "descriptor_source"}
 _NOT_FILES = ("local://", "bytes://")
@@ -133,6 +136,17 @@ class _Graph:
                                      if n.op in ASSIGN_OPS)
                 if len(data) > 1 and data[0].partition(":")[0] == variable]
 
+    def enqueued(self, function: str | None, queue: str) -> list[tuple[str, str]]:
+        """What the enqueue ops of the same graph put into `queue`: a reader's file names."""
+        nodes = self.top if function is None else self.nodes[function]
+        name = queue.lstrip("^").partition(":")[0]
+        found = []
+        for node in nodes.values():
+            data = [i for i in node.input if not i.startswith("^")]
+            if node.op in ENQUEUE_OPS and data and data[0].partition(":")[0] == name:
+                found += [source for component in data[1:] for source in self.sources(function, component)]
+        return found
+
     def _argument(self, function: str, index: int, depth: int) -> list[tuple[str, str]]:
         callers = self.callers(function)
         if callers:
@@ -202,6 +216,8 @@ def file_reads(meta_graph) -> list[FileRead]:
             data = [i for i in node.input if not i.startswith("^")]
             index = FILENAME_INPUTS[node.op]
             found = graph.sources(function, data[index]) if index < len(data) else []
+        elif node.op in READER_OPS and len(node.input) > 1:
+            found = graph.enqueued(function, node.input[1])
         elif node.op in FILENAME_ATTRS and FILENAME_ATTRS[node.op] in node.attr:
             value = node.attr[FILENAME_ATTRS[node.op]].s.decode("utf-8", "replace")
             found = [("path", value)] if value and not value.startswith(_NOT_FILES) else []

@@ -42,6 +42,23 @@ def _v1_table(path, vocab: str) -> None:
         builder.save()
 
 
+def _v1_reader(path) -> None:
+    """A WholeFileReader fed by a queue of file names, read on every request."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default(), v1.Session() as sess:
+        queue = v1.FIFOQueue(10, tf.string, name="files")
+        queue.enqueue_many([tf.constant(["/data/a.txt", "/data/b.txt"])])
+        _, contents = v1.WholeFileReader().read(queue)
+        x = v1.placeholder(tf.float32, [None], name="x")
+        y = x + tf.cast(tf.strings.length(contents), tf.float32)
+        builder = v1.saved_model.Builder(str(path))
+        builder.add_meta_graph_and_variables(
+            sess, ["serve"], signature_def_map={"serving_default": v1.saved_model.predict_signature_def({"x": x}, {"y": y})})
+        builder.save()
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     import keras
@@ -57,6 +74,7 @@ def models(tmp_path_factory):
         _v1_table(root / "v1_relative" / "1", "vocab.txt")
     finally:
         os.chdir(cwd)
+    _v1_reader(root / "v1_reader" / "1")
 
     class Scaled(tf.Module):
         def __init__(self):
@@ -107,6 +125,12 @@ def test_a_relative_path_is_an_error_too(models):
     assert (read.path, read.outside) == ("vocab.txt", True)
     info = read_info(models / "v1_relative" / "1", check_registry=False)
     assert any(f.code == "external-file" and "relative path" in f.message for f in info.findings)
+
+
+def test_a_reader_reads_the_file_names_its_queue_is_fed(models):
+    reads = file_reads(_meta_graph(models / "v1_reader" / "1"))
+    assert [(r.op, r.when, r.path) for r in reads] == [("ReaderReadV2", "request", "/data/a.txt"),
+                                                        ("ReaderReadV2", "request", "/data/b.txt")]
 
 
 def test_a_keras3_table_over_an_absolute_path_is_an_asset_and_no_error(models):
