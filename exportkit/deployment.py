@@ -19,7 +19,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from exportkit.findings import Finding
-from exportkit.lint import few, function_label, reachable_nodes, signature_tensors
+from exportkit.lint import few, function_label, iter_nodes, reachable_nodes, signature_tensors
 from exportkit.serverflags import STOCK, ServerFlags
 
 # Op -> index of its file-name input. Tables read at load time; files and datasets while a request runs.
@@ -36,6 +36,7 @@ ENQUEUE_OPS = frozenset({"QueueEnqueue", "QueueEnqueueV2", "QueueEnqueueMany", "
 # Ops that read a file named by an attr (protocol-buffer descriptors; local:// and bytes:// are not files).
 FILENAME_ATTRS = {"DecodeProtoV2": "descriptor_source", "EncodeProto": "descriptor_source"}
 _NOT_FILES = ("local://", "bytes://")
+READ_OPS = frozenset(FILENAME_INPUTS) | READER_OPS | frozenset(FILENAME_ATTRS)
 # Ops that hand their input on unchanged (PlaceholderWithDefault: unless a client feeds it, which none does here).
 PASS_THROUGH = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot", "PlaceholderWithDefault",
                           "EnsureShape"})
@@ -205,11 +206,15 @@ def _object_paths(object_graph) -> dict[str, str]:
 def file_reads(meta_graph) -> list[FileRead]:
     """Every file a loader or a request makes the graph read, where TensorFlow can tell the name without running it:
     table initializers, ReadFile, file datasets, descriptor files, whose file name is an asset or a constant."""
+    if not any(node.op in READ_OPS for _, node in iter_nodes(meta_graph)):
+        return []  # the common case, at the cost of one pass over the nodes (no reachability walk)
     graph = _Graph(meta_graph)
     on_request = {(f, n.name) for f, n in reachable_nodes(meta_graph, signature_tensors(meta_graph, served_only=True))}
     reads: list[FileRead] = []
     seen = set()
     for function, node in reachable_nodes(meta_graph):
+        if node.op not in READ_OPS:
+            continue
         where = f"{function}/{node.name}" if function else node.name
         when = "request" if (function, node.name) in on_request else "load"
         if node.op in FILENAME_INPUTS:
@@ -277,6 +282,8 @@ def file_findings(reads: list[FileRead], prefix: str = "", directory=None) -> li
 def xla_functions(meta_graph) -> list[str]:
     """Functions reachable from a signature or the init op that must be compiled by XLA (`_XlaMustCompile`)."""
     functions = {f.signature.name: f for f in meta_graph.graph_def.library.function}
+    if not any(XLA_ATTR in f.attr for f in functions.values()):
+        return []  # jit_compile=True marks the FunctionDef itself (and the ops that call it)
     found: dict[str, None] = {}
     for function, node in reachable_nodes(meta_graph):
         attrs = functions[function].attr if function is not None else {}
