@@ -3,7 +3,7 @@
 Files outside the SavedModel. TF Serving loads through TensorFlow's SavedModel loader (saved_model_bundle_factory ->
 LoadSessionBundleOrSavedModelBundle -> tensorflow/cc/saved_model/loader.cc), which feeds each AssetFileDef's tensor
 with `<export dir>/assets/<filename>` when it runs the restore and init ops (tf.compat.v1's loader_impl.py
-`_get_asset_tensors` does the same in Python); TF Serving itself rewrites no other path (servables/tensorflow/ reads
+`get_asset_tensors` does the same in Python: MetaGraphDef.asset_file_def, else the `saved_model_assets` collection); TF Serving itself rewrites no other path (servables/tensorflow/ reads
 only assets.extra/). A path that is a constant in the graph reaches the op as written: on the build machine the file
 is there and every local runtime passes; in a container or on another host it is not, and the model fails to load
 (a table initializer, run by the init op) or fails its requests (ReadFile, a dataset, on a signature's path).
@@ -68,6 +68,24 @@ class FileRead:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+LEGACY_ASSETS_COLLECTION = "saved_model_assets"  # tensorflow/python/saved_model/constants.py ASSETS_KEY
+
+
+def asset_file_defs(meta_graph) -> list:
+    """The AssetFileDefs the loader feeds: MetaGraphDef.asset_file_def, else (older SavedModels) the Any protos of
+    the `saved_model_assets` collection, as loader_impl.get_asset_tensors reads them."""
+    if meta_graph.asset_file_def or LEGACY_ASSETS_COLLECTION not in meta_graph.collection_def:
+        return list(meta_graph.asset_file_def)
+    from exportkit.savedmodel import protos
+
+    found = []
+    for value in meta_graph.collection_def[LEGACY_ASSETS_COLLECTION].any_list.value:
+        info = protos()["meta_graph"].AssetFileDef()
+        if value.Unpack(info):
+            found.append(info)
+    return found
+
+
 class _Graph:
     """The graph as the loader sees it, to follow a tensor back through identities and function calls."""
 
@@ -78,7 +96,7 @@ class _Graph:
         self.functions = {f.signature.name: f for f in graph.library.function}
         self.nodes = {name: {node.name: node for node in f.node_def} for name, f in self.functions.items()}
         self.args = {name: [a.name for a in f.signature.input_arg] for name, f in self.functions.items()}
-        self.assets = {info.tensor_info.name.split(":")[0]: info.filename for info in meta_graph.asset_file_def}
+        self.assets = {info.tensor_info.name.split(":")[0]: info.filename for info in asset_file_defs(meta_graph)}
         self._callers: dict[str, list] | None = None
         self._owners: dict[str, str] | None = None
 

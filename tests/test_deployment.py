@@ -151,6 +151,18 @@ def test_an_asset_missing_from_assets_is_an_error(models, tmp_path):
     assert missing.severity == "error" and "assets/vocab.txt" in missing.message
 
 
+def test_older_savedmodels_list_their_assets_in_a_collection():
+    from exportkit.deployment import asset_file_defs
+    from exportkit.savedmodel import protos
+
+    meta_graph_pb2 = protos()["meta_graph"]
+    meta_graph = meta_graph_pb2.MetaGraphDef()
+    info = meta_graph_pb2.AssetFileDef(filename="vocab.txt")
+    info.tensor_info.name = "asset_path:0"
+    meta_graph.collection_def["saved_model_assets"].any_list.value.add().Pack(info)
+    assert [(a.tensor_info.name, a.filename) for a in asset_file_defs(meta_graph)] == [("asset_path:0", "vocab.txt")]
+
+
 def test_jit_compile_fails_under_stock_flags_and_not_when_the_server_enables_xla(models):
     meta_graph = _meta_graph(models / "jit" / "1")
     info = read_info(models / "jit" / "1", check_registry=False)
