@@ -120,7 +120,10 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     from exportkit.deployment import file_findings, file_reads, xla_findings
 
     reads = file_reads(meta_graph)
-    findings += file_findings(reads, directory=directory) + xla_findings(meta_graph)
+    deployment = file_findings(reads, directory=directory) + xla_findings(meta_graph)
+    if has_errors(deployment):
+        oldest = None  # as compat predicts: no version's stock server serves it
+    findings += deployment
     order = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order.get(f.severity, 3))
     return SavedModelInfo(

@@ -168,6 +168,7 @@ def test_jit_compile_fails_under_stock_flags_and_not_when_the_server_enables_xla
     info = read_info(models / "jit" / "1", check_registry=False)
     (xla,) = [f for f in info.findings if f.code == "xla-jit"]
     assert xla.severity == "error" and "DisableXlaCompilation" in xla.message and "__inference_serve" in xla.message
+    assert info.oldest_tf_serving is None  # as compat predicts: no stock server of any version serves it
     assert analysis.analyze(meta_graph, ["2.21"])[0].predicted == "fails"
     enabled = parse_server_flags(["xla_cpu_compilation_enabled=true"])
     result = analysis.analyze(meta_graph, ["2.21"], server_flags=enabled)[0]
