@@ -472,6 +472,8 @@ def to_junit_xml(report: VerifyReport) -> str:
     props = ET.SubElement(suite, "properties")
     for k, v in (("path", report.path), ("signature", report.signature), ("reference", report.reference),
                  ("tf32", report.tf32), ("exportkit_version", report.exportkit_version),
+                 ("toolchain", toolchain_text(report.toolchain) if report.toolchain else ""),
+                 ("server_flags", " ".join(report.server_flags) or "stock"),
                  ("inputs", ", ".join(f"{a}={b}" for a, b in (report.inputs or {}).items()))):
         ET.SubElement(props, "property", name=k, value=_x(v))
     for r in report.runtimes:
