@@ -76,8 +76,13 @@ def verify_options(path, **flags):
 
     fields = {f.name for f in dataclasses.fields(VerifyOptions)} - {"path", "against", "tf_versions", "beam_options",
                                                                     "json_out"}
-    known = fields | set(_VERIFY_RENAMES) | set(SOURCE_FLAGS) | {"against", "op_library"}
+    known = fields - {"server_flags"} | set(_VERIFY_RENAMES) | set(SOURCE_FLAGS) | {"against", "op_library",
+                                                                                    "server_flag"}
     _unknown("verify", flags, known)
+    if "server_flag" in flags:
+        from exportkit.serverflags import parse_server_flags
+
+        flags["server_flags"] = parse_server_flags([str(f) for f in _listed(flags.pop("server_flag"))])
     against = flags.pop("against", None)
     source = {name: flags.pop(name) for name in SOURCE_FLAGS if name in flags}
     flags.pop("op_library", None)
@@ -116,10 +121,11 @@ def compat(path, tf=None, run=False, **options):
     from exportkit.verify.compat_command import run_compat
 
     known = {"device", "signature_name", "samples", "seed", "int_range", "atol", "rtol", "tol", "serving",
-             "container_cli", "pull", "load_timeout", "server", "op_library"}
+             "container_cli", "pull", "load_timeout", "server", "op_library", "server_flag"}
     _unknown("compat", options, known)
     libraries = _listed(options.pop("op_library", None))
-    launch = _launch_options(options.pop("container_cli", "docker"), options.pop("pull", False))
+    launch = _launch_options(options.pop("container_cli", "docker"), options.pop("pull", False),
+                             _listed(options.pop("server_flag", None)))
     for name in ("int_range", "tol"):
         if name in options:
             options[name] = [str(v) for v in _listed(options[name])]
@@ -128,10 +134,12 @@ def compat(path, tf=None, run=False, **options):
                                               **options))
 
 
-def _launch_options(container_cli: str, pull: bool):
+def _launch_options(container_cli: str, pull: bool, server_flag: list):
+    from exportkit.serverflags import parse_server_flags
     from exportkit.serving.launcher import LaunchOptions
 
-    return LaunchOptions(container_cli=container_cli, pull=pull)
+    return LaunchOptions(container_cli=container_cli, pull=pull,
+                         server_flags=parse_server_flags([str(f) for f in server_flag]))
 
 
 # ---------------------------------------------------------------------------------------------------- inspect

@@ -124,6 +124,10 @@ def _pop_op_libraries(argv: list[str]) -> list[str]:
     return libraries
 
 
+SERVER_FLAG = typer.Option(None, "--server-flag", help="NAME=VALUE: a tensorflow_model_server flag the deployment "
+                           "runs with (xla_cpu_compilation_enabled, xla_gpu_compilation_enabled, "
+                           "enable_signature_method_name_check, per_process_gpu_memory_fraction; repeatable): the "
+                           "verdict and a launched server follow it.")
 INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tokens:-1,16:int32 (repeatable override).")
 # verify and compat: generated inputs and tolerances
 SEED = typer.Option(0, "--seed", help="Seed for generated inputs.")
@@ -272,6 +276,7 @@ def verify(
     beam_option: Optional[List[str]] = typer.Option(None, "--beam-option", help="--runner beam: KEY=VALUE pipeline option (repeatable)."),
     tf_versions: Optional[List[str]] = typer.Option(None, "--tf", help="Also run the session runtime on TensorFlow X.Y (2.12-2.21; a list, a range or all; repeatable), in a managed environment."),
     op_library: Optional[List[str]] = OP_LIBRARY,
+    server_flag: Optional[List[str]] = SERVER_FLAG,
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
@@ -291,7 +296,8 @@ def verify(
             load_timeout=load_timeout, device=device, allow_tf32=allow_tf32, allow_io_ops=allow_io_ops,
             allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json=json_out,
             junit=junit, html=html, summary=summary, data=data, limit=limit, batch_size=batch_size, sample=sample,
-            save_failures=save_failures, runner=runner, beam_option=beam_option, tf=tf_versions))
+            save_failures=save_failures, runner=runner, beam_option=beam_option, tf=tf_versions,
+            server_flag=server_flag))
 
     _run(_with_op_libraries(go, op_library), debug)
 
@@ -361,20 +367,23 @@ def compat(
     server: str = typer.Option("stock", "--server", help="stock: TF X.Y plus the TF Text and TF-DF ops the stock "
                                "tensorflow_model_server links | tf-only: TF X.Y alone (a custom build without them)."),
     op_library: Optional[List[str]] = OP_LIBRARY,
+    server_flag: Optional[List[str]] = SERVER_FLAG,
     debug: bool = DEBUG,
 ):
     """Will it load, run and agree on TF Serving 2.12 ... 2.21? Predicted statically; observed with --run, and on
     TF Serving itself with --serving docker."""
 
     def go():
+        from exportkit.serverflags import parse_server_flags
         from exportkit.serving.launcher import LaunchOptions
         from exportkit.verify.compat_command import compat_command
 
         return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
                               samples=samples, seed=seed, int_range=int_range or [], atol=atol, rtol=rtol, tol=tol,
                               json_out=json_out, html=html, summary=summary, serving=serving,
-                              load_timeout=load_timeout, launch=LaunchOptions(container_cli=container_cli, pull=pull),
-                              server=server)
+                              load_timeout=load_timeout, server=server,
+                              launch=LaunchOptions(container_cli=container_cli, pull=pull,
+                                                   server_flags=parse_server_flags(server_flag or [])))
 
     _run(_with_op_libraries(go, op_library), debug)
 

@@ -35,9 +35,11 @@ from dataclasses import dataclass, field
 from exportkit.compat import SUPPORTED
 from exportkit.compat import registry as registries
 from exportkit.compat.attrvalue import attr_json
+from exportkit.deployment import deployment_findings
 from exportkit.findings import Finding
 from exportkit.lint import IO_OP_CATEGORY
 from exportkit.savedmodel import INIT_OP_SIGNATURE, dtype_name, missing_tensor_findings
+from exportkit.serverflags import STOCK, ServerFlags
 
 MAIN_OP_COLLECTIONS = ("saved_model_main_op", "legacy_init_op")
 # Ops whose own kernel never runs: call ops are inlined or run through the function runtime, functional
@@ -520,17 +522,21 @@ def producer_defaults(meta_graph) -> dict:
     return out
 
 
-def analyze(meta_graph, versions: list[str], device: str = "cpu", server: str = "stock") -> list[CompatResult]:
-    """One CompatResult per version, in the order given."""
+def analyze(meta_graph, versions: list[str], device: str = "cpu", server: str = "stock",
+            server_flags: ServerFlags = STOCK) -> list[CompatResult]:
+    """One CompatResult per version, in the order given. What fails on every version whatever its registry (cyclic
+    calls, files outside the SavedModel, XLA under `server_flags`: exportkit.deployment) comes first in each."""
     nodes = served_nodes(meta_graph)
     library = {f.signature.name for f in meta_graph.graph_def.library.function}
     producer = producer_defaults(meta_graph)
-    refusals = loader_refusals(meta_graph)
+    every = loader_refusals(meta_graph) + deployment_findings(meta_graph, server_flags)
     results = [check_version(nodes, library, producer, v, device, server) for v in versions]
     for result in results:
-        result.findings[:0] = refusals
-        if refusals:
+        result.findings[:0] = every
+        if any(f.severity == "error" for f in every):
             result.predicted = "fails"
+        elif result.predicted == "ok" and any(f.severity == "warning" for f in every):
+            result.predicted = "warn"
     return results
 
 

@@ -26,7 +26,7 @@ from exportkit.sources.int_ranges import generated_inputs_failure, int_ranges_fo
 from exportkit.sources.load import detect_format, load_source, sha256_of
 from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs, parse_input_spec
 from exportkit.spec import ExportOptions, export_options
-from exportkit.tfenv import import_tf, tensorflow_version
+from exportkit.tfenv import import_tf, tensorflow_version, toolchain
 from exportkit.verify.compare import compare_batches, compare_with_default_tolerances
 from exportkit.verify.tolerances import Tolerance, default_tolerance
 from exportkit.batches import InputSpec, IntRanges, generate_batches, parse_int_range_flags
@@ -364,6 +364,8 @@ def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, reference: d
             r.plan.classes_file.name for r in golden.signatures if r.plan.classes_file is not None])),
         "custom_objects": sorted(loaded.custom_objects),
         "reference": reference,  # a training-time reference was used (exportkit.record_reference), or null
+        # Python, TensorFlow's build (CUDA/cuDNN) and the Keras package that loaded the source
+        "toolchain": toolchain(type(loaded.model).__module__.split(".")[0]),
     }
 
 
@@ -438,6 +440,7 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
 
             manifest = _manifest(loaded, golden, options, reference_entry)
             _write_version(staging, archive, loaded, golden, options, base.resolve().name, manifest, reference)
+            selfcheck.external_files_check(staging)  # static, so even with --no-verify
             progress.stage("write", f"{base / str(version)}")
             if options.verify:
                 del archive  # the traced functions hold the model's variables too
@@ -454,7 +457,7 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
                                         + (f" ({len(names)} signatures)" if len(names) > 1 else ""))
                 if reference_entry is not None:
                     reference_entry["links"][refs.LINKS[1]] = "passed"
-                    layout.write_manifest(staging, _manifest(loaded, golden, options, reference_entry))
+                    layout.write_manifest(staging, {**manifest, "reference": reference_entry})  # the model is gone
         finally:
             if session is not None:
                 session.close()

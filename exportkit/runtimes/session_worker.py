@@ -131,7 +131,8 @@ class Worker:
 
         model = self._start_load("session", dict(request, signature=request.get("signature", ""))).result()
         location = resolve_model_path(request["path"])
-        served = ServedModel(location, request["model_name"], request.get("device") or "cpu")
+        served = ServedModel(location, request["model_name"], request.get("device") or "cpu",
+                             method_name_check=bool(request.get("method_name_check")))
         served.load(model)
         if served.state != "AVAILABLE":
             raise CheckFailed(f"model '{served.name}' version {served.version} failed to load: {served.error[1]}",
@@ -154,6 +155,10 @@ def _load(loader: str, request: dict):
     from exportkit.tfenv import import_tf
 
     tf = import_tf()
+    if request.get("device") == "gpu":
+        from exportkit.tfenv import gpu_memory_growth
+
+        gpu_memory_growth()  # the in-process Keras run (and a server) use the same GPU
     from exportkit.compat.oplibs import load_for_worker
 
     load_for_worker(request["path"])  # TF Text / TF-DF ops, as the stock server links them; --op-library

@@ -20,6 +20,7 @@ from exportkit.layout import read_manifest
 from exportkit.runtimes import RUNTIME_KINDS
 from exportkit.runtimes.verdicts import signature_state, tf2_only_failures
 from exportkit.spec import VerifyOptions
+from exportkit.tfenv import toolchain
 from exportkit.verify import checks
 from exportkit.verify.artifacts import check_report_options
 from exportkit.verify.tolerances import parse_tol
@@ -74,6 +75,9 @@ def run_verify(o: VerifyOptions) -> VerifyReport:
                               report, execution.infra)
         report.findings += checks.rejected_inputs_findings(runtimes_)
         report.findings += tf2_only_failures([r for per in execution.results.values() for r in per])
+        loaded_by = next((p for item in runtimes_ if (p := getattr(item.runtime, "keras_package", None))), None)
+        if loaded_by:  # the report names the Keras that rebuilt the training source
+            report.toolchain = toolchain(loaded_by)
     _judge(o, plan, execution, report, model)
     if o.save_outputs:
         save(o.save_outputs, "--save-outputs", {label if len(plan.checks) == 1 else f"{label}.{c.name}":
@@ -120,7 +124,8 @@ def _read(o: VerifyOptions, devices: list[str], per_output: dict):
         findings += checks.baseline_findings(o, signatures, selected)
     report = VerifyReport(path=str(version_dir), signature=", ".join(selected) or (o.signature_name or ""),
                           reference="", runtimes=[], findings=list(findings), inputs={}, tf32=None,
-                          exportkit_version=__version__, signatures=list(selected))
+                          exportkit_version=__version__, signatures=list(selected),
+                          toolchain=toolchain(), server_flags=o.server_flags.argv())
     return Model(version_dir, proto, signatures, selected, manifest, lo_hi), report, refused
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from exportkit.errors import UsageError
+from exportkit.serverflags import STOCK
 from exportkit.verify.matrix import CompatReport, VersionRow, render_text
 
 PARALLEL_VERSIONS = 2
@@ -38,7 +39,8 @@ def other_device_rows(report: CompatReport) -> list[VersionRow]:
     other = "gpu" if report.device == "cpu" else "cpu"
     meta_graph = select_meta_graph(read_saved_model_proto(report.path))
     return [VersionRow(r.tf, r.predicted, findings=r.findings)
-            for r in analysis.analyze(meta_graph, [v.tf for v in report.versions], other)]
+            for r in analysis.analyze(meta_graph, [v.tf for v in report.versions], other, report.server,
+                                      report.flags or STOCK)]
 
 
 def run_compat(*, path, tf=None, device="cpu", run=False, signature_name="serving_default", samples=8, seed=0,
@@ -68,7 +70,8 @@ def run_compat(*, path, tf=None, device="cpu", run=False, signature_name="servin
     version_dir, proto, signatures = read_model(path)
     signature = signatures.get(signature_name)
     meta_graph = select_meta_graph(proto)
-    predicted = analysis.analyze(meta_graph, versions, device, server)
+    flags = launch.server_flags if launch else STOCK  # compat --server-flag: how the servers are started
+    predicted = analysis.analyze(meta_graph, versions, device, server, flags)
     rows = [VersionRow(r.tf, r.predicted, findings=r.findings) for r in predicted]
     if run or serving:
         if signature is None:
@@ -77,7 +80,7 @@ def run_compat(*, path, tf=None, device="cpu", run=False, signature_name="servin
         servers = _servers(serving, [r.tf for r in rows], device, launch) if serving else {}
         _observe(rows, version_dir, signature_name, signature, samples, seed, int_range, atol, rtol, tol,
                  run=run, servers=servers, device=device, launch=launch, load_timeout=load_timeout)
-    return CompatReport(path=str(version_dir), device=device, versions=rows, run=run)
+    return CompatReport(path=str(version_dir), device=device, versions=rows, run=run, server=server, flags=flags)
 
 
 def _check_server_choice(serving: str, versions: list[str]) -> None:

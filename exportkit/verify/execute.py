@@ -275,4 +275,5 @@ def _launch_options(o: VerifyOptions):
     """How a server verify launches is run (container CLI, --pull, batching parameters)."""
     from exportkit.serving.launcher import LaunchOptions
 
-    return LaunchOptions(container_cli=o.container_cli, pull=o.pull, batching_parameters=o.batching_parameters)
+    return LaunchOptions(container_cli=o.container_cli, pull=o.pull, batching_parameters=o.batching_parameters,
+                         server_flags=o.server_flags)

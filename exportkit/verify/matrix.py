@@ -5,6 +5,7 @@ as HTML and Markdown by verify/html.py and verify/summary.py. The command is ver
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from exportkit.findings import Finding
 
@@ -57,6 +58,8 @@ class CompatReport:
     device: str
     versions: list[VersionRow]
     run: bool = False  # observed with the TF1 loader of each version (--run)
+    server: str = "stock"  # --server: the op set predicted (stock | tf-only)
+    flags: Any = None  # serverflags.ServerFlags the servers are predicted (and started) with; None: stock
 
     @property
     def passed(self) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from exportkit.deployment import VERDICTS
 from exportkit.dtypes import name_of_array
 from exportkit.findings import Finding
 from exportkit.verify.compare import OutputComparison, to_jsonable
@@ -51,6 +52,8 @@ class VerifyReport:
     chain: list[dict] = field(default_factory=list)
     signatures: list[str] = field(default_factory=list)  # every signature verified, in order
     references: dict[str, str] = field(default_factory=dict)  # signature -> its reference runtime
+    toolchain: dict = field(default_factory=dict)  # tfenv.toolchain(): Python, TensorFlow + build, Keras
+    server_flags: list[str] = field(default_factory=list)  # --server-flag, as tensorflow_model_server arguments
     # why the run stopped early: a graph verify refuses to execute (CheckFailed) or an infrastructure failure
     stopped: Exception | None = field(default=None, repr=False, compare=False)
 
@@ -148,6 +151,16 @@ def _first_line(s: str | None) -> str:
     return s.splitlines()[0] if s else ""
 
 
+def toolchain_text(t: dict) -> str:
+    """`Python 3.11.7, TensorFlow 2.21.0 (CUDA 12.5.1, cuDNN 9), Keras 3.15.1`: one line of tfenv.toolchain()."""
+    build = t.get("tensorflow_build") or {}
+    cuda = f" (CUDA {build.get('cuda_version')}, cuDNN {build.get('cudnn_version')})" if build.get("is_cuda_build") else ""
+    keras = t.get("keras") or {}
+    kerases = (f"{keras['package']} {keras.get('version')}" if "package" in keras else
+               ", ".join(f"{k} {v}" for k, v in keras.items() if k in ("keras", "tf_keras") and v))
+    return f"Python {t.get('python')}, TensorFlow {t.get('tensorflow')}{cuda}" + (f", {kerases}" if kerases else "")
+
+
 def _server_text(server: dict | None) -> str:
     if not server:
         return ""
@@ -184,6 +197,7 @@ def failures(report: VerifyReport) -> list[str]:
     if errors:
         codes = ", ".join(dict.fromkeys(errors))
         out.append(f"lint: {len(errors)} error{'s' if len(errors) != 1 else ''} ({codes})")
+        out += [VERDICTS[code] for code in dict.fromkeys(errors) if code in VERDICTS]
     broken = {}
     for c in report.chain:
         if c["passed"] is False:
@@ -392,6 +406,8 @@ def render_text(report: VerifyReport) -> str:
                     + (f", {inp['runner']} runner" if inp.get("runner") else ""))
     tf32 = {None: "n/a", True: "on", False: "off"}[report.tf32]
     head.append(", ".join(desc) + f"; reference: {report.reference}; tf32: {tf32}")
+    if report.toolchain:
+        head.append(toolchain_text(report.toolchain) + "; server flags: " + (" ".join(report.server_flags) or "stock"))
     headers = ("SIGNATURE", *_HEADERS) if _several(report) else _HEADERS
     lines = head + [""] + _table(headers, _rows(report))
     if report.chain:
@@ -449,6 +465,8 @@ def to_json(report: VerifyReport) -> dict:
         "inputs": to_jsonable(report.inputs or {}),
         "tf32": report.tf32,
         "exportkit_version": report.exportkit_version,
+        "toolchain": to_jsonable(report.toolchain),
+        "server_flags": list(report.server_flags),
         "runtimes": [runtime_to_dict(r) for r in report.runtimes],
         "findings": [f.to_dict() for f in report.findings],
         "reference_chain": to_jsonable(report.chain),
@@ -482,6 +500,8 @@ def to_junit_xml(report: VerifyReport) -> str:
     props = ET.SubElement(suite, "properties")
     for k, v in (("path", report.path), ("signature", report.signature), ("reference", report.reference),
                  ("tf32", report.tf32), ("exportkit_version", report.exportkit_version),
+                 ("toolchain", toolchain_text(report.toolchain) if report.toolchain else ""),
+                 ("server_flags", " ".join(report.server_flags) or "stock"),
                  ("inputs", ", ".join(f"{a}={b}" for a, b in (report.inputs or {}).items()))):
         ET.SubElement(props, "property", name=k, value=_x(v))
     for r in report.runtimes:
