@@ -12,6 +12,7 @@ from pathlib import Path
 from exportkit.batches import int_range_texts
 from exportkit.errors import UsageError
 from exportkit.savedmodel import DEFAULT_SIGNATURE
+from exportkit.serverflags import STOCK, ServerFlags
 
 SPEC_NAME = "exportkit.toml"
 
@@ -194,6 +195,7 @@ class VerifyOptions:
     runner: str = "in-process"
     beam_options: list[str] = field(default_factory=list)
     tf_versions: list[str] = field(default_factory=list)  # --tf: also session@X.Y in managed environments
+    server_flags: ServerFlags = STOCK  # --server-flag: how the deployment's tensorflow_model_server runs
     max_latency_ms: float | None = None  # fail when a runtime's steady-state p99 exceeds it (verify/latency.py)
 
     def __post_init__(self):

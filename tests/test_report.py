@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from exportkit.findings import Finding
-from exportkit.verify.compare import Tolerance, compare_batches, compare_outputs, resolve_tolerance
+from exportkit.verify.compare import compare_batches, compare_outputs
+from exportkit.verify.tolerances import Tolerance, resolve_tolerance
 from exportkit.verify.report import (
     RuntimeResult, VerifyReport, render_text, to_json, to_junit_xml, verdict_line,
 )

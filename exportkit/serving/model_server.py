@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.savedmodel import resolve_model_path
+from exportkit.serverflags import check_fraction
 from exportkit.serving.config import (SPECIFIC, ModelConfig, model_configs, read_batching_parameters,
                                       read_model_server_config, read_monitoring_config)
 from exportkit.serving.grpc_service import channel_arguments, start_grpc
@@ -82,6 +83,9 @@ class ServerOptions:
     tensorflow_intra_op_parallelism: int = 0
     tensorflow_inter_op_parallelism: int = 0
     enable_signature_method_name_check: bool = False
+    xla_cpu_compilation_enabled: bool = False  # off: DisableXlaCompilation(), as main.cc does
+    xla_gpu_compilation_enabled: bool = False
+    per_process_gpu_memory_fraction: float = 0.0  # server.cc: the session config's GPUOptions
     device: str = "cpu"
     debug: bool = False
 
@@ -130,6 +134,13 @@ def parse_flags(argv: list[str]) -> ServerOptions:
     p.add_argument("--tensorflow_inter_op_parallelism", type=int, default=0, help="ops at once (0 = TF's choice)")
     p.add_argument("--enable_signature_method_name_check", type=_bool, nargs="?", const=True, default=False,
                    help="Classify/Regress/Predict check the signature's method_name (TF Serving's default: off)")
+    p.add_argument("--xla_cpu_compilation_enabled", type=_bool, nargs="?", const=True, default=False,
+                   help="compile jit_compile=True functions with XLA (TF Serving's default: off, and such functions "
+                        "fail with 'XLA compilation disabled')")
+    p.add_argument("--xla_gpu_compilation_enabled", type=_bool, nargs="?", const=True, default=False,
+                   help="XLA on CPU and GPU (TF Serving's default: off)")
+    p.add_argument("--per_process_gpu_memory_fraction", type=float, default=0.0,
+                   help="share of each GPU's memory the server takes at start (0.0: TensorFlow's choice)")
     p.add_argument("--prefer_tflite_model", type=_bool, nargs="?", const=True, default=False,
                    help="not supported: exportkit serve serves SavedModels only")
     p.add_argument("--device", default="cpu", help="cpu | gpu")
@@ -150,6 +161,7 @@ def parse_flags(argv: list[str]) -> ServerOptions:
     for flag, value in (("--port", options.port), ("--rest_api_port", options.rest_api_port)):
         if not 0 <= value <= 65535:
             raise UsageError(f"{flag} must be 0..65535, got {value}", f"pass {flag} 8500, or 0 for a free one")
+    check_fraction(options.per_process_gpu_memory_fraction)
     if options.batching_parameters_file and not options.enable_batching:
         raise UsageError("--batching_parameters_file needs --enable_batching", "add --enable_batching")
     return options
@@ -168,16 +180,30 @@ def initial_configs(options: ServerOptions) -> list[ModelConfig]:
 
 
 def _session_config(options: ServerOptions):
-    if not (options.tensorflow_intra_op_parallelism or options.tensorflow_inter_op_parallelism):
+    gpu_fraction = options.per_process_gpu_memory_fraction if options.device == "gpu" else 0.0
+    if not (options.tensorflow_intra_op_parallelism or options.tensorflow_inter_op_parallelism or gpu_fraction):
         return None
     from exportkit.tfenv import import_tf
 
     tf = import_tf()
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=options.tensorflow_intra_op_parallelism,
                                       inter_op_parallelism_threads=options.tensorflow_inter_op_parallelism)
+    if gpu_fraction:
+        config.gpu_options.per_process_gpu_memory_fraction = gpu_fraction  # server.cc sets it on every session
     if options.device == "cpu":
         config.device_count["GPU"] = 0
     return config
+
+
+def _xla_as_tf_serving(options: ServerOptions) -> None:
+    """main.cc: `if (!xla_cpu_compilation_enabled && !xla_gpu_compilation_enabled) DisableXlaCompilation();`"""
+    if options.xla_cpu_compilation_enabled or options.xla_gpu_compilation_enabled:
+        return
+    from exportkit.tfenv import disable_xla_compilation
+
+    if not disable_xla_compilation():
+        log.warning("this TensorFlow build does not export DisableXlaCompilation: jit_compile=True functions compile "
+                    "here, where the stock tensorflow_model_server refuses them")
 
 
 def _metrics(options: ServerOptions):
@@ -236,6 +262,7 @@ def serve(options: ServerOptions) -> int:
 
     def load() -> None:
         try:
+            _xla_as_tf_serving(options)
             core.load_pending()
         except RpcError as err:
             load_error.append(err)

@@ -28,12 +28,15 @@ def static_findings(o: VerifyOptions, proto, version_dir):
     """(findings, the io-op findings that refuse execution): lint and assets, read from the files only."""
     from exportkit.compat.oplibs import env_op_libraries
     from exportkit.compat.registry import installed
+    from exportkit.deployment import deployment_findings
     from exportkit.lint import IO_OP_REFUSAL, asset_findings, lint_saved_model
+    from exportkit.savedmodel import select_meta_graph
     from exportkit.tfenv import tensorflow_version
 
     server_registry = installed(tensorflow_version())  # the ops the stock TF Serving of this TF links
     findings = lint_saved_model(proto, o.signature_name, server_registry=server_registry,
                                 op_libraries=env_op_libraries()) + asset_findings(version_dir)
+    findings += deployment_findings(select_meta_graph(proto), o.server_flags, directory=version_dir)
     refused = [f for f in findings if f.code == "io-op" and f.severity == "error"]
     if refused and o.allow_io_ops:
         findings = [Finding("warning", f.code, f.message.replace(IO_OP_REFUSAL, " Executed anyway (--allow-io-ops)."))

@@ -18,13 +18,14 @@ from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.layout import signature_entries
 from exportkit.spec import VerifyOptions
 from exportkit.verify.checks import serving_checks
-from exportkit.verify.compare import OutputComparison, histogram_summary, value_reasons
+from exportkit.verify.compare import OutputComparison, value_reasons
+from exportkit.verify.error_summaries import histogram_summary
 from exportkit.verify.execute import started
 from exportkit.verify.finite import NonFiniteCounter
 from exportkit.verify.latency import latency_findings, latency_summary
-from exportkit.verify.output import finish
 from exportkit.verify.plan import Model, Plan, SignatureCheck, plan_runtimes, tolerances_for
 from exportkit.verify.report import RuntimeResult, VerifyReport
+from exportkit.log import log
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines on stderr (a short run prints none)
 SHOWN_WORST = 5
@@ -46,8 +47,9 @@ def check_data_options(o: VerifyOptions, devices: list[str]) -> None:
                          "re-run the worst records (listed with their file and index) in-process with --save-failures")
 
 
-def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, devices, per_output) -> int:
-    """--data streams records of one signature's inputs: --signature NAME, else serving_default (or the only one)."""
+def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, devices, per_output) -> None:
+    """--data streams records of one signature's inputs (--signature NAME, else serving_default or the only one)
+    into `report`."""
     import dataclasses
 
     from exportkit.examples import input_specs
@@ -83,7 +85,6 @@ def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, dev
     report.inputs["records"] = records
     _attach(report, stats, source)
     report.findings += latency_findings(report.runtimes, o.max_latency_ms)
-    return finish(report, o)
 
 
 def _tol(t) -> tuple[float, float]:
@@ -202,14 +203,13 @@ class _Progress:
         done = records / self.limit if self.limit else self.source.bytes_read / max(self.total_bytes, 1)
         eta = (now - self.began) * (1 - done) / done if done > 0 else math.inf
         eta_text = "?" if math.isinf(eta) else f"{int(eta // 60)}:{int(eta % 60):02d}"
-        print(f"verify --data: {records} records, {rate:.0f} records/s, {100 * min(done, 1):.0f}%, ETA {eta_text}",
-              file=sys.stderr, flush=True)
+        log.info(f"verify --data: {records} records, {rate:.0f} records/s, {100 * min(done, 1):.0f}%, ETA {eta_text}")
         self.printed = True
 
     def done(self, records: int) -> None:
         if self.printed:
             elapsed = time.monotonic() - self.began
-            print(f"verify --data: {records} records in {elapsed:.1f} s", file=sys.stderr, flush=True)
+            log.info(f"verify --data: {records} records in {elapsed:.1f} s")
 
 
 def _run_beam(o, source, version_dir, specs, signature, names, example_key, tolerances, device):

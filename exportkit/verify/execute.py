@@ -128,8 +128,8 @@ def _versioned_session(plan: Plan, planned: PlannedRuntime):
 
     v = planned.tf_version
     return SessionRuntime(str(plan.version_dir), plan.checks[0].name, device="cpu", python=planned.python,
-                          worker=str(WORKER), broken_remedy=f"the TF {v} environment may be damaged: `exportkit "
-                                                            f"runtimes remove {v}` then `{install_command(v)}`")
+                          worker=str(WORKER), broken_remedy=f"the TF {v} environment may be damaged: rebuild it "
+                                                            f"with `{install_command(v)} --force`")
 
 
 def close_all(runtimes_) -> None:
@@ -284,4 +284,5 @@ def _launch_options(o: VerifyOptions):
     """How a server verify launches is run (container CLI, --pull, batching parameters)."""
     from exportkit.serving.launcher import LaunchOptions
 
-    return LaunchOptions(container_cli=o.container_cli, pull=o.pull, batching_parameters=o.batching_parameters)
+    return LaunchOptions(container_cli=o.container_cli, pull=o.pull, batching_parameters=o.batching_parameters,
+                         server_flags=o.server_flags)

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from exportkit.deployment import VERDICTS
 from exportkit.dtypes import name_of_array
 from exportkit.findings import Finding
 from exportkit.verify.compare import OutputComparison, to_jsonable
@@ -53,6 +54,10 @@ class VerifyReport:
     chain: list[dict] = field(default_factory=list)
     signatures: list[str] = field(default_factory=list)  # every signature verified, in order
     references: dict[str, str] = field(default_factory=dict)  # signature -> its reference runtime
+    toolchain: dict = field(default_factory=dict)  # tfenv.toolchain(): Python, TensorFlow + build, Keras
+    server_flags: list[str] = field(default_factory=list)  # --server-flag, as tensorflow_model_server arguments
+    # why the run stopped early: a graph verify refuses to execute (CheckFailed) or an infrastructure failure
+    stopped: Exception | None = field(default=None, repr=False, compare=False)
     # the signatures compared with the released ones: {"new", "old", "source": previous-version | serving |
     # --baseline | none, "why"?} (verify/checks.py baseline_findings); None: not compared
     baseline: dict | None = None
@@ -62,6 +67,32 @@ class VerifyReport:
         """No error finding, no runtime with status error, every comparison passed. Skipped runtimes don't fail."""
         return (not any(f.severity == "error" for f in self.findings)
                 and all(r.passed for r in self.runtimes))
+
+    @property
+    def exit_code(self) -> int:
+        """The CLI's exit code for this report: 0 passed, 1 the model fails a check, 3 infrastructure."""
+        if self.stopped is not None:
+            return getattr(self.stopped, "exit_code", 3)
+        return 0 if self.passed else 1
+
+    @property
+    def verdict(self) -> str:
+        return verdict_line(self)
+
+    @property
+    def outputs(self) -> dict[str, dict[str, OutputComparison]]:
+        """Every comparison: {output key ("SIGNATURE/key" when several signatures were verified): {runtime: it}}."""
+        several = len(self.signatures) > 1
+        table: dict[str, dict[str, OutputComparison]] = {}
+        for r in self.runtimes:
+            for c in r.comparisons:
+                key = f"{r.signature}/{c.key}" if several and r.signature else c.key
+                table.setdefault(key, {})[r.name] = c
+        return table
+
+    def to_dict(self) -> dict:
+        """The JSON report, as `verify --json` writes it (docs/report-schema.md)."""
+        return to_json(self)
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -125,6 +156,16 @@ def _first_line(s: str | None) -> str:
     return s.splitlines()[0] if s else ""
 
 
+def toolchain_text(t: dict) -> str:
+    """`Python 3.11.7, TensorFlow 2.21.0 (CUDA 12.5.1, cuDNN 9), Keras 3.15.1`: one line of tfenv.toolchain()."""
+    build = t.get("tensorflow_build") or {}
+    cuda = f" (CUDA {build.get('cuda_version')}, cuDNN {build.get('cudnn_version')})" if build.get("is_cuda_build") else ""
+    keras = t.get("keras") or {}
+    kerases = (f"{keras['package']} {keras.get('version')}" if "package" in keras else
+               ", ".join(f"{k} {v}" for k, v in keras.items() if k in ("keras", "tf_keras") and v))
+    return f"Python {t.get('python')}, TensorFlow {t.get('tensorflow')}{cuda}" + (f", {kerases}" if kerases else "")
+
+
 def _server_text(server: dict | None) -> str:
     if not server:
         return ""
@@ -166,6 +207,7 @@ def failures(report: VerifyReport) -> list[str]:
     if errors:
         codes = ", ".join(dict.fromkeys(errors))
         out.append(f"lint: {len(errors)} error{'s' if len(errors) != 1 else ''} ({codes})")
+        out += [VERDICTS[code] for code in dict.fromkeys(errors) if code in VERDICTS]
     broken = {}
     for c in report.chain:
         if c["passed"] is False:
@@ -401,6 +443,8 @@ def render_text(report: VerifyReport) -> str:
                     + (f", {inp['runner']} runner" if inp.get("runner") else ""))
     tf32 = {None: "n/a", True: "on", False: "off"}[report.tf32]
     head.append(", ".join(desc) + f"; reference: {report.reference}; tf32: {tf32}")
+    if report.toolchain:
+        head.append(toolchain_text(report.toolchain) + "; server flags: " + (" ".join(report.server_flags) or "stock"))
     if report.baseline:
         head.append(baseline_text(report.baseline))
     headers = ("SIGNATURE", *_HEADERS) if _several(report) else _HEADERS
@@ -461,6 +505,8 @@ def to_json(report: VerifyReport) -> dict:
         "inputs": to_jsonable(report.inputs or {}),
         "tf32": report.tf32,
         "exportkit_version": report.exportkit_version,
+        "toolchain": to_jsonable(report.toolchain),
+        "server_flags": list(report.server_flags),
         "runtimes": [runtime_to_dict(r) for r in report.runtimes],
         "findings": [f.to_dict() for f in report.findings],
         "reference_chain": to_jsonable(report.chain),
@@ -495,6 +541,8 @@ def to_junit_xml(report: VerifyReport) -> str:
     props = ET.SubElement(suite, "properties")
     for k, v in (("path", report.path), ("signature", report.signature), ("reference", report.reference),
                  ("tf32", report.tf32), ("exportkit_version", report.exportkit_version),
+                 ("toolchain", toolchain_text(report.toolchain) if report.toolchain else ""),
+                 ("server_flags", " ".join(report.server_flags) or "stock"),
                  ("inputs", ", ".join(f"{a}={b}" for a, b in (report.inputs or {}).items()))):
         ET.SubElement(props, "property", name=k, value=_x(v))
     for r in report.runtimes:
