@@ -205,6 +205,9 @@ def export(
     json_out: Optional[str] = typer.Option(None, "--json", help="Write a JSON summary here ('-' for stdout)."),
     html: Optional[str] = HTML,
     summary: Optional[str] = SUMMARY,
+    batching_parameters: Optional[str] = typer.Option(None, "--batching-parameters", metavar="FILE",
+                                                      help="TF Serving BatchingParameters text proto the model is "
+                                                           "served with: the warm-up covers every allowed_batch_sizes entry."),
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
@@ -221,7 +224,7 @@ def export(
             signature_name=signature_name, input_specs=input_spec or [], keep_output_dtype=keep_output_dtype,
             int_range=int_range or [], reference=reference, allow_incomplete_config=allow_incomplete_config,
             signatures=signature or [], feature_spec=feature_spec,
-            output_names=output_names,
+            output_names=output_names, batching_parameters=batching_parameters,
             unsafe=source.unsafe, no_verify=no_verify, json_out=json_out, html=html, summary=summary)
 
     _run(go, debug)
@@ -262,7 +265,9 @@ def verify(
     allow_tf32: bool = typer.Option(False, "--allow-tf32", help="Keep TensorFloat-32 on during GPU runs."),
     allow_io_ops: bool = typer.Option(False, "--allow-io-ops", help="Execute graphs that read/write files, use the network or print (refused by default)."),
     allow_nondeterministic: bool = typer.Option(False, "--allow-nondeterministic", help="Outputs that differ between two identical requests are a warning (and not compared), not an error."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="Previously released SavedModel: fail on breaking signature changes."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Previously released SavedModel: fail on breaking signature changes "
+                                           "(default: the newest lower version in the base directory, or with --serving HOST:PORT the deployed model)."),
+    no_baseline: bool = typer.Option(False, "--no-baseline", help="Do not compare the signatures with a released version."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout)."),
     junit: Optional[str] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
     html: Optional[str] = HTML,
@@ -277,6 +282,9 @@ def verify(
     tf_versions: Optional[List[str]] = typer.Option(None, "--tf", help="Also run the session runtime on TensorFlow X.Y (2.12-2.21; a list, a range or all; repeatable), in a managed environment."),
     op_library: Optional[List[str]] = OP_LIBRARY,
     server_flag: Optional[List[str]] = SERVER_FLAG,
+    max_latency_ms: Optional[float] = typer.Option(None, "--max-latency-ms", metavar="MS",
+                                                   help="Fail (exit 1) when a runtime's steady-state p99 request "
+                                                        "latency (the batches after its first) exceeds MS."),
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
@@ -297,7 +305,7 @@ def verify(
             allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json=json_out,
             junit=junit, html=html, summary=summary, data=data, limit=limit, batch_size=batch_size, sample=sample,
             save_failures=save_failures, runner=runner, beam_option=beam_option, tf=tf_versions,
-            server_flag=server_flag))
+            server_flag=server_flag, max_latency_ms=max_latency_ms, no_baseline=no_baseline))
 
     _run(_with_op_libraries(go, op_library), debug)
 

@@ -165,7 +165,7 @@ def test_json_schema_and_round_trip():
     assert names == ["golden", "keras", "saved_model", "session", "serving"]
     for rt in doc["runtimes"]:
         assert set(rt) == {"name", "kind", "device", "server", "status", "error", "seconds", "is_reference",
-                           "passed", "outputs", "signature"}
+                           "passed", "outputs", "signature", "latency"}
     serving = doc["runtimes"][-1]
     assert serving["status"] == "error" and serving["passed"] is False
     assert "\x1b" not in serving["error"]

@@ -371,14 +371,14 @@ def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, reference: d
 
 def _write_version(staging: Path, archive, loaded, golden: GoldenRecord, options: ExportOptions,
                    model_name: str, manifest: dict, reference=None) -> None:
-    from exportkit.serving.warmup import warmup_records, write_warmup_file
+    from exportkit.serving.warmup import resized_batches, warmup_records, write_warmup_file
 
     archive.write_out(str(staging), verbose=False)
     writer.set_method_names(staging, {r.plan.name: r.plan.method_name for r in golden.signatures})
     records = []
-    for record in golden.signatures:
-        records += warmup_records(model_name, record.plan.name, record.inputs[:golden.generated],
-                                  method=record.plan.method)
+    for record in golden.signatures:  # with --batching-parameters: a record of every allowed batch size too
+        batches = resized_batches(record.inputs[:golden.generated], manifest.get("warmup_batch_sizes", []))
+        records += warmup_records(model_name, record.plan.name, batches, method=record.plan.method)
     write_warmup_file(str(staging), records)
     for record, entry in zip(golden.signatures, manifest["signatures"].values()):
         layout.write_golden(staging, record.inputs, record.outputs, entry["golden"])
@@ -399,6 +399,9 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
     writer.choose_version(base, options.version)
     overrides = [parse_input_spec(text) for text in options.input_specs]
     assets = writer.check_assets(options.assets)
+    from exportkit.serving.warmup import warmup_batch_sizes
+
+    warmup_sizes = warmup_batch_sizes(options.batching_parameters)  # a bad file fails before anything is loaded
     parse_int_range_flags(options.int_range)
     detect_format(options.source.src, options.source.format)
 
@@ -439,6 +442,8 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
             progress.stage("trace", f"signature{'s' if len(names) > 1 else ''} {', '.join(repr(n) for n in names)}")
 
             manifest = _manifest(loaded, golden, options, reference_entry)
+            if warmup_sizes:
+                manifest["warmup_batch_sizes"] = warmup_sizes  # --batching-parameters' allowed_batch_sizes
             _write_version(staging, archive, loaded, golden, options, base.resolve().name, manifest, reference)
             selfcheck.external_files_check(staging)  # static, so even with --no-verify
             progress.stage("write", f"{base / str(version)}")

@@ -27,6 +27,7 @@ from exportkit.verify.tolerances import parse_tol
 from exportkit.verify.dataset import verify_data
 from exportkit.verify.execute import Execution, run_plan, started, versioned_pythons
 from exportkit.verify.inputs import rows
+from exportkit.verify.latency import latency_findings
 from exportkit.verify.output import finish, save
 from exportkit.verify.pairs import agreement, compare_all
 from exportkit.verify.plan import (Model, Plan, check_tol_keys, devices_of, make_plan, protocol_of, read_model,
@@ -74,11 +75,13 @@ def run_verify(o: VerifyOptions) -> VerifyReport:
         checks.serving_checks(runtimes_, model.signatures, model.selected, model.version_dir, execution.results,
                               report, execution.infra)
         report.findings += checks.rejected_inputs_findings(runtimes_)
+        checks.dynamic_dims(o, plan.checks, runtimes_, execution.results, report, model.int_range, execution.infra)
         report.findings += tf2_only_failures([r for per in execution.results.values() for r in per])
         loaded_by = next((p for item in runtimes_ if (p := getattr(item.runtime, "keras_package", None))), None)
         if loaded_by:  # the report names the Keras that rebuilt the training source
             report.toolchain = toolchain(loaded_by)
     _judge(o, plan, execution, report, model)
+    report.findings += latency_findings(report.runtimes, o.max_latency_ms)
     if o.save_outputs:
         save(o.save_outputs, "--save-outputs", {label if len(plan.checks) == 1 else f"{label}.{c.name}":
                                                 [out for out in per_batch if out is not None]
@@ -92,6 +95,11 @@ def run_verify(o: VerifyOptions) -> VerifyReport:
 def _options(o: VerifyOptions):
     """(devices, runtime names, per-output tolerances): the flags that need no model, checked first."""
     devices = devices_of(o.device)
+    if o.baseline and o.no_baseline:
+        raise UsageError("--baseline and --no-baseline contradict each other", "pass one of them")
+    if o.max_latency_ms is not None and not o.max_latency_ms > 0:
+        raise UsageError(f"--max-latency-ms {o.max_latency_ms:g} must be a positive number of milliseconds",
+                         "pass --max-latency-ms 50 (for example)")
     if o.data and o.tf_versions:
         raise UsageError("--tf runs on the generated/golden batches, not on --data records (not supported yet)",
                          "run `exportkit verify PATH --tf X.Y` and `exportkit verify PATH --data GLOB` separately")
@@ -120,12 +128,12 @@ def _read(o: VerifyOptions, devices: list[str], per_output: dict):
     findings += manifest_findings
     # the ranges the model was exported with fit its integer inputs (e.g. vocabularies); --int-range over them
     lo_hi = recorded_int_ranges(o.int_range, manifest, signatures)
-    if o.baseline:
-        findings += checks.baseline_findings(o, signatures, selected)
+    baseline_found, baseline = checks.baseline_findings(o, signatures, selected, version_dir)
+    findings += baseline_found
     report = VerifyReport(path=str(version_dir), signature=", ".join(selected) or (o.signature_name or ""),
                           reference="", runtimes=[], findings=list(findings), inputs={}, tf32=None,
                           exportkit_version=__version__, signatures=list(selected),
-                          toolchain=toolchain(), server_flags=o.server_flags.argv())
+                          toolchain=toolchain(), server_flags=o.server_flags.argv(), baseline=baseline)
     return Model(version_dir, proto, signatures, selected, manifest, lo_hi), report, refused
 
 
@@ -186,6 +194,7 @@ def _judge(o: VerifyOptions, plan: Plan, execution: Execution, report: VerifyRep
             report.findings.append(state.finding)
         if noisy and (o.allow_nondeterministic or state is not None):
             checks.drop_outputs(outputs, noisy)
+        checks.non_finite(report, outputs, c.name if len(plan.checks) > 1 else None)
         compare_all(sub, outputs, c.batches, c.tolerance, plan.devices, plan.pairs_of(c, "reference")
                     + plan.pairs_of(c, "device"))
         for result in sub.runtimes:

@@ -21,6 +21,8 @@ from exportkit.verify.checks import serving_checks
 from exportkit.verify.compare import OutputComparison, value_reasons
 from exportkit.verify.error_summaries import histogram_summary
 from exportkit.verify.execute import started
+from exportkit.verify.finite import NonFiniteCounter
+from exportkit.verify.latency import latency_findings, latency_summary
 from exportkit.verify.plan import Model, Plan, SignatureCheck, plan_runtimes, tolerances_for
 from exportkit.verify.report import RuntimeResult, VerifyReport
 from exportkit.log import log
@@ -82,6 +84,7 @@ def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, dev
     report.runtimes = results
     report.inputs["records"] = records
     _attach(report, stats, source)
+    report.findings += latency_findings(report.runtimes, o.max_latency_ms)
 
 
 def _tol(t) -> tuple[float, float]:
@@ -108,6 +111,8 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
     results = {item.label: RuntimeResult(name=item.label, kind=item.runtime.kind, device=item.runtime.device)
                for item in runtimes_}
     stats: dict[tuple[str, str], OutputStats] = {}
+    nonfinite = NonFiniteCounter()
+    timings: dict[str, list[float]] = {}  # seconds per batch, per runtime (verify/latency.py)
     records, completed = 0, False
     try:
         live = [item for item in runtimes_ if _timed(results[item.label], lambda: item.runtime.load() or True)]
@@ -118,11 +123,14 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
                 runtime.name_record = lambda row, b=batch: source.where(b.file_nos[row], int(b.indices[row]))
             outputs = {}
             for item in list(live):
+                began = time.perf_counter()
                 out = _timed(results[item.label], lambda: item.runtime.run(inputs))
                 if out is None:
                     live.remove(item)
                 else:
+                    timings.setdefault(item.label, []).append(time.perf_counter() - began)
                     outputs[item.label] = out
+                    nonfinite.add(item.label, out, records)
             if not live or live[0].label not in outputs:
                 break  # no reference left
             reference = live[0].label
@@ -136,6 +144,7 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
             records += len(batch)
             progress.update(records)
         progress.done(records)
+        report.findings += nonfinite.findings()
         if not records:
             raise UsageError(f"--data {o.data!r}: no records" + (" were sampled" if o.sample else ""),
                              "pass TFRecord files of tf.Example or .npz shards that hold records")
@@ -145,6 +154,7 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
         for item in runtimes_:
             result = results[item.label]
             result.server, result.device = item.runtime.server, item.runtime.placed_on or item.runtime.device
+            result.latency = latency_summary(timings.get(item.label, []))
         ordered = [results[item.label] for item in runtimes_]
         report.runtimes = ordered
         serving_checks(runtimes_, {o.signature_name: signature}, [o.signature_name], version_dir,
