@@ -65,7 +65,8 @@ class ServingRuntime(Runtime):
         embedded = self.mode == "embedded" or (self.mode == "auto" and not find_binary(self.binary))
         if embedded and self.worker is not None:
             self.worker.start()  # its TensorFlow import overlaps the other runtimes' work
-            self._pending = _serve_in_worker(self.worker, self.model_name, self.rest, self._device)
+            self._pending = _serve_in_worker(self.worker, self.model_name, self.rest, self._device,
+                                             self.launch.batching_parameters if self.launch else None)
             return
         self._pending = start(self.mode, self.path, model_name=self.model_name, model_version=self.model_version,
                               binary=self.binary, device=self._device, load_timeout=self.load_timeout, rest=self.rest,
@@ -234,10 +235,11 @@ def regress_shaped(values: np.ndarray, signature: dict, predict) -> np.ndarray:
     return values.reshape(-1, 1) if len(shape) == 2 else values
 
 
-def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str):
+def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str, batching: str | None = None):
     """The embedded server inside the TensorFlow worker: TF Serving's APIs over the session loader's graph and
     session, started (warm-up replayed first) when waited for, so `session` runs before the warm-up, as a fresh
-    TF Serving load would answer them."""
+    TF Serving load would answer them. `batching`: a BatchingParameters file, served with TF Serving's batching."""
+    from exportkit.serving.launcher import batching_file, LaunchOptions
     from exportkit.version import __version__
     from exportkit.savedmodel import resolve_model_path
     from exportkit.serving.launcher import PendingServer, ServerHandle
@@ -245,7 +247,8 @@ def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str):
     name = model_name or resolve_model_path(worker.path).default_name
 
     def finish() -> ServerHandle:
-        reply = worker.request(op="serve", path=worker.path, model_name=name, rest=rest, device=device)
+        reply = worker.request(op="serve", path=worker.path, model_name=name, rest=rest, device=device,
+                               batching=batching_file(LaunchOptions(batching_parameters=batching)))
         if not reply.get("ok"):
             error = InfraError if reply.get("kind") == "infra" else CheckFailed
             raise error(f"embedded server: {reply.get('message', '')}",

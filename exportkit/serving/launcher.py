@@ -221,7 +221,7 @@ def _model_name(path: str, model_name: str | None) -> str:
     return model_name or resolve_model_path(path).default_name
 
 
-def _batching_file(options: LaunchOptions | None) -> str | None:
+def batching_file(options: LaunchOptions | None) -> str | None:
     path = options.batching_parameters if options else None
     if path and not os.path.isfile(path):
         raise UsageError(f"--batching-parameters {path}: no such file",
@@ -329,7 +329,7 @@ def start_binary(path: str, model_name: str | None = None, binary: str | None = 
         rest_port = free_port() if rest else 0
         argv = [found, f"--port={port}", f"--rest_api_port={rest_port}", f"--model_name={name}",
                 f"--model_base_path={os.path.abspath(base_dir)}"]
-        argv += batching_flags(_batching_file(launch))
+        argv += batching_flags(batching_file(launch))
         child = _Child(argv, child_env(device), label="binary")
     except BaseException:
         clean()
@@ -369,7 +369,7 @@ def start_container(serving: str, path: str, model_name: str | None = None, devi
 
     options = options or LaunchOptions()
     image = containers.image_for(serving, device)
-    _batching_file(options)
+    batching_file(options)
     cli = containers.ContainerCli(options.container_cli)
     removed = containers.remove_stale(cli)
     for stale in removed:
@@ -445,8 +445,9 @@ def _read_line(child: _Child, deadline: float, pattern: re.Pattern) -> str | Non
 
 
 def start_embedded(path: str, model_name: str | None = None, device: str = "cpu",
-                   load_timeout: float = 120.0, rest: bool = False) -> PendingServer:
-    """Spawn `python -I -m exportkit serve PATH --port 0`: isolated from cwd/PYTHONPATH, so no user code."""
+                   load_timeout: float = 120.0, rest: bool = False, options: LaunchOptions | None = None) -> PendingServer:
+    """Spawn `python -I -m exportkit serve PATH --port 0`: isolated from cwd/PYTHONPATH, so no user code.
+    `options.batching_parameters`: served with TF Serving's batching (--enable_batching), as binary and docker."""
     from exportkit.serving.model_server import WATCH_STDIN_ENV
 
     loc = resolve_model_path(path)
@@ -457,6 +458,7 @@ def start_embedded(path: str, model_name: str | None = None, device: str = "cpu"
             "--model-name", name, "--device", device]
     if rest:
         argv += ["--rest-port", str(free_port())]
+    argv += batching_flags(batching_file(options))
     workdir = tempfile.mkdtemp(prefix="exportkit-serve-cwd-")  # nothing importable in the child's cwd
     try:
         child = _Child(argv, env, stdout=subprocess.PIPE, stdin=subprocess.PIPE, cwd=workdir, label="embedded server")
@@ -592,7 +594,7 @@ def start(serving: str, path: str | None = None, *, model_name: str | None = Non
     if serving == "binary":
         return start_binary(path, model_name, binary, device, load_timeout, rest, launch)
     if serving == "embedded":
-        return start_embedded(path, model_name, device, load_timeout, rest)
+        return start_embedded(path, model_name, device, load_timeout, rest, launch)
     if is_container_mode(serving):
         return start_container(serving, path, model_name, device, load_timeout, launch)
     address = serving[len("remote:"):] if serving.startswith("remote:") else serving
