@@ -27,7 +27,7 @@ from typing import Callable
 
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.savedmodel import list_versions, resolve_model_path
-from exportkit.serving.container import batching_flags, is_container_mode
+from exportkit.serving.container import NO_LOAD_RETRIES, batching_flags, is_container_mode
 from exportkit.tfenv import child_env
 
 BINARY_NAME = "tensorflow_model_server"
@@ -328,7 +328,7 @@ def start_binary(path: str, model_name: str | None = None, binary: str | None = 
         port = free_port()
         rest_port = free_port() if rest else 0
         argv = [found, f"--port={port}", f"--rest_api_port={rest_port}", f"--model_name={name}",
-                f"--model_base_path={os.path.abspath(base_dir)}"]
+                f"--model_base_path={os.path.abspath(base_dir)}", *NO_LOAD_RETRIES]
         argv += batching_flags(batching_file(launch))
         child = _Child(argv, child_env(device), label="binary")
     except BaseException:
