@@ -167,9 +167,11 @@ class ServerCore:
     def _sync_versions(self) -> None:
         """Apply the policy's actions, one at a time, until it has none left (AspiredVersionsManager's loop)."""
         for name in list(self._servables):
+            if name not in self._wanted:  # servables handed in ready-made (verify's worker): not the policy's
+                continue
             while True:
                 with self._lock:
-                    wanted = self._wanted.get(name, set())
+                    wanted = self._wanted[name]
                     snapshot = [(s.version, s.version in wanted, _policy_state(s)) for s in self._sorted(name)]
                     action = next_action(snapshot)
                     servable = self._servables[name][action[1]] if action else None
