@@ -140,10 +140,19 @@ def _in_threads(calls: list, seconds: float = 30) -> list:
     return results
 
 
+def _until_taken(batcher) -> None:
+    """Wait (at most 10 s) until the batch threads have taken every queued task: the slow batch is running."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(t for q in batcher._queues.values() for b in q.batches for t in b):
+        time.sleep(0.02)
+    time.sleep(0.05)
+
+
 @pytest.mark.slow
 @pytest.mark.serving
 def test_batching_queue_full_large_batch_splitting_and_variable_length_padding(toy_base):
     from exportkit.serving.predict import predict
+    from exportkit.serving.scope import request_scope
     from exportkit.serving.status import RpcError
 
     base = toy_base / "toy"
@@ -154,9 +163,7 @@ def test_batching_queue_full_large_batch_splitting_and_variable_length_padding(t
         batcher = core.servable(MODEL)._batcher
         first = threading.Thread(target=predict, args=(core, _predict("slow", x=[1.0], delay=[1.5])))
         first.start()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(t for q in batcher._queues.values() for b in q.batches for t in b):
-            time.sleep(0.02)  # until the batch thread has taken the slow batch
+        _until_taken(batcher)
         second = _in_threads([lambda: _outputs(predict(core, _predict("slow", x=[1.0, 2.0], delay=[0.0, 0.0])))],
                              seconds=0.3)  # still waiting in the queue when this returns
         with pytest.raises(RpcError) as info:
@@ -169,6 +176,16 @@ def test_batching_queue_full_large_batch_splitting_and_variable_length_padding(t
         while second[0] is None and time.monotonic() < deadline:  # the waiting batch runs once the thread is free
             time.sleep(0.05)
         assert second == [{"y": [2.0, 3.0]}]
+
+        # a request whose deadline passes while it waits in the queue is not run at all
+        busy = threading.Thread(target=predict, args=(core, _predict("slow", x=[1.0], delay=[1.0])))
+        busy.start()
+        _until_taken(batcher)
+        with pytest.raises(RpcError) as info, request_scope(0.2):
+            predict(core, _predict("slow", x=[1.0], delay=[0.0]))
+        assert (info.value.code.name, info.value.message) == (
+            "RESOURCE_EXHAUSTED", "Run() timeout exceeded while waiting in batching queue")
+        busy.join(30)
     finally:
         core.close()
 
@@ -223,11 +240,26 @@ def test_a_late_copy_loads_on_retry_and_a_failed_load_shows_in_get_model_status(
     metrics = Metrics("/metrics")
     core = _core(base, retries=LoadRetries(5, 300_000), metrics=metrics)
     try:
+        request = get_model_status_pb2.GetModelStatusRequest()
+        request.model_spec.name = MODEL
+        states = get_model_status_pb2.ModelVersionStatus.State
+
+        def status():
+            return [(e.version, states.Name(e.state), e.status.error_code, e.status.error_message)
+                    for e in get_model_status(core, request).model_version_status]
+
+        while_retrying = []
+
+        def copy_the_rest():
+            while_retrying.extend(status())
+            shutil.copy(toy_base / "spare" / "2" / "saved_model.pb", base / "2")
+
         shutil.copytree(toy_base / "spare" / "2", base / "2", ignore=shutil.ignore_patterns("saved_model.pb"))
-        late = threading.Timer(0.5, shutil.copy, (toy_base / "spare" / "2" / "saved_model.pb", base / "2"))
+        late = threading.Timer(0.5, copy_the_rest)
         late.start()
         core.poll_file_system()  # returns once version 2 has loaded (on a retry) and version 1 unloaded
         late.join()
+        assert while_retrying == [(2, "LOADING", 0, ""), (1, "AVAILABLE", 0, "")]  # as TF Serving reports a retry
         assert _outputs(predict(core, _predict(x=[1.0])))["y"] == [3.0]
         attempts = metrics.load_attempts.cells
         assert attempts[(str(base / "2"), "fail")] >= 1 and attempts[(str(base / "2"), "success")] == 1
@@ -235,12 +267,7 @@ def test_a_late_copy_loads_on_retry_and_a_failed_load_shows_in_get_model_status(
         core.retries = LoadRetries(1, -1)  # negative: retried at once
         (base / "3").mkdir()  # never completed
         core.poll_file_system()
-        request = get_model_status_pb2.GetModelStatusRequest()
-        request.model_spec.name = MODEL
-        states = get_model_status_pb2.ModelVersionStatus.State
-        status = [(e.version, states.Name(e.state), e.status.error_code, e.status.error_message)
-                  for e in get_model_status(core, request).model_version_status]
-        assert status == [
+        assert status() == [
             (3, "END", 5, f"Could not find SavedModel .pb or .pbtxt at supplied export directory path: {base / '3'}. "
                           "Check that the directory exists and that you have the right permissions for accessing it."),
             (2, "AVAILABLE", 0, ""), (1, "END", 0, "")]

@@ -49,6 +49,7 @@ class ServedModel:
         self.metrics = metrics
         self.state = "LOADING"
         self.error: tuple[int, str] | None = None
+        self.attempts = 0  # loads tried (a retried load counts each)
         self.model = None
         self._owns_model = True
         self._batcher = None
@@ -69,6 +70,7 @@ class ServedModel:
         tf = import_tf()
         started = time.monotonic()
         self.state, self.error = "LOADING", None  # a retry starts afresh
+        self.attempts += 1
         try:
             if model is None:
                 from exportkit.compat.oplibs import load_for_worker

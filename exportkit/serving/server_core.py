@@ -198,10 +198,12 @@ class ServerCore:
             log.error("model '%s' version %d failed to load: %s", servable.name, servable.version, servable.error[1])
             if attempt + 1 == attempts or not self._still_aspired(servable):
                 return
-            with self._lock:
-                servable.state = "LOADING"  # GetModelStatus says LOADING while the retry waits, as TF Serving does
+            failed = servable.error
+            with self._lock:  # GetModelStatus says LOADING (status OK) while the retry waits, as TF Serving does
+                servable.state, servable.error = "LOADING", None
             if self._stopping.wait(max(0, self.retries.load_retry_interval_micros) / 1e6):
-                servable.state = "END"
+                with self._lock:
+                    servable.state, servable.error = "END", failed
                 return
 
     def _still_aspired(self, servable: ServedModel) -> bool:
@@ -257,6 +259,6 @@ def _policy_state(servable: ServedModel) -> str:
     """The LoaderHarness state AvailabilityPreservingPolicy looks at: kNew ("new"), kReady ("ready"), or other."""
     if servable.state == "AVAILABLE":
         return "ready"
-    if servable.state == "LOADING" and servable.model is None and servable.error is None:
+    if servable.state == "LOADING" and not servable.attempts:
         return "new"
     return servable.state.lower()
