@@ -18,6 +18,7 @@ from exportkit.layout import ASSET_DIRS, read_manifest
 from exportkit.spec import source_options
 
 SOURCE_SUFFIXES = (".h5", ".hdf5", ".keras")
+SCHEMA_VERSION = 1  # of `inspect --json` (docs/report-schema.md)
 
 
 @dataclass
@@ -37,6 +38,7 @@ class SavedModelInfo:
 
     def to_dict(self) -> dict:
         return {
+            "schema_version": SCHEMA_VERSION,
             "path": self.path,
             "tags": list(self.tags),
             "tensorflow_version": self.tensorflow_version,
@@ -99,8 +101,8 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     `signature_name` and `check_registry` are passed to the lint (see exportkit.lint.lint_saved_model).
     """
     from exportkit.lint import asset_findings, lint_saved_model, op_counts
-    from exportkit.savedmodel import (missing_tensor_findings, read_saved_model_proto, resolve_savedmodel_dir,
-                                      select_meta_graph, serving_api_findings, signatures_of)
+    from exportkit.savedmodel import (read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph,
+                                      serving_api_findings, signatures_of)
 
     directory = resolve_savedmodel_dir(path)
     proto = read_saved_model_proto(directory)
@@ -113,9 +115,8 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
 
     server_registry = installed(tensorflow_version()) if check_registry else None
     findings = (lint_saved_model(proto, signature_name, check_registry=check_registry, server_registry=server_registry)
-                + asset_findings(directory) + manifest_findings + missing_tensor_findings(meta_graph)
-                + serving_api_findings(meta_graph))
-    oldest, blocking = forecast(meta_graph)
+                + asset_findings(directory) + manifest_findings + serving_api_findings(meta_graph))
+    oldest, blocking = forecast(meta_graph)  # with the loader's refusals on every version (missing tensors ...)
     findings += blocking
     from exportkit.deployment import file_findings, file_reads, xla_findings
 

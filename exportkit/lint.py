@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
@@ -19,7 +18,8 @@ from typing import Iterable, Iterator
 
 from exportkit.checkpoint import format_bytes, saved_model_checkpoint
 from exportkit.dtypes import HALF_DTYPES
-from exportkit.errors import UsageError
+from exportkit.errors import ExportkitError, UsageError
+from exportkit.files import write_atomic
 from exportkit.findings import Finding
 from exportkit.savedmodel import DEFAULT_SIGNATURE, INIT_OP_SIGNATURE, SERVE_TAG, dtype_name, select_meta_graph, shape_list, signature_names
 from exportkit.tfenv import child_env, tensorflow_version
@@ -287,22 +287,6 @@ def compute_registered_ops() -> dict:
     return data
 
 
-def _write_atomic(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def registered_ops() -> frozenset[str] | None:
     """Names of every op registered in the installed TensorFlow; None if TensorFlow cannot say.
 
@@ -333,9 +317,11 @@ def registered_ops() -> frozenset[str] | None:
                 _registry[key] = None
                 return None
             ops = frozenset(data["ops"])
+            path = op_cache_path(data.get("tensorflow_version") or version)
             try:
-                _write_atomic(op_cache_path(data.get("tensorflow_version") or version), data)
-            except OSError:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(path, json.dumps(data), f"the op cache {path}")
+            except (OSError, ExportkitError):
                 pass  # a read-only cache dir only costs speed
         _registry[key] = ops
         return ops
