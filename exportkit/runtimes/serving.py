@@ -249,7 +249,8 @@ def regress_shaped(values: np.ndarray, signature: dict, predict) -> np.ndarray:
 def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str, launch=None):
     """The embedded server inside the TensorFlow worker: TF Serving's APIs over the session loader's graph and
     session, started (warm-up replayed first) when waited for, so `session` runs before the warm-up, as a fresh
-    TF Serving load would answer them."""
+    TF Serving load would answer them. `batching`: a BatchingParameters file, served with TF Serving's batching."""
+    from exportkit.serving.launcher import batching_file
     from exportkit.version import __version__
     from exportkit.savedmodel import resolve_model_path
     from exportkit.serving.launcher import PendingServer, ServerHandle
@@ -259,7 +260,8 @@ def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str, la
     def finish() -> ServerHandle:
         flags = getattr(launch, "server_flags", None)
         reply = worker.request(op="serve", path=worker.path, model_name=name, rest=rest, device=device,
-                               method_name_check=bool(flags and flags.enable_signature_method_name_check))
+                               method_name_check=bool(flags and flags.enable_signature_method_name_check),
+                               batching=batching_file(launch))
         if not reply.get("ok"):
             error = InfraError if reply.get("kind") == "infra" else CheckFailed
             raise error(f"embedded server: {reply.get('message', '')}",

@@ -131,8 +131,13 @@ class Worker:
 
         model = self._start_load("session", dict(request, signature=request.get("signature", ""))).result()
         location = resolve_model_path(request["path"])
+        batching = None
+        if request.get("batching"):  # --batching-parameters: TF Serving's batching session over the same load
+            from exportkit.serving.config import read_batching_parameters
+
+            batching = read_batching_parameters(request["batching"])
         served = ServedModel(location, request["model_name"], request.get("device") or "cpu",
-                             method_name_check=bool(request.get("method_name_check")))
+                             method_name_check=bool(request.get("method_name_check")), batching=batching)
         served.load(model)
         if served.state != "AVAILABLE":
             raise CheckFailed(f"model '{served.name}' version {served.version} failed to load: {served.error[1]}",

@@ -150,6 +150,11 @@ def remove_stale(cli: ContainerCli) -> list[str]:
     return removed
 
 
+# A server exportkit launches serves one complete version: a failed load is the answer at once, not after TF Serving's
+# default 5 retries a minute apart (model_servers/server.h, core/loader_harness.cc).
+NO_LOAD_RETRIES = ["--max_num_load_retries=0"]
+
+
 def batching_flags(path: str | None) -> list[str]:
     """The server flags that turn on TF Serving's batching with a parameters file at `path` (as the server sees it)."""
     return ["--enable_batching=true", f"--batching_parameters_file={path}"] if path else []
@@ -177,7 +182,7 @@ class Container:
             inside = f"{CONFIG_DIR}/batching_parameters.txt"
             args += ["-v", f"{os.path.abspath(batching_parameters)}:{inside}:ro"]
         try:
-            proc = cli.run(*args, image, *batching_flags(inside), *server_args, check=False)
+            proc = cli.run(*args, image, *NO_LOAD_RETRIES, *batching_flags(inside), *server_args, check=False)
         except BaseException:  # interrupted while `run` was creating it: remove it by the name we gave it
             cli.run("rm", "-f", name, check=False)
             raise

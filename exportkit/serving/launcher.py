@@ -27,7 +27,7 @@ from typing import Callable
 
 from exportkit.errors import EXIT_INFRA, CheckFailed, InfraError, UsageError
 from exportkit.savedmodel import list_versions, resolve_model_path
-from exportkit.serving.container import batching_flags, is_container_mode
+from exportkit.serving.container import NO_LOAD_RETRIES, batching_flags, is_container_mode
 from exportkit.serverflags import STOCK, ServerFlags
 from exportkit.tfenv import child_env
 from exportkit.log import log
@@ -239,7 +239,7 @@ def _flags_entry(flags: ServerFlags) -> dict:
     return {"server_flags": flags.argv()} if flags.changed() else {}
 
 
-def _batching_file(options: LaunchOptions | None) -> str | None:
+def batching_file(options: LaunchOptions | None) -> str | None:
     path = options.batching_parameters if options else None
     if path and not os.path.isfile(path):
         raise UsageError(f"--batching-parameters {path}: no such file",
@@ -346,8 +346,8 @@ def start_binary(path: str, model_name: str | None = None, binary: str | None = 
         port = free_port()
         rest_port = free_port() if rest else 0
         argv = [found, f"--port={port}", f"--rest_api_port={rest_port}", f"--model_name={name}",
-                f"--model_base_path={os.path.abspath(base_dir)}"]
-        argv += batching_flags(_batching_file(launch)) + _flags(launch).argv()
+                f"--model_base_path={os.path.abspath(base_dir)}", *NO_LOAD_RETRIES]
+        argv += batching_flags(batching_file(launch)) + _flags(launch).argv()
         child = _Child(argv, child_env(device), label="binary")
     except BaseException:
         clean()
@@ -388,7 +388,7 @@ def start_container(serving: str, path: str, model_name: str | None = None, devi
 
     options = options or LaunchOptions()
     image = containers.image_for(serving, device)
-    _batching_file(options)
+    batching_file(options)
     cli = containers.ContainerCli(options.container_cli)
     removed = containers.remove_stale(cli)
     for stale in removed:
@@ -471,7 +471,8 @@ def _read_line(child: _Child, deadline: float, pattern: re.Pattern) -> str | Non
 
 def start_embedded(path: str, model_name: str | None = None, device: str = "cpu",
                    load_timeout: float = 120.0, rest: bool = False, launch: LaunchOptions | None = None) -> PendingServer:
-    """Spawn `python -I -m exportkit serve PATH --port 0`: isolated from cwd/PYTHONPATH, so no user code."""
+    """Spawn `python -I -m exportkit serve PATH --port 0`: isolated from cwd/PYTHONPATH, so no user code.
+    `launch.batching_parameters`: served with TF Serving's batching (--enable_batching), as binary and docker."""
     from exportkit.serving.model_server import WATCH_STDIN_ENV
 
     loc = resolve_model_path(path)
@@ -482,7 +483,7 @@ def start_embedded(path: str, model_name: str | None = None, device: str = "cpu"
             "--model-name", name, "--device", device]
     if rest:
         argv += ["--rest-port", str(free_port())]
-    argv += _flags(launch).argv()
+    argv += batching_flags(batching_file(launch)) + _flags(launch).argv()
     workdir = tempfile.mkdtemp(prefix="exportkit-serve-cwd-")  # nothing importable in the child's cwd
     try:
         child = _Child(argv, env, stdout=subprocess.PIPE, stdin=subprocess.PIPE, cwd=workdir, label="embedded server")

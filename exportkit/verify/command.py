@@ -132,8 +132,8 @@ def _read(o: VerifyOptions, devices: list[str], per_output: dict):
     findings += baseline_found
     report = VerifyReport(path=str(version_dir), signature=", ".join(selected) or (o.signature_name or ""),
                           reference="", runtimes=[], findings=list(findings), inputs={}, tf32=None,
-                          exportkit_version=__version__, signatures=list(selected), baseline=baseline,
-                          toolchain=toolchain(), server_flags=o.server_flags.argv())
+                          exportkit_version=__version__, signatures=list(selected),
+                          toolchain=toolchain(), server_flags=o.server_flags.argv(), baseline=baseline)
     return Model(version_dir, proto, signatures, selected, manifest, lo_hi), report, refused
 
 
