@@ -39,6 +39,7 @@ class RuntimeSpec:
     name: str
     args: dict
     parse_examples: str | None = None  # the Example input a tensor-taking model parses itself (keras)
+    top1: dict | None = None  # derived top-1 outputs (data.changes.top1_sources) added to its answers (diff)
 
 
 @dataclass
@@ -63,6 +64,10 @@ def build_runtime(spec: RuntimeSpec):
     else:
         raise UsageError(f"runtime {spec.name!r} cannot run in a Beam worker", "use saved_model, keras, session, serving")
     runtime = cls(**spec.args)
+    if spec.top1:
+        from exportkit.data.changes import Top1Outputs
+
+        runtime = Top1Outputs(runtime, spec.top1)
     return ExampleParsing(runtime, spec.parse_examples) if spec.parse_examples else runtime
 
 
