@@ -142,21 +142,21 @@ def diff_command(o: DiffOptions) -> int:
     old = Version("old", old_dir, read_model(old_dir)[2] if old_dir else {}, o.serving)
     data = _data_pattern(o.data, new_dir, old_dir)
     name = _signature(o, data, new.signatures)
-    old_runtime = _runtime(o, old, name, new.signatures)  # the deployed one: its signatures from the server
+    if old.address:  # the deployed version's signatures, as its server reports them
+        _runtime(o, old, name, new.signatures).close()
     report = DiffReport(old=old.description, new=new.description, signature=name)
-    report.findings = compare_signature_sets(old.signatures, new.signatures) if old.signatures else []
+    report.findings = compare_signature_sets(old.signatures, new.signatures)
     if name not in old.signatures:
         raise CheckFailed(f"signature '{name}' is not in the old version (it has: {', '.join(old.signatures)})",
                           "pass --signature NAME of a signature both versions have")
     signature = new.signatures[name]
     derived = top1_sources(signature)
-    new_runtime = _runtime(o, new, name, new.signatures)
     accumulator = functools.partial(ChangeStats, label_key=o.label)
     if o.runner == "beam":
         stats, records, skipped = _beam(o, data, old, new, name, signature, derived, accumulator)
     else:
-        stats, records, skipped = _in_process(o, data, new, name, signature, old_runtime, new_runtime, derived,
-                                              accumulator, report)
+        runtimes = [_runtime(o, version, name, new.signatures) for version in (old, new)]
+        stats, records, skipped = _in_process(o, data, new, name, signature, runtimes, derived, accumulator, report)
     report.inputs.update({"records": records, "runner": o.runner, "label": o.label})
     if skipped is not None:
         report.inputs["skipped"] = dict(sorted(skipped.items()))
@@ -193,14 +193,19 @@ def _signature(o: DiffOptions, data: str | None, signatures: dict) -> str:
 
 
 def _runtime(o: DiffOptions, version: Version, name: str, signatures: dict):
-    """The session runtime of a version dir (a worker of its own), or the deployed server; started (not loaded)."""
+    """The session runtime of a version dir (a worker of its own, started), or the deployed server (loaded: its
+    signatures, from GetModelMetadata, become the version's)."""
     if version.address:
         from exportkit.runtimes.serving import ServingRuntime
 
         runtime = ServingRuntime(None, mode=version.address, model_name=o.model_name, model_version=o.model_version,
                                  signature_name=name, load_timeout=o.load_timeout, signatures=signatures)
-        runtime.load()
-        version.signatures = runtime.served_signatures()
+        try:
+            runtime.load()
+            version.signatures = runtime.served_signatures()
+        except BaseException:
+            runtime.close()
+            raise
         for key, sig in version.signatures.items():  # metadata has no method name: the request API is NEW's
             sig.setdefault("method", (signatures.get(key) or {}).get("method"))
         return runtime
@@ -246,7 +251,20 @@ def _generated(o: DiffOptions, new: Version, name: str):
     return files, batches
 
 
-def _in_process(o, data, new, name, signature, old_runtime, new_runtime, derived, accumulator, report):
+def _in_process(o, data, new, name, signature, runtimes, derived, accumulator, report):
+    runtimes = [Top1Outputs(runtime, derived) for runtime in runtimes]
+    try:
+        return _stream(o, data, new, name, signature, runtimes, accumulator, report)
+    finally:
+        for runtime in runtimes:
+            try:
+                runtime.close()
+            except Exception:  # closing must never hide the verdict
+                pass
+
+
+def _stream(o, data, new, name, signature, runtimes, accumulator, report):
+    """Batch after batch through both versions into the per-output statistics."""
     stats: dict[str, ChangeStats] = {}
     feeder = None
     if data:
@@ -257,27 +275,18 @@ def _in_process(o, data, new, name, signature, old_runtime, new_runtime, derived
         files, fed_batches = _generated(o, new, name)
         report.inputs.update({"source": "golden+generated", "seed": o.seed})
     report.files = files
-    runtimes = [Top1Outputs(old_runtime, derived), Top1Outputs(new_runtime, derived)]
     records = 0
-    try:
-        for runtime in runtimes:
-            runtime.load()
-        for fed in fed_batches:
-            if not len(fed):
-                continue
-            old_out, new_out = (_run(runtime, fed.inputs) for runtime in runtimes)
-            for key in sorted(set(old_out) | set(new_out)):
-                if key not in stats:
-                    stats[key] = accumulator(key)
-                stats[key].add(old_out.get(key), new_out.get(key), fed.file_nos, fed.indices, fed.offsets,
-                               fed.examples)
-            records += len(fed)
-    finally:
-        for runtime in runtimes:
-            try:
-                runtime.close()
-            except Exception:  # closing must never hide the verdict
-                pass
+    for runtime in runtimes:
+        runtime.load()
+    for fed in fed_batches:
+        if not len(fed):
+            continue
+        old_out, new_out = (_run(runtime, fed.inputs) for runtime in runtimes)
+        for key in sorted(set(old_out) | set(new_out)):
+            if key not in stats:
+                stats[key] = accumulator(key)
+            stats[key].add(old_out.get(key), new_out.get(key), fed.file_nos, fed.indices, fed.offsets, fed.examples)
+        records += len(fed)
     _no_records(records, o, feeder.replayer if feeder else None)
     return stats, records, (feeder.replayer.skipped if feeder and feeder.replayer else None)
 

@@ -109,11 +109,16 @@ def verdict_line(report: DiffReport) -> str:
     records = report.inputs.get("records", 0)
     if breaking or failed:
         parts = [f"{len(breaking)} breaking signature change(s): {breaking[0].message}"] if breaking else []
-        parts += [f"{g.name} on {g.output}: {_g(g.value)} beyond {_g(g.limit)}" for g in failed]
-        return join_verdict("FAILED", parts)
+        parts += [f"{g.name} on {g.output}: {_gate_value(g, g.value)} beyond {_gate_value(g, g.limit)}"
+                  for g in failed]
+        return join_verdict("FAILED", parts + facts)
     head = "PASSED" if report.gates else "CHANGES"
     tail = [f"{len(report.gates)} gate(s) hold"] if report.gates else []
     return join_verdict(head, [f"{records} records"] + facts + tail)
+
+
+def _gate_value(g: Gate, value: float) -> str:
+    return _pct(value) if g.name == "max-changed-top1" else _g(value)
 
 
 def render_text(report: DiffReport) -> str:
@@ -151,8 +156,8 @@ def render_text(report: DiffReport) -> str:
     if skipped:
         lines += ["", "PredictionLog records skipped:"] + [f"  {n} x {why}" for why, n in skipped.items()]
     if report.gates:
-        lines += ["", "gates:"] + [f"  {'ok  ' if g.passed else 'FAIL'} {g.name} on {g.output}: {_g(g.value)} "
-                                   f"(limit {_g(g.limit)})" for g in report.gates]
+        lines += ["", "gates:"] + [f"  {'ok  ' if g.passed else 'FAIL'} {g.name} on {g.output}: "
+                                   f"{_gate_value(g, g.value)} (limit {_gate_value(g, g.limit)})" for g in report.gates]
     return "\n".join(lines + ["", verdict_line(report)]) + "\n"
 
 
