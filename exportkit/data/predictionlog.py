@@ -12,6 +12,7 @@ A log TF Serving would refuse, or that asks for another model or signature, is s
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ LOGGED = "logged"  # the runtime of the answers the logs carry (what the deploye
 LOG_KINDS = ("predict_log", "classify_log", "regress_log", "multi_inference_log")
 
 
+@functools.cache
 def _prediction_log():
     from exportkit.savedmodel import serving_apis
 

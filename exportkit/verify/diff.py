@@ -10,6 +10,7 @@ model (`--serving HOST:PORT`, its signatures from GetModelMetadata).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import math
 from dataclasses import dataclass, field
@@ -276,19 +277,34 @@ def _stream(o, data, new, name, signature, runtimes, accumulator, report):
         report.inputs.update({"source": "golden+generated", "seed": o.seed})
     report.files = files
     records = 0
-    for runtime in runtimes:
-        runtime.load()
-    for fed in fed_batches:
-        if not len(fed):
-            continue
-        old_out, new_out = (_run(runtime, fed.inputs) for runtime in runtimes)
-        for key in sorted(set(old_out) | set(new_out)):
-            if key not in stats:
-                stats[key] = accumulator(key)
-            stats[key].add(old_out.get(key), new_out.get(key), fed.file_nos, fed.indices, fed.offsets, fed.examples)
-        records += len(fed)
+    # The two worker processes answer a batch at once while this process reads the next one: one thread per
+    # runtime, so each runtime gets its batches one after the other.
+    pools = [concurrent.futures.ThreadPoolExecutor(max_workers=1) for _ in runtimes]
+    try:
+        for future in [pool.submit(runtime.load) for pool, runtime in zip(pools, runtimes)]:
+            future.result()
+        pending = None  # (the batch, its two answers to come)
+        for fed in (f for f in fed_batches if len(f)):
+            running = (fed, [pool.submit(_run, runtime, fed.inputs) for pool, runtime in zip(pools, runtimes)])
+            if pending:
+                records += _add(stats, accumulator, pending[0], *(f.result() for f in pending[1]))
+            pending = running
+        if pending:
+            records += _add(stats, accumulator, pending[0], *(f.result() for f in pending[1]))
+    finally:
+        for pool in pools:
+            pool.shutdown(cancel_futures=True)
     _no_records(records, o, feeder.replayer if feeder else None)
     return stats, records, (feeder.replayer.skipped if feeder and feeder.replayer else None)
+
+
+def _add(stats: dict, accumulator, fed: Fed, old_out: dict, new_out: dict) -> int:
+    """One batch's answers of both versions into the per-output statistics; returns its record count."""
+    for key in sorted(set(old_out) | set(new_out)):
+        if key not in stats:
+            stats[key] = accumulator(key)
+        stats[key].add(old_out.get(key), new_out.get(key), fed.file_nos, fed.indices, fed.offsets, fed.examples)
+    return len(fed)
 
 
 def _run(runtime, inputs) -> dict:
