@@ -385,3 +385,30 @@ def test_a_warmup_file_for_tf_servings_half_plus_two(tmp_path):
     assert report["inputs"]["skipped"] == {
         "signature 'classify_x_to_y' (replayed: 'regress_x_to_y'; pass --signature classify_x_to_y for those)": 1,
         "signature 'serving_default' (replayed: 'regress_x_to_y'; pass --signature serving_default for those)": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.serving
+def test_diff_against_the_deployed_version(versions, tmp_path):
+    """--serving HOST:PORT: OLD is what a server answers (its signatures from GetModelMetadata)."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(versions["old"], tmp_path / "deployed" / "1")
+    server = subprocess.Popen([sys.executable, "-m", "exportkit", "serve", str(tmp_path / "deployed"), "--port", "0",
+                               "--model-name", "ranker"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        address = re.search(r"127\.0\.0\.1:\d+", server.stdout.readline()).group(0)
+        out = tmp_path / "d.json"
+        result = invoke("diff", versions["new"], "--serving", address, "--model-name", "ranker", "--data",
+                        versions["logs"], "--max-changed-top1", "40%", "--json", str(out))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert report["old"] == f"deployed at {address}" and report["findings"] == []
+    top1 = next(c for c in report["outputs"] if c["key"] == "scores/top1")
+    assert top1["top1_changed_share"] == 0.35 and report["gates"][0]["passed"]

@@ -217,17 +217,12 @@ class ChangeStats:
 
     def _add_categorical(self, o, w, file_nos, indices, offsets, labels) -> None:
         flat_o, flat_w = o.reshape(len(o), -1), w.reshape(len(w), -1)
-        differs = np.asarray([[to_bytes(a) != to_bytes(b) for a, b in zip(ro, rw)] for ro, rw in zip(flat_o, flat_w)],
-                             dtype=bool).reshape(flat_o.shape)
+        differs = np.asarray(flat_o != flat_w, dtype=bool).reshape(flat_o.shape)  # bytes, ints or bools alike
         self.elements += differs.size
         self.changed += int(differs.any(axis=1).sum())
         if self.top1:
-            for a, b in zip(flat_o[:, 0], flat_w[:, 0]):
-                pair = (_plain(a), _plain(b))
-                if pair in self.pairs or len(self.pairs) < MAX_PAIRS:
-                    self.pairs[pair] += 1
-                else:
-                    self.other_pairs += 1
+            for (a, b), count in Counter(zip(flat_o[:, 0].tolist(), flat_w[:, 0].tolist())).items():
+                self._count_pair((_plain(a), _plain(b)), count)
             if labels is not None:
                 self.metrics[0].add_top1(flat_o[:, 0], labels)
                 self.metrics[1].add_top1(flat_w[:, 0], labels)
@@ -269,6 +264,12 @@ class ChangeStats:
             self.metrics[0].add_value(of[:, 0], labels)
             self.metrics[1].add_value(wf[:, 0], labels)
 
+    def _count_pair(self, pair: tuple, count: int) -> None:
+        if pair in self.pairs or len(self.pairs) < MAX_PAIRS:
+            self.pairs[pair] += count
+        else:
+            self.other_pairs += count
+
     def _trim(self) -> None:
         self.most.sort(key=lambda m: (-m[0], m[1], m[2]))
         del self.most[MOST_CHANGED:]
@@ -285,10 +286,7 @@ class ChangeStats:
         self.abs_hist.merge(other.abs_hist)
         self.rel_hist.merge(other.rel_hist)
         for pair, count in other.pairs.items():
-            if pair in self.pairs or len(self.pairs) < MAX_PAIRS:
-                self.pairs[pair] += count
-            else:
-                self.other_pairs += count
+            self._count_pair(pair, count)
         for mine, theirs in zip(self.metrics, other.metrics):
             mine.merge(theirs)
         self.most += other.most

@@ -17,10 +17,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from exportkit.errors import UsageError
 from exportkit.savedmodel import (CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES,
                                   DEFAULT_SIGNATURE, REGRESS_INPUTS, REGRESS_METHOD, REGRESS_OUTPUTS)
+from exportkit.serving.status import RpcError
+from exportkit.serving.util import serialized_examples
 
 LOGGED = "logged"  # the runtime of the answers the logs carry (what the deployed model said)
 LOG_KINDS = ("predict_log", "classify_log", "regress_log", "multi_inference_log")
@@ -35,8 +38,6 @@ def _prediction_log():
 
 def is_prediction_log(record: bytes) -> bool:
     """True if `record` parses as a PredictionLog that holds a log (a tf.Example parses, but sets no log type)."""
-    from google.protobuf.message import DecodeError
-
     try:
         return _prediction_log().FromString(record).WhichOneof("log_type") is not None
     except DecodeError:
@@ -84,8 +85,6 @@ class LogReplayer:
 
     def replay(self, record: bytes, where: str) -> Replayed | None:
         """The log's request (and response) for the signature, or None (skipped: the reason is counted)."""
-        from google.protobuf.message import DecodeError
-
         try:
             log = _prediction_log().FromString(record)
         except DecodeError:
@@ -97,14 +96,14 @@ class LogReplayer:
             return self._skip(f"{kind or 'empty'} records are not replayed (TF Serving: Unsupported log_type)")
         entry = getattr(log, kind)
         if kind == "multi_inference_log":
-            return self._multi_inference(entry, where)
+            return self._multi_inference(entry)
         spec = entry.request.model_spec
         problem = self._other(spec, {"predict_log": "predict", "classify_log": "classify",
                                      "regress_log": "regress"}[kind])
         if problem:
             return self._skip(problem)
         if kind == "predict_log":
-            return self._predict(entry, where)
+            return self._predict(entry)
         problem = self._classify_problem if kind == "classify_log" else self._regress_problem
         if problem:
             return self._skip(problem)
@@ -119,7 +118,7 @@ class LogReplayer:
 
     # -- the requests -----------------------------------------------------------------------------------------
 
-    def _predict(self, entry, where: str) -> Replayed | None:
+    def _predict(self, entry) -> Replayed | None:
         from exportkit.serving.tensors import to_ndarray
 
         request, wanted = entry.request, set(self.signature["inputs"])
@@ -138,7 +137,7 @@ class LogReplayer:
         examples = inputs[self.example_input] if self.example_input else None
         return Replayed(inputs, n, logged, examples)
 
-    def _multi_inference(self, entry, where: str) -> Replayed | None:
+    def _multi_inference(self, entry) -> Replayed | None:
         request = entry.request
         tasks = [t for t in request.tasks if (t.model_spec.signature_name or DEFAULT_SIGNATURE) == self.signature_name]
         if not request.tasks:
@@ -215,9 +214,6 @@ class LogReplayer:
 
 def _examples(input_proto) -> np.ndarray | None:
     """Input{example_list | example_list_with_context} as the serialized-Example tensor TF Serving feeds."""
-    from exportkit.serving.status import RpcError
-    from exportkit.serving.util import serialized_examples
-
     try:
         return serialized_examples(input_proto)
     except RpcError:
