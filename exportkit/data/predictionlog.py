@@ -207,6 +207,10 @@ class LogReplayer:
         shape = self.signature["outputs"][REGRESS_OUTPUTS].get("shape")
         return {REGRESS_OUTPUTS: values.reshape(n, 1) if shape is not None and len(shape) == 2 else values}
 
+    def skipped_text(self) -> str:
+        """The skipped logs as `N x reason; ...` (empty when none was skipped)."""
+        return "; ".join(f"{n} x {why}" for why, n in sorted(self.skipped.items()))
+
     def _skip(self, reason: str) -> None:
         self.skipped[reason] += 1
         return None

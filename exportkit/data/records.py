@@ -389,17 +389,19 @@ def records_are_logs(source: DataSource) -> bool:
     return False
 
 
-def first_log_signature(source: DataSource) -> str | None:
-    """The signature the first PredictionLog names (TF Serving's default when it names none)."""
+def data_signature(pattern: str | None, signatures: dict, selected: list[str]) -> str:
+    """The signature `--data` records are the inputs of when no --signature is given: the one the first
+    PredictionLog names (TF Serving's default when it names none), else serving_default (or the only one selected)."""
     from exportkit.data.predictionlog import signature_of
+    from exportkit.savedmodel import DEFAULT_SIGNATURE
 
-    for path in source.files:
-        if not path.endswith(".npz"):
-            for _, _, data, _ in tfrecord_records(path):
-                name = signature_of(data)
-                if name:
-                    return name
-    return None
+    source = DataSource(pattern, []) if pattern else None
+    if source is not None and records_are_logs(source):
+        for path in (f for f in source.files if not f.endswith(".npz")):
+            name = next((signature_of(data) for _, _, data, _ in tfrecord_records(path)), None)
+            if name:
+                return name
+    return DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in signatures or len(selected) != 1 else selected[0]
 
 
 class Feeder:

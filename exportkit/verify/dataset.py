@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from exportkit.data.records import (DataSource, ExampleParsing, Feeder, FailureWriter, first_log_signature,
+from exportkit.data.records import (DataSource, ExampleParsing, Feeder, FailureWriter, data_signature,
                                     records_are_logs)
 from exportkit.data.predictionlog import LOGGED, LogReplayer
 from exportkit.data.stats import OutputStats, compare_into
@@ -51,13 +51,11 @@ def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, dev
     import dataclasses
 
     from exportkit.examples import input_specs
-    from exportkit.savedmodel import DEFAULT_SIGNATURE, select_meta_graph
+    from exportkit.savedmodel import select_meta_graph
 
     version_dir, signatures, selected = model.version_dir, model.signatures, model.selected
     pattern = data_pattern(o.data, version_dir)
-    logs = records_are_logs(DataSource(pattern, [], batch_size=o.batch_size))
-    name = o.signature_name or (logs and first_log_signature(DataSource(pattern, []))) or (
-        DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in signatures or len(selected) != 1 else selected[0])
+    name = o.signature_name or data_signature(pattern, signatures, selected)
     if name not in signatures:
         raise UsageError(f"--data needs one signature, and there is no '{name}' (available: {', '.join(signatures)})",
                          "pass --signature NAME for the signature the records are inputs of")
@@ -70,6 +68,7 @@ def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, dev
     source = DataSource(pattern, specs, batch_size=o.batch_size, sample=o.sample, seed=o.seed, limit=o.limit)
     # A signature over serialized tf.Example takes the records as they are.
     example_key = specs[0].key if len(specs) == 1 and specs[0].examples else None
+    logs = records_are_logs(source)
     replayer = LogReplayer(name, signature, signatures, o.model_name) if logs else None
     names = [n for n in names if n not in ("golden", "trained")]  # recorded outputs exist only for their inputs
     tolerances = {k: _tol(tolerance(k, v["dtype"])) for k, v in signature["outputs"].items()}
@@ -171,7 +170,7 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
             records += len(fed)
         progress.done(records)
         if not records:
-            skipped = "; ".join(f"{n} x {why}" for why, n in feed.replayer.skipped.items()) if feed.replayer else ""
+            skipped = feed.replayer.skipped_text() if feed.replayer else ""
             raise UsageError(f"--data {o.data!r}: no records" + (" were sampled" if o.sample else "")
                              + (f" (PredictionLog records skipped: {skipped})" if skipped else ""),
                              "pass TFRecord files of tf.Example, PredictionLog or .npz shards that hold records"

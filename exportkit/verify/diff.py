@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from exportkit.data.changes import ChangeStats, Top1Outputs, top1_sources
-from exportkit.data.records import DataSource, Fed, Feeder, first_log_signature, records_are_logs
+from exportkit.data.records import DataSource, Fed, Feeder, data_signature, records_are_logs
 from exportkit.errors import CheckFailed, InfraError, UsageError
-from exportkit.savedmodel import DEFAULT_SIGNATURE, REGRESS_METHOD, list_versions, resolve_savedmodel_dir
+from exportkit.savedmodel import REGRESS_METHOD, list_versions, resolve_savedmodel_dir
 from exportkit.verify.baseline import compare_signature_sets
+from exportkit.verify.dataset import data_pattern
 from exportkit.verify.diff_report import DiffReport, Gate, OutputChange, finish_diff, output_change
 
 QUANTILE_NAMES = ("p50", "p99", "p99.9", "max")
@@ -171,22 +172,14 @@ def _data_pattern(data: str | None, new_dir: Path, old_dir: Path | None) -> str 
     """--data GLOB, or `warmup`: NEW's warm-up file (else OLD's)."""
     from exportkit.layout import warmup_path
 
-    if data != "warmup":
-        return data
-    for version_dir in (new_dir, old_dir):
-        if version_dir is not None and warmup_path(version_dir).is_file():
-            return str(warmup_path(version_dir))
-    raise UsageError("--data warmup: neither version has a warm-up file (assets.extra/tf_serving_warmup_requests)",
-                     "pass --data GLOB of PredictionLog or tf.Example records")
+    if data != "warmup" or old_dir is None or warmup_path(new_dir).is_file():
+        return data and data_pattern(data, new_dir)
+    return data_pattern(data, old_dir)
 
 
 def _signature(o: DiffOptions, data: str | None, signatures: dict) -> str:
     """--signature, else the one the first PredictionLog names, else serving_default (or the only one)."""
-    name = o.signature_name
-    if name is None and data and records_are_logs(DataSource(data, [])):
-        name = first_log_signature(DataSource(data, []))
-    if name is None:
-        name = DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in signatures or len(signatures) != 1 else next(iter(signatures))
+    name = o.signature_name or data_signature(data, signatures, list(signatures))
     if name not in signatures:
         raise UsageError(f"the new version has no signature '{name}' (it has: {', '.join(signatures)})",
                          "pass --signature NAME")
@@ -322,7 +315,7 @@ def _run(runtime, inputs) -> dict:
 def _no_records(records: int, o: DiffOptions, replayer) -> None:
     if records:
         return
-    skipped = "; ".join(f"{n} x {why}" for why, n in replayer.skipped.items()) if replayer else ""
+    skipped = replayer.skipped_text() if replayer else ""
     raise UsageError(f"--data {o.data!r}: no records to compare" + (f" (skipped: {skipped})" if skipped else ""),
                      "pass records of the signature's inputs (--signature NAME, --model-name NAME)")
 
