@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 FILES = 8  # the records are spread over FILES files, half of them GZIP
-BATCH = 256
+BATCH = 1024  # diff's default --batch-size; the loop batches the same
 
 BUILD = """
 import sys, numpy as np, tensorflow as tf

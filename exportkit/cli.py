@@ -372,7 +372,7 @@ def diff(
     signature_name: Optional[str] = typer.Option(None, "--signature", "--signature-name", help="Signature to compare (default: the logs', else serving_default)."),
     data: Optional[str] = typer.Option(None, "--data", help="GLOB of TFRecord files (tf.Example or PredictionLog, plain or GZIP) or .npz shards, or `warmup` (NEW's warm-up file); default: golden and generated batches."),
     limit: Optional[int] = typer.Option(None, "--limit", help="--data: at most N records."),
-    batch_size: int = typer.Option(256, "--batch-size", help="--data: records per batch."),
+    batch_size: int = typer.Option(1024, "--batch-size", help="--data: records per batch (both versions answer the same batches)."),
     sample: Optional[float] = typer.Option(None, "--sample", help="--data: keep each record with this probability (seeded by --seed)."),
     seed: int = SEED,
     samples: int = typer.Option(8, "--samples", help="Without --data: batch size of the generated batch."),

@@ -146,13 +146,13 @@ def test_logs_decode_as_tf_serving_answers_them():
     log = pl.PredictionLog(classify_log=pl.ClassifyLog(request=classify, response=response)).SerializeToString()
     assert is_prediction_log(log) and not is_prediction_log(ex)
 
-    r = _replayer("serving_default", "m").replay(log, "f:0")
+    r = _replayer("serving_default", "m").replay(log)
     assert r.rows == 1 and r.inputs["inputs"][0].endswith(ex)  # context bytes first (util.cc)
     assert r.logged["classes"].tolist() == [[b"a", b"b", b"c"]]
     np.testing.assert_allclose(r.logged["scores"], [[0.1, 0.2, 0.7]], rtol=1e-6)
 
     other = _replayer("serving_default", "other")
-    assert other.replay(log, "f:0") is None
+    assert other.replay(log) is None
     assert dict(other.skipped) == {"Servable not found for request: Latest(m)": 1}
 
     multi = inference_pb2.MultiInferenceRequest()
@@ -165,21 +165,21 @@ def test_logs_decode_as_tf_serving_answers_them():
     answer.results.add().regression_result.regressions.add(value=9.5)
     multi_log = pl.PredictionLog(multi_inference_log=pl.MultiInferenceLog(request=multi, response=answer))
     regress = _replayer("regress")
-    r = regress.replay(multi_log.SerializeToString(), "f:1")
+    r = regress.replay(multi_log.SerializeToString())
     assert r.logged["outputs"].tolist() == [[9.5]]  # [batch, 1] like the signature's output
 
     reg = regression_pb2.RegressionRequest()
     reg.model_spec.signature_name = "nope"
     reg.input.example_list.examples.add().ParseFromString(ex)
-    assert regress.replay(pl.PredictionLog(regress_log=pl.RegressLog(request=reg)).SerializeToString(), "f:2") is None
+    assert regress.replay(pl.PredictionLog(regress_log=pl.RegressLog(request=reg)).SerializeToString()) is None
     predict = predict_pb2.PredictRequest()
     predict.model_spec.signature_name = "predict"
     predict.inputs["x"].CopyFrom(to_tensor_proto(np.ones((2, 4), np.float32)))
-    assert regress.replay(pl.PredictionLog(predict_log=pl.PredictLog(request=predict)).SerializeToString(), "f:3") is None
+    assert regress.replay(pl.PredictionLog(predict_log=pl.PredictLog(request=predict)).SerializeToString()) is None
     assert dict(regress.skipped) == {
         "No signature was found with the name: nope": 1,
         "signature 'predict' (replayed: 'regress'; pass --signature predict for those)": 1}
-    r = _replayer("predict").replay(pl.PredictionLog(predict_log=pl.PredictLog(request=predict)).SerializeToString(), "")
+    r = _replayer("predict").replay(pl.PredictionLog(predict_log=pl.PredictLog(request=predict)).SerializeToString())
     assert r.rows == 2 and r.inputs["x"].shape == (2, 4) and r.logged is None
 
 
@@ -331,8 +331,8 @@ def test_exportkit_warmup_records_replay_and_beam_agrees(versions, tmp_path):
         assert result.returncode == 0, (result.stdout + result.stderr)
         docs[runner] = json.loads((tmp_path / f"{runner}.json").read_text())
     for a, b in zip(docs["in-process"]["outputs"], docs["beam"]["outputs"]):
-        assert (a["key"], a["changed_records"], a["abs_change"], a["confusion"]) == \
-            (b["key"], b["changed_records"], b["abs_change"], b["confusion"])
+        assert (a["key"], a["changed_records"], a["abs_change"], a["confusion"], a["most_changed"]) == \
+            (b["key"], b["changed_records"], b["abs_change"], b["confusion"], b["most_changed"])
     assert docs["beam"]["inputs"]["skipped"] == docs["in-process"]["inputs"]["skipped"]
 
 
@@ -412,3 +412,32 @@ def test_diff_against_the_deployed_version(versions, tmp_path):
     assert report["old"] == f"deployed at {address}" and report["findings"] == []
     top1 = next(c for c in report["outputs"] if c["key"] == "scores/top1")
     assert top1["top1_changed_share"] == 0.35 and report["gates"][0]["passed"]
+
+
+@pytest.mark.slow
+def test_without_data_generated_batches_and_a_breaking_signature_change_fails(versions, tmp_path):
+    """No --data: the generated batches; a version without the `regress` and `predict` signatures breaks their
+    clients (exit 1)."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as graph, v1.Session(graph=graph) as sess:
+        serialized = v1.placeholder(tf.string, shape=[None], name="tf_example")
+        x = v1.parse_example(serialized, {"x": v1.FixedLenFeature([4], tf.float32)})["x"]
+        scores = tf.nn.softmax(tf.matmul(x, v1.Variable(W_NEW)))
+        classes = tf.tile(tf.constant([CLASSES]), [tf.shape(scores)[0], 1])
+        sess.run(v1.global_variables_initializer())
+        info = v1.saved_model.utils.build_tensor_info
+        signature = v1.saved_model.signature_def_utils.build_signature_def(
+            {"inputs": info(serialized)}, {"scores": info(scores), "classes": info(classes)}, "tensorflow/serving/classify")
+        builder = v1.saved_model.builder.SavedModelBuilder(str(tmp_path / "3"))
+        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"serving_default": signature})
+        builder.save()
+    out = tmp_path / "d.json"
+    result = invoke("diff", versions["old"], tmp_path / "3", "--samples", "16", "--json", out)
+    report = json.loads(out.read_text())
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert [f["code"] for f in report["findings"] if f["severity"] == "error"] == ["baseline-removed-signature"] * 2  # regress, predict
+    assert report["inputs"]["source"] == "golden+generated" and report["inputs"]["records"] >= 16
+    assert {c["key"] for c in report["outputs"]} == {"classes", "scores", "scores/top1"}
+    assert "breaking signature change" in report["verdict"]

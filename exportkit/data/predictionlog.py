@@ -83,12 +83,13 @@ class LogReplayer:
         self._classify_problem = _classify_problem(inputs, outputs)
         self._regress_problem = _regress_problem(inputs, outputs)
 
-    def replay(self, record: bytes, where: str) -> Replayed | None:
-        """The log's request (and response) for the signature, or None (skipped: the reason is counted)."""
+    def replay(self, record: bytes, where=lambda: "?") -> Replayed | None:
+        """The log's request (and response) for the signature, or None (skipped: the reason is counted).
+        `where()` names the record (FILE:INDEX) in errors."""
         try:
             log = _prediction_log().FromString(record)
         except DecodeError:
-            raise UsageError(f"record {where} is not a serialized PredictionLog",
+            raise UsageError(f"record {where()} is not a serialized PredictionLog",
                              "every record of a PredictionLog file must be one (do not mix them with tf.Examples)") \
                 from None
         kind = log.WhichOneof("log_type")

@@ -428,7 +428,7 @@ class Feeder:
         """PredictionLog requests of one batch, their rows concatenated (logs the replayer skips left out)."""
         parts = []
         for r, record in enumerate(batch.records):
-            replayed = self.replayer.replay(record, self.source.where(batch.file_nos[r], int(batch.indices[r])))
+            replayed = self.replayer.replay(record, lambda: self.source.where(batch.file_nos[r], int(batch.indices[r])))
             if replayed is not None and replayed.rows:
                 parts.append((r, replayed))
         record_of_row = np.repeat(np.asarray([r for r, _ in parts], dtype=np.int64),

@@ -21,6 +21,7 @@ import numpy as np
 from exportkit.data.changes import ChangeStats, Top1Outputs, top1_sources
 from exportkit.data.records import DataSource, Fed, Feeder, data_signature, records_are_logs
 from exportkit.errors import CheckFailed, InfraError, UsageError
+from exportkit.findings import Finding
 from exportkit.savedmodel import REGRESS_METHOD, list_versions, resolve_savedmodel_dir
 from exportkit.verify.baseline import compare_signature_sets
 from exportkit.verify.dataset import data_pattern
@@ -40,7 +41,8 @@ class DiffOptions:
     signature_name: str | None = None
     data: str | None = None
     limit: int | None = None
-    batch_size: int = 256
+    batch_size: int = 1024  # larger than verify --data's: both versions see the same batches, and each batch costs
+    # a round trip through two worker processes
     sample: float | None = None
     seed: int = 0
     samples: int = 8
@@ -118,8 +120,8 @@ def resolve_versions(o: DiffOptions) -> tuple[Path | None, Path]:
         if len(versions) < 2:
             raise UsageError(f"{base} holds {len(versions)} version(s); a diff needs two",
                              "pass OLD and NEW version directories, or NEW with --serving HOST:PORT")
-        old, new = (resolve_savedmodel_dir(base / str(v)) if (base / str(v)).is_dir() else None for v in versions[-2:])
-        return old or resolve_savedmodel_dir(base), new or resolve_savedmodel_dir(base)
+        dirs = {int(d.name): d for d in base.iterdir() if d.is_dir() and d.name.isdigit()}  # `007` is version 7
+        return resolve_savedmodel_dir(dirs[versions[-2]]), resolve_savedmodel_dir(dirs[versions[-1]])
     if len(o.paths) != 2:
         raise UsageError(f"diff takes OLD and NEW, got {len(o.paths)} paths", "exportkit diff models/ranker/6 models/ranker/7")
     return resolve_savedmodel_dir(o.paths[0]), resolve_savedmodel_dir(o.paths[1])
@@ -148,16 +150,22 @@ def diff_command(o: DiffOptions) -> int:
         _runtime(o, old, name, new.signatures).close()
     report = DiffReport(old=old.description, new=new.description, signature=name)
     report.findings = compare_signature_sets(old.signatures, new.signatures)
-    if name not in old.signatures:
-        raise CheckFailed(f"signature '{name}' is not in the old version (it has: {', '.join(old.signatures)})",
-                          "pass --signature NAME of a signature both versions have")
+    if name not in old.signatures:  # a new signature: there are no old answers to compare with
+        report.findings.append(Finding("warning", "diff-not-compared", f"signature '{name}' is not in the old version "
+                                       f"(it has: {', '.join(old.signatures)}): no answers compared"))
+        return finish_diff(report, o.json_out, o.html, o.summary)
     signature = new.signatures[name]
     derived = top1_sources(signature)
     accumulator = functools.partial(ChangeStats, label_key=o.label)
     if o.runner == "beam":
-        stats, records, skipped = _beam(o, data, old, new, name, signature, derived, accumulator)
+        stats, records, skipped = _beam(o, data, old, new, name, signature, derived, accumulator, report)
     else:
-        runtimes = [_runtime(o, version, name, new.signatures) for version in (old, new)]
+        runtimes = [_runtime(o, old, name, new.signatures)]
+        try:
+            runtimes.append(_runtime(o, new, name, new.signatures))
+        except BaseException:
+            runtimes[0].close()
+            raise
         stats, records, skipped = _in_process(o, data, new, name, signature, runtimes, derived, accumulator, report)
     report.inputs.update({"records": records, "runner": o.runner, "label": o.label})
     if skipped is not None:
@@ -320,7 +328,7 @@ def _no_records(records: int, o: DiffOptions, replayer) -> None:
                      "pass records of the signature's inputs (--signature NAME, --model-name NAME)")
 
 
-def _beam(o, data, old, new, name, signature, derived, accumulator):
+def _beam(o, data, old, new, name, signature, derived, accumulator, report):
     if not data:
         raise UsageError("--runner beam needs --data GLOB", "pass --data, or leave --runner out")
     try:
@@ -330,6 +338,8 @@ def _beam(o, data, old, new, name, signature, derived, accumulator):
             raise
         raise UsageError("--runner beam needs Apache Beam", "pip install 'exportkit[beam]'") from None
     source, feeder = _feeder(o, data, new, name, signature)
+    report.files = source.files
+    report.inputs.update({"source": "data", "path": o.data, "files": len(source.files)})
 
     def spec(version: Version) -> RuntimeSpec:
         if version.address:
