@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field
 
 from exportkit.data.changes import ChangeStats
 from exportkit.findings import Finding, has_errors
-from exportkit.verify.compare import histogram_summary, to_jsonable
+from exportkit.verify.compare import to_jsonable
+from exportkit.verify.error_summaries import histogram_summary
 from exportkit.verify.report import _g, _table, clean, join_verdict
 from exportkit.version import __version__
 
