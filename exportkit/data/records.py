@@ -416,7 +416,7 @@ class Feeder:
         """PredictionLog requests of one batch, their rows concatenated (logs the replayer skips left out)."""
         parts = []
         for r, record in enumerate(batch.records):
-            replayed = self.replayer.replay(record, lambda: self.source.where(batch.file_nos[r], int(batch.indices[r])))
+            replayed = self.replayer.replay(record, lambda r=r: self.source.where(batch.file_nos[r], int(batch.indices[r])))
             if replayed is not None and replayed.rows:
                 parts.append((r, replayed))
         record_of_row = np.repeat(np.asarray([r for r, _ in parts], dtype=np.int64),
@@ -430,9 +430,10 @@ class Feeder:
             try:
                 fed.inputs[key] = np.concatenate(values)
             except ValueError:
-                raise UsageError(f"the PredictionLog requests from {self.source.where(batch.file_nos[parts[0][0]], int(batch.indices[parts[0][0]]))} on "
-                                 f"send input {key!r} in shapes that do not stack ({', '.join(sorted({str(v.shape) for v in values}))})",
-                                 "pass --batch-size 1 to replay each request on its own") from None
+                first = self.source.where(batch.file_nos[parts[0][0]], int(batch.indices[parts[0][0]]))
+                shapes = ", ".join(sorted({str(v.shape) for v in values}))
+                raise UsageError(f"the PredictionLog requests from {first} on send input {key!r} in shapes that do not "
+                                 f"stack ({shapes})", "pass --batch-size 1 to replay each request on its own") from None
         if all(p.examples is not None for _, p in parts):
             fed.examples = np.concatenate([np.asarray(p.examples, dtype=object).reshape(-1) for _, p in parts])
         answered = [(start, p) for start, (_, p) in zip(np.cumsum([0] + [p.rows for _, p in parts]), parts)
