@@ -272,7 +272,7 @@ def verify(
     junit: Optional[str] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
     html: Optional[str] = HTML,
     summary: Optional[str] = SUMMARY,
-    data: Optional[str] = typer.Option(None, "--data", help="GLOB of TFRecord files of tf.Example (plain or GZIP) or .npz shards: verify on these records."),
+    data: Optional[str] = typer.Option(None, "--data", help="GLOB of TFRecord files of tf.Example or PredictionLog (plain or GZIP) or .npz shards, or `warmup` (the SavedModel's warm-up file): verify on these records."),
     limit: Optional[int] = typer.Option(None, "--limit", help="--data: at most N records."),
     batch_size: int = typer.Option(256, "--batch-size", help="--data: records per batch."),
     sample: Optional[float] = typer.Option(None, "--sample", help="--data: keep each record with this probability (seeded by --seed)."),
