@@ -380,9 +380,12 @@ def _data_sections(report: VerifyReport) -> list[str]:
                     err = f", abs err {_g(w['abs_err'])}" if w.get("abs_err") is not None else ""
                     worst.append(f"    {w['file']}:{w['index']}{at} element {list(w['element'])}: "
                                  f"expected {_v(w['expected'])}, got {_v(w['actual'])}{err}")
+    skipped = [f"  {n} x {why}" for why, n in (report.inputs.get("skipped") or {}).items()]
+    lines = ["", "PredictionLog records skipped (as TF Serving would refuse them, or for another signature):"] \
+        + skipped if skipped else []
     if not rows:
-        return []
-    lines = ["", "error quantiles per element (log-binned, within 1.2%):"] + _table(_QUANTILE_HEADERS, rows)
+        return lines
+    lines += ["", "error quantiles per element (log-binned, within 1.2%):"] + _table(_QUANTILE_HEADERS, rows)
     if worst:
         lines += ["", "worst records (FILE:INDEX, records counted from 0):"] + worst
     return lines
