@@ -267,7 +267,7 @@ def test_diff_gives_the_changed_share_exactly_and_fails_its_gate(versions, tmp_p
                     "--max-changed-top1", "0.5%", "--json", str(out), "--html", str(html), "--summary", str(summary))
     assert result.returncode == 1, (result.stdout + result.stderr)
     report = json.loads(out.read_text())
-    assert report["schema"] == "exportkit.diff/1" and not report["passed"] and report["findings"] == []
+    assert report["schema_version"] == 1 and not report["passed"] and report["findings"] == []
     top1 = next(c for c in report["outputs"] if c["key"] == "scores/top1")
     assert top1["top1_changed_share"] == (N["a"] + N["b"]) / 200  # exactly the a and b records
     confusion = dict(zip(top1["confusion"]["classes"], top1["confusion"]["counts"]))

@@ -131,10 +131,18 @@ def resolve_versions(o: DiffOptions) -> tuple[Path | None, Path]:
 
 
 def diff_command(o: DiffOptions) -> int:
+    """The CLI's diff: run_diff, rendered where the flags say."""
     from exportkit.verify.artifacts import check_report_options
-    from exportkit.verify.plan import read_model
 
     check_report_options(o.html, o.summary)
+    return finish_diff(run_diff(o), o.json_out, o.html, o.summary)
+
+
+def run_diff(o: DiffOptions) -> DiffReport:
+    """The signatures, then both versions' answers on the same inputs, rendered nowhere (the Python API's
+    `exportkit.diff` and the CLI call it)."""
+    from exportkit.verify.plan import read_model
+
     share_gate, abs_gates = parse_share(o.max_changed_top1), parse_abs_gates(o.max_abs_change)
     if o.min_metric_delta is not None and not o.label:
         raise UsageError("--min-metric-delta needs --label KEY", "pass --label with the feature that holds the label")
@@ -153,7 +161,7 @@ def diff_command(o: DiffOptions) -> int:
     if name not in old.signatures:  # a new signature: there are no old answers to compare with
         report.findings.append(Finding("warning", "diff-not-compared", f"signature '{name}' is not in the old version "
                                        f"(it has: {', '.join(old.signatures)}): no answers compared"))
-        return finish_diff(report, o.json_out, o.html, o.summary)
+        return report
     signature = new.signatures[name]
     derived = top1_sources(signature)
     accumulator = functools.partial(ChangeStats, label_key=o.label)
@@ -173,7 +181,7 @@ def diff_command(o: DiffOptions) -> int:
     regression = signature.get("method") == REGRESS_METHOD
     report.outputs = [output_change(st, report.files, regression) for _, st in sorted(stats.items())]
     report.gates = gates(report.outputs, share_gate, abs_gates, o.min_metric_delta)
-    return finish_diff(report, o.json_out, o.html, o.summary)
+    return report
 
 
 def _data_pattern(data: str | None, new_dir: Path, old_dir: Path | None) -> str | None:

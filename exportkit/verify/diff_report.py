@@ -13,7 +13,7 @@ from exportkit.verify.error_summaries import histogram_summary
 from exportkit.verify.report import _g, _table, clean, join_verdict
 from exportkit.version import __version__
 
-SCHEMA = "exportkit.diff/1"
+SCHEMA_VERSION = 1  # of `diff --json` (docs/diff.md), as every other JSON document of exportkit
 CONFUSION_CLASSES = 10
 
 
@@ -61,6 +61,18 @@ class DiffReport:
     @property
     def passed(self) -> bool:
         return not has_errors(self.findings) and all(g.passed for g in self.gates)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    @property
+    def verdict(self) -> str:
+        return verdict_line(self)
+
+    def to_dict(self) -> dict:
+        """The JSON report, as `diff --json` writes it (docs/diff.md)."""
+        return to_json(self)
 
 
 def output_change(st: ChangeStats, files: list[str], regression: bool) -> OutputChange:
@@ -167,7 +179,7 @@ def _v(x) -> str:
 
 
 def to_json(report: DiffReport) -> dict:
-    doc = {"schema": SCHEMA, "exportkit_version": __version__, "passed": report.passed,
+    doc = {"schema_version": SCHEMA_VERSION, "exportkit_version": __version__, "passed": report.passed,
            "verdict": verdict_line(report), "old": report.old, "new": report.new, "signature": report.signature,
            "findings": [f.to_dict() for f in report.findings], "inputs": report.inputs,
            "outputs": [asdict(c) for c in report.outputs], "gates": [asdict(g) for g in report.gates]}
