@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from exportkit.deployment import VERDICTS
 from exportkit.dtypes import name_of_array
+from exportkit.errors import EXIT_INFRA
 from exportkit.findings import Finding
 from exportkit.verify.compare import OutputComparison, to_jsonable
 from exportkit.verify.latency import latency_text
@@ -267,7 +268,25 @@ def join_verdict(head: str, parts: list[str], limit: int = VERDICT_LIMIT) -> str
     return line
 
 
+_PATH_IN_PARENS = re.compile(r" \(/[^\s()]*\)")  # "tensorflow_model_server (/long/path/to/it)": the report has it
+
+
+def infra_verdict(report: VerifyReport) -> str:
+    """'ERROR (infrastructure): serving: the server ...' for a run an infrastructure failure stopped (exit 3): the
+    environment failed, not the model; what else failed follows after "also failed"."""
+    cause = _first_line(getattr(report.stopped, "message", None) or str(report.stopped)) or "unknown error"
+    hit = [r for r in report.runtimes if r.status == "error" and _first_line(r.error) == cause]
+    rest = failures(replace(report, runtimes=[r for r in report.runtimes if all(r is not h for h in hit)]))
+    who = ", ".join(dict.fromkeys(_who(report, r) for r in hit))
+    cause = _PATH_IN_PARENS.sub("", cause)
+    parts = [shorten(f"{who}: {cause}" if who else cause, 150)] + [f"also failed: {p}" if i == 0 else p
+                                                                   for i, p in enumerate(rest)]
+    return join_verdict("ERROR (infrastructure)", parts)
+
+
 def verdict_line(report: VerifyReport) -> str:
+    if report.exit_code == EXIT_INFRA:
+        return infra_verdict(report)
     if not report.passed:
         return join_verdict("FAILED", failures(report))
     ok = [r for r in report.runtimes if r.status == "ok" and r.kind != "agreement"]
