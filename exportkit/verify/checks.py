@@ -63,7 +63,8 @@ def baseline_findings(o: VerifyOptions, signatures: dict, selected: list[str],
     else:
         try:
             found = _deployed(o, version_dir) if _remote(o.serving) else _previous_version(version_dir)
-        except UsageError as err:  # the old version is damaged: say so, verify the new one all the same
+        except (UsageError, InfraError) as err:  # the old version is damaged, or the server does not answer: say
+            # so, and verify the new one all the same (a server that does not answer fails the serving runtime, exit 3)
             return [Finding("warning", "baseline-unreadable", f"the version served before could not be read, so "
                                                               f"its clients' signatures were not compared: {err.message}")
                     ], {**compared, "source": "none", "old": None, "why": "unreadable"}
