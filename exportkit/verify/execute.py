@@ -241,9 +241,23 @@ def run_signature(item: Labeled, check: SignatureCheck, outputs, infra: list | N
     return result
 
 
+# What a PyFunc/EagerPyFunc node answers in a process that did not register its Python callback (every reload:
+# tensorflow/python/ops/script_ops.py's FuncRegistry), as an InvalidArgument whatever the inputs.
+PY_FUNC_UNREGISTERED = "Could not find callback with key=pyfunc"
+
+
 def _rejects_inputs(err: Exception) -> bool:
     text = f"{type(err).__name__} {err}"
-    return "InvalidArgument" in text or "INVALID_ARGUMENT" in text
+    return ("InvalidArgument" in text or "INVALID_ARGUMENT" in text) and PY_FUNC_UNREGISTERED not in text
+
+
+def _model_failure(err: Exception) -> CheckFailed | None:
+    """A run failure that is the model's, whatever the inputs (None: not known to be)."""
+    if PY_FUNC_UNREGISTERED in str(err):
+        return CheckFailed(f"the graph calls Python code (tf.py_func/tf.py_function/tf.numpy_function) that only the "
+                           f"process that built it had: {_one_line(err, 160)}",
+                           "replace the Python function with TensorFlow ops in the model")
+    return None
 
 
 def _one_line(err: Exception, limit: int = 300) -> str:
@@ -270,6 +284,9 @@ def _run_all(runtime, batches, timings: list | None = None) -> list:
         except InfraError:
             raise
         except Exception as err:
+            failure = _model_failure(err)
+            if failure is not None:
+                raise failure from err
             if origin not in ("generated", "repeat") or not _rejects_inputs(err):
                 raise
             if not has_real:

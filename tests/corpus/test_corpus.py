@@ -191,6 +191,16 @@ def test_a_tensorinfo_without_shape_is_fed_what_the_graph_takes(corpus):
 
 
 @pytest.mark.slow
+def test_a_py_func_is_the_models_fault_not_the_inputs(corpus):
+    """Every reloaded runtime fails the PyFunc whatever the inputs: the report says so (not "the inputs were wrong")
+    and names the cause past TF2's Python stack."""
+    got = invoke("verify", corpus(b.py_func).base, "--runtimes", "saved_model,session", "--serving", "none")
+    assert got.returncode == 1 and "Traceback" not in got.stderr
+    assert "inputs were wrong" not in got.stdout and "Could not find callback with key=pyfunc" in got.stdout, got.stdout
+    assert got.stdout.count("fix: replace the Python function with TensorFlow ops") == 2, got.stdout
+
+
+@pytest.mark.slow
 def test_an_output_regress_refuses_is_the_models_fault(corpus):
     got = invoke("verify", corpus(b.regress_wide_output).base, "--runtimes", "session,serving")
     assert got.returncode == 1
