@@ -218,9 +218,15 @@ def test_human_output(models, env, multi_json):
 def test_py_func_is_an_error(models, env, multi_json):
     proc = run_cli("inspect", models["pyfunc"], "--json", env=env)
     assert proc.returncode == 0, proc.stderr
-    findings = json.loads(proc.stdout)["findings"]
-    py = [f for f in findings if f["code"] == "py-func"]
-    assert py and py[0]["severity"] == "error" and "EagerPyFunc" in py[0]["message"]
+    doc = json.loads(proc.stdout)
+    py = [f for f in doc["findings"] if f["code"] == "py-func"]
+    assert py and py[0]["severity"] == "error" and "EagerPyFunc" in py[0]["message"] and "fix: " in py[0]["message"]
+    assert doc["oldest_tf_serving"] is None  # the registries (TF's wheel) list a PyFunc kernel; the server has none
+    from exportkit.compat.analysis import analyze
+    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+
+    (result,) = analyze(select_meta_graph(read_saved_model_proto(models["pyfunc"])), ["2.21"])
+    assert result.predicted == "fails" and "py-func" in [f.code for f in result.findings]
     assert run_cli("inspect", models["pyfunc"], "--strict", env=env).returncode == 1
 
 
