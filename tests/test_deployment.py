@@ -133,6 +133,19 @@ def test_a_v1_table_over_an_asset_is_no_error(models):
     external_files_check(models / "v1_asset" / "1")
 
 
+def test_a_load_failing_on_the_missing_file_names_it(tmp_path):
+    """TF2 puts the node's Python stack before the cause ("Graph execution error: Detected at node ... File ...");
+    the message keeps the cause: the file that is not there."""
+    from exportkit.runtimes.local import SavedModelRuntime
+
+    vocab = tmp_path / "gone.txt"
+    vocab.write_text("a\n")
+    _v1_table(tmp_path / "m" / "1", str(vocab))
+    vocab.unlink()
+    with pytest.raises(CheckFailed, match="tf.saved_model.load failed: NotFoundError: .*gone.txt"):
+        SavedModelRuntime(str(tmp_path / "m" / "1"), "serving_default", {"x": "string"}).load_model()
+
+
 def test_a_relative_path_is_an_error_too(models):
     (read,) = file_reads(_meta_graph(models / "v1_relative" / "1"))
     assert (read.path, read.outside) == ("vocab.txt", True)
