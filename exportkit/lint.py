@@ -352,7 +352,7 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool, server_registry=
     io_finding = io_op_finding(reached, prefix)
     if io_finding is not None:
         findings.append(io_finding)
-    findings += py_func_findings(iter_nodes(meta_graph), prefix)
+    findings += py_func_findings(reachable_nodes(meta_graph), prefix)  # a PyFunc no request runs is never run
     denylisted: dict[str, list[str]] = {}
     for function, node in iter_nodes(meta_graph):
         if node.op in DENYLIST_OPS and node.op not in reached:  # reached ones are io-op errors

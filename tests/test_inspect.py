@@ -230,6 +230,25 @@ def test_py_func_is_an_error(models, env, multi_json):
     assert run_cli("inspect", models["pyfunc"], "--strict", env=env).returncode == 1
 
 
+def test_a_py_func_no_signature_runs_is_no_error(tmp_path):
+    """A tf.compat.v1.py_func beside the served path (a debugging op): the session never runs it, TF Serving serves
+    the model (PyFunc's op is registered in TF's core, only its kernel is Python's)."""
+    import tensorflow as tf
+
+    from exportkit.inspection import read_info
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default(), v1.Session() as sess:
+        x = v1.placeholder(tf.float32, [None, 2], name="x")
+        v1.py_func(lambda a: a, [x], tf.float32, name="debug_dump")
+        builder = v1.saved_model.Builder(str(tmp_path / "1"))
+        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
+            "serving_default": v1.saved_model.predict_signature_def({"x": x}, {"y": x * 3.0})})
+        builder.save()
+    info = read_info(tmp_path / "1", check_registry=False)
+    assert not [f for f in info.findings if f.code == "py-func"] and info.oldest_tf_serving is not None
+
+
 def test_unknown_op_is_an_error(models, env, multi_json):
     proc = run_cli("inspect", models["unknown_op"], "--json", "--strict", env=env)
     assert proc.returncode == 1, proc.stderr
