@@ -248,7 +248,7 @@ PY_FUNC_UNREGISTERED = "Could not find callback with key=pyfunc"
 
 def _rejects_inputs(err: Exception) -> bool:
     text = f"{type(err).__name__} {err}"
-    return ("InvalidArgument" in text or "INVALID_ARGUMENT" in text) and PY_FUNC_UNREGISTERED not in text
+    return "InvalidArgument" in text or "INVALID_ARGUMENT" in text
 
 
 def _model_failure(err: Exception) -> CheckFailed | None:
