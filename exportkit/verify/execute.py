@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -251,12 +252,24 @@ def _rejects_inputs(err: Exception) -> bool:
     return "InvalidArgument" in text or "INVALID_ARGUMENT" in text
 
 
+# The batching queue's refusal of a request over max_batch_size (tensorflow/core/kernels/batching_util/
+# shared_batch_scheduler.h), as TF Serving's BatchingSession answers it without enable_large_batch_splitting.
+BATCH_TOO_LARGE = re.compile(r"Task size (\d+) is larger than maximum input batch size (\d+)")
+
+
 def _model_failure(err: Exception) -> CheckFailed | None:
-    """A run failure that is the model's, whatever the inputs (None: not known to be)."""
+    """A run failure that is the model's or its deployment's, whatever the inputs' values (None: not known to be)."""
     if PY_FUNC_UNREGISTERED in str(err):
         return CheckFailed(f"the graph calls Python code (tf.py_func/tf.py_function/tf.numpy_function) that only the "
                            f"process that built it had: {_one_line(err, 160)}",
                            "replace the Python function with TensorFlow ops in the model")
+    too_large = BATCH_TOO_LARGE.search(str(err))
+    if too_large:
+        size, limit = too_large.groups()
+        return CheckFailed(f"a request of {size} examples is over the batching parameters' max_batch_size {limit}: "
+                           f"TF Serving with these parameters refuses it the same way ({_one_line(err, 160)})",
+                           f"send at most {limit} examples per request (verify: --samples {limit}), or raise "
+                           f"max_batch_size or set enable_large_batch_splitting: true in the batching parameters")
     return None
 
 
