@@ -131,13 +131,17 @@ class _Graph:
         node = (self.top if function is None else self.nodes[function]).get(name)
         if node is None:
             return []
+        if function is None and name in self.assets:
+            # The loader feeds any asset tensor, a Const too: tf.compat.v1's SavedModelBuilder records the Const
+            # holding the path as written (tensorflow/cc/saved_model/loader.cc AddAssetsTensorsToInputs).
+            return [("asset", self.assets[name])]
         if node.op == "Const":
             tensor = node.attr["value"].tensor
             if tensor.dtype != _DT_STRING:
                 return [("computed", name)]
             return [("path", s.decode("utf-8", "replace")) for s in tensor.string_val]
         if node.op == "Placeholder" and function is None:
-            return [("asset", self.assets[name])] if name in self.assets else [("fed", name)]
+            return [("fed", name)]
         if node.op == "ReadVariableOp" and node.input:
             return self.sources(function, node.input[0], depth + 1)
         if node.op in VARIABLE_OPS:  # TF2 saves an asset's path as a variable the init op assigns the fed path to

@@ -122,7 +122,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
 
     reads = file_reads(meta_graph)
     deployment = file_findings(reads, directory=directory) + xla_findings(meta_graph)
-    if has_errors(deployment):
+    if has_errors(deployment) or any(f.code == "py-func" for f in findings):
         oldest = None  # as compat predicts: no version's stock server serves it
     findings += deployment
     order = {"error": 0, "warning": 1, "info": 2}

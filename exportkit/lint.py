@@ -332,6 +332,19 @@ def function_label(function: str | None) -> str:
     return f"function '{function}'" if function else "the top-level graph"
 
 
+def py_func_findings(nodes: Iterable[tuple[str | None, object]], prefix: str = "") -> list[Finding]:
+    """One error per Python-callback op type among `nodes` ((function, node) pairs): the server cannot run them."""
+    places: dict[str, list[str]] = {}
+    for function, node in nodes:
+        if node.op in PY_FUNC_OPS:
+            places.setdefault(node.op, []).append(f"{node.name} in {function_label(function)}")
+    return [Finding("error", "py-func",
+                    f"{prefix}op {op} ({few(where)}) runs Python code; TF Serving cannot run it (the kernel and the "
+                    f"Python function live in the process that built the graph, not in tensorflow_model_server); "
+                    f"fix: replace tf.py_func/tf.py_function/tf.numpy_function with TensorFlow ops")
+            for op, where in sorted(places.items())]
+
+
 def _op_findings(meta_graph, prefix: str, check_registry: bool, server_registry=None,
                  op_libraries: tuple[str, ...] = ()) -> list[Finding]:
     findings: list[Finding] = []
@@ -339,21 +352,12 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool, server_registry=
     io_finding = io_op_finding(reached, prefix)
     if io_finding is not None:
         findings.append(io_finding)
-    py_funcs: dict[str, list[str]] = {}
+    findings += py_func_findings(reachable_nodes(meta_graph), prefix)  # a PyFunc no request runs is never run
     denylisted: dict[str, list[str]] = {}
     for function, node in iter_nodes(meta_graph):
-        op = node.op
-        where = function_label(function)
-        if op in PY_FUNC_OPS:
-            py_funcs.setdefault(op, []).append(f"{node.name} in {where}")
-        if op in DENYLIST_OPS and op not in reached:  # reached ones are io-op errors
-            denylisted.setdefault(op, []).append(where)
+        if node.op in DENYLIST_OPS and node.op not in reached:  # reached ones are io-op errors
+            denylisted.setdefault(node.op, []).append(function_label(function))
 
-    for op, places in sorted(py_funcs.items()):
-        findings.append(Finding(
-            "error", "py-func",
-            f"{prefix}op {op} ({few(places)}) runs Python code; TF Serving cannot run it: replace "
-            f"tf.py_function/tf.numpy_function with TensorFlow ops"))
     for op, places in sorted(denylisted.items()):
         findings.append(Finding(
             "warning", "denylisted-op",

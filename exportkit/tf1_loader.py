@@ -72,8 +72,21 @@ class Tf1SavedModel:
 
 
 def failure_message(err: BaseException) -> str:
-    """One line for a load or run failure: the exception's type and its first 500 characters."""
-    return f"{type(err).__name__}: {' '.join(str(err).split())[:500]}"
+    """One line for a load or run failure: the exception's type and the first 500 characters of its text without
+    the Python stack TF2 puts before the cause ("Detected at node X defined at (most recent call last): File ...")."""
+    return f"{type(err).__name__}: {' '.join(_without_stacks(str(err)).split())[:500]}"
+
+
+def _without_stacks(text: str) -> str:
+    kept, in_frame = [], False
+    for line in text.splitlines():
+        if line.startswith("  File \""):
+            in_frame = True
+        elif not (in_frame and line.startswith("    ")):
+            in_frame = False
+            if not line.endswith("(most recent call last):"):
+                kept.append(line)
+    return "\n".join(kept)
 
 
 def load_failure(err: BaseException) -> CheckFailed:

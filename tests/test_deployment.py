@@ -25,7 +25,8 @@ from exportkit.serving.container import moving_tag
 from exportkit.tfenv import package_version
 
 
-def _v1_table(path, vocab: str) -> None:
+def _v1_table(path, vocab: str, assets: bool = False) -> None:
+    """`assets`: hand SavedModelBuilder the ASSET_FILEPATHS collection (it copies the file into assets/)."""
     import tensorflow as tf
 
     v1 = tf.compat.v1
@@ -37,8 +38,9 @@ def _v1_table(path, vocab: str) -> None:
         sess.run(v1.tables_initializer())
         builder = v1.saved_model.Builder(str(path))
         signature = v1.saved_model.predict_signature_def({"x": x}, {"y": table.lookup(x)})
+        collection = v1.get_collection(v1.GraphKeys.ASSET_FILEPATHS) if assets else None
         builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"serving_default": signature},
-                                             main_op=v1.tables_initializer())  # no assets_collection
+                                             main_op=v1.tables_initializer(), assets_collection=collection)
         builder.save()
 
 
@@ -68,6 +70,7 @@ def models(tmp_path_factory):
     vocab = root / "vocab.txt"
     vocab.write_text("a\nb\nc\n")
     _v1_table(root / "v1_absolute" / "1", str(vocab))
+    _v1_table(root / "v1_asset" / "1", str(vocab), assets=True)
     cwd = os.getcwd()
     os.chdir(root)
     try:
@@ -118,6 +121,29 @@ def test_a_v1_table_over_an_absolute_path_is_an_error_naming_it(models):
     assert predicted[0].predicted == "fails"
     with pytest.raises(CheckFailed, match="captured by text_file_init"):
         external_files_check(models / "v1_absolute" / "1")
+
+
+def test_a_v1_table_over_an_asset_is_no_error(models):
+    """SavedModelBuilder's assets_collection: the graph keeps the absolute path in a Const, the loader feeds that
+    Const with assets/vocab.txt (listed in the `saved_model_assets` collection), so the server loads it anywhere."""
+    info = read_info(models / "v1_asset" / "1", check_registry=False)
+    assert [(r["op"], r.get("asset"), r.get("path")) for r in info.files_read] == [
+        ("InitializeTableFromTextFileV2", "vocab.txt", None)]
+    assert not [f for f in info.findings if f.severity == "error"], info.findings
+    external_files_check(models / "v1_asset" / "1")
+
+
+def test_a_load_failing_on_the_missing_file_names_it(tmp_path):
+    """TF2 puts the node's Python stack before the cause ("Graph execution error: Detected at node ... File ...");
+    the message keeps the cause: the file that is not there."""
+    from exportkit.runtimes.local import SavedModelRuntime
+
+    vocab = tmp_path / "gone.txt"
+    vocab.write_text("a\n")
+    _v1_table(tmp_path / "m" / "1", str(vocab))
+    vocab.unlink()
+    with pytest.raises(CheckFailed, match="tf.saved_model.load failed: NotFoundError: .*gone.txt"):
+        SavedModelRuntime(str(tmp_path / "m" / "1"), "serving_default", {"x": "string"}).load_model()
 
 
 def test_a_relative_path_is_an_error_too(models):

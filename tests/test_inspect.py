@@ -218,10 +218,35 @@ def test_human_output(models, env, multi_json):
 def test_py_func_is_an_error(models, env, multi_json):
     proc = run_cli("inspect", models["pyfunc"], "--json", env=env)
     assert proc.returncode == 0, proc.stderr
-    findings = json.loads(proc.stdout)["findings"]
-    py = [f for f in findings if f["code"] == "py-func"]
-    assert py and py[0]["severity"] == "error" and "EagerPyFunc" in py[0]["message"]
+    doc = json.loads(proc.stdout)
+    py = [f for f in doc["findings"] if f["code"] == "py-func"]
+    assert py and py[0]["severity"] == "error" and "EagerPyFunc" in py[0]["message"] and "fix: " in py[0]["message"]
+    assert doc["oldest_tf_serving"] is None  # the registries (TF's wheel) list a PyFunc kernel; the server has none
+    from exportkit.compat.analysis import analyze
+    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+
+    (result,) = analyze(select_meta_graph(read_saved_model_proto(models["pyfunc"])), ["2.21"])
+    assert result.predicted == "fails" and "py-func" in [f.code for f in result.findings]
     assert run_cli("inspect", models["pyfunc"], "--strict", env=env).returncode == 1
+
+
+def test_a_py_func_no_signature_runs_is_no_error(tmp_path):
+    """A tf.compat.v1.py_func beside the served path (a debugging op): the session never runs it, TF Serving serves
+    the model (PyFunc's op is registered in TF's core, only its kernel is Python's)."""
+    import tensorflow as tf
+
+    from exportkit.inspection import read_info
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default(), v1.Session() as sess:
+        x = v1.placeholder(tf.float32, [None, 2], name="x")
+        v1.py_func(lambda a: a, [x], tf.float32, name="debug_dump")
+        builder = v1.saved_model.Builder(str(tmp_path / "1"))
+        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
+            "serving_default": v1.saved_model.predict_signature_def({"x": x}, {"y": x * 3.0})})
+        builder.save()
+    info = read_info(tmp_path / "1", check_registry=False)
+    assert not [f for f in info.findings if f.code == "py-func"] and info.oldest_tf_serving is not None
 
 
 def test_unknown_op_is_an_error(models, env, multi_json):

@@ -222,6 +222,8 @@ def test_a_passing_verdict_names_nan_and_failing_sizes():
     report = VerifyReport("m/1", "serving_default", "saved_model", findings=findings, runtimes=[
         RuntimeResult("saved_model", "subprocess", is_reference=True), RuntimeResult("session", "subprocess")])
     assert verdict_line(report).endswith("; but output 'y' holds NaN, input 'tokens' dim 1 fails at 256 (see findings)")
+    report.findings += non_finite_findings({"saved_model": [{"y": nan}], "session": [{"y": nan}]}, signature="serve")
+    assert verdict_line(report).count("holds NaN") == 1  # two signatures of one function: said once
     report.findings.append(Finding("error", "baseline-renamed-input", "input 'features' was renamed to 'inputs'; "
                                                                      "requests use the old name: keep it"))
     report.baseline = {"old": "m/0", "source": "previous-version"}

@@ -37,7 +37,7 @@ from exportkit.compat import registry as registries
 from exportkit.compat.attrvalue import attr_json
 from exportkit.deployment import deployment_findings
 from exportkit.findings import Finding
-from exportkit.lint import IO_OP_CATEGORY
+from exportkit.lint import IO_OP_CATEGORY, py_func_findings, reachable_nodes
 from exportkit.savedmodel import INIT_OP_SIGNATURE, dtype_name, missing_tensor_findings
 from exportkit.serverflags import STOCK, ServerFlags
 
@@ -529,7 +529,8 @@ def analyze(meta_graph, versions: list[str], device: str = "cpu", server: str = 
     nodes = served_nodes(meta_graph)
     library = {f.signature.name for f in meta_graph.graph_def.library.function}
     producer = producer_defaults(meta_graph)
-    every = loader_refusals(meta_graph) + deployment_findings(meta_graph, server_flags)
+    every = (loader_refusals(meta_graph) + deployment_findings(meta_graph, server_flags)
+             + py_func_findings(reachable_nodes(meta_graph)))  # the registries, from TF's wheel, list PyFunc's kernel
     results = [check_version(nodes, library, producer, v, device, server) for v in versions]
     for result in results:
         result.findings[:0] = every

@@ -8,6 +8,7 @@ import numpy as np
 
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.runtimes import Runtime
+from exportkit.tf1_loader import failure_message
 
 
 def require_gpu() -> None:
@@ -87,7 +88,7 @@ class SavedModelRuntime(Runtime):
             try:
                 self._loaded = tf.saved_model.load(self.path)
             except Exception as err:
-                raise CheckFailed(f"tf.saved_model.load failed: {type(err).__name__}: {str(err).splitlines()[0]}",
+                raise CheckFailed(f"tf.saved_model.load failed: {failure_message(err)}",
                                   "this is TF2's loader: where the session runtime (TF Serving's TF1 loader) "
                                   "loads the model, only TF2 users are affected; else the SavedModel is damaged "
                                   "or needs ops this TensorFlow lacks") from err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -241,9 +242,35 @@ def run_signature(item: Labeled, check: SignatureCheck, outputs, infra: list | N
     return result
 
 
+# What a PyFunc/EagerPyFunc node answers in a process that did not register its Python callback (every reload:
+# tensorflow/python/ops/script_ops.py's FuncRegistry), as an InvalidArgument whatever the inputs.
+PY_FUNC_UNREGISTERED = "Could not find callback with key=pyfunc"
+
+
 def _rejects_inputs(err: Exception) -> bool:
     text = f"{type(err).__name__} {err}"
     return "InvalidArgument" in text or "INVALID_ARGUMENT" in text
+
+
+# The batching queue's refusal of a request over max_batch_size (tensorflow/core/kernels/batching_util/
+# shared_batch_scheduler.h), as TF Serving's BatchingSession answers it without enable_large_batch_splitting.
+BATCH_TOO_LARGE = re.compile(r"Task size (\d+) is larger than maximum input batch size (\d+)")
+
+
+def _model_failure(err: Exception) -> CheckFailed | None:
+    """A run failure that is the model's or its deployment's, whatever the inputs' values (None: not known to be)."""
+    if PY_FUNC_UNREGISTERED in str(err):
+        return CheckFailed(f"the graph calls Python code (tf.py_func/tf.py_function/tf.numpy_function) that only the "
+                           f"process that built it had: {_one_line(err, 160)}",
+                           "replace the Python function with TensorFlow ops in the model")
+    too_large = BATCH_TOO_LARGE.search(str(err))
+    if too_large:
+        size, limit = too_large.groups()
+        return CheckFailed(f"a request of {size} examples is over the batching parameters' max_batch_size {limit}: "
+                           f"TF Serving with these parameters refuses it the same way ({_one_line(err, 160)})",
+                           f"send at most {limit} examples per request (verify: --samples {limit}), or raise "
+                           f"max_batch_size or set enable_large_batch_splitting: true in the batching parameters")
+    return None
 
 
 def _one_line(err: Exception, limit: int = 300) -> str:
@@ -270,6 +297,9 @@ def _run_all(runtime, batches, timings: list | None = None) -> list:
         except InfraError:
             raise
         except Exception as err:
+            failure = _model_failure(err)
+            if failure is not None:
+                raise failure from err
             if origin not in ("generated", "repeat") or not _rejects_inputs(err):
                 raise
             if not has_real:

@@ -326,6 +326,7 @@ def verdict_notes(report: VerifyReport) -> str:
              if f.code == "non-finite-output" and f.severity == "warning" for m in [_NON_FINITE.search(f.message)] if m]
     notes += [f"{m.group(1)} fails at {m.group(2)}" for f in report.findings
               if f.code == "dynamic-dim-fails" and f.severity == "warning" for m in [_OPEN_DIM.search(f.message)] if m]
+    notes = list(dict.fromkeys(notes))  # Keras 3's export: `serve` and `serving_default` say the same once
     return "; but " + ", ".join(notes) + " (see findings)" if notes else ""
 
 

@@ -247,6 +247,22 @@ def estimator_style(root: Path, name: str = "estimator_linear_classifier") -> Co
                                                    "predict": PREDICT}))
 
 
+def py_func(root: Path, name: str = "tf1_py_func") -> CorpusModel:
+    """A tf.compat.v1.py_func in the graph: its Python callback lives only in the process that built it."""
+    tf = _tf()
+    v1 = tf.compat.v1
+    base = root / name
+    with tf.Graph().as_default(), v1.Session() as sess:
+        x = v1.placeholder(tf.float32, [None, 2], name="x")
+        y = v1.py_func(lambda a: a * 2, [x], tf.float32, name="double")
+        y.set_shape([None, 2])
+        _save(sess, base / "1", {"serving_default": _signature({"x": x}, {"y": tf.identity(y, name="y")},
+                                                               PREDICT_METHOD)})
+    return CorpusModel(name, base, Expected(False, refusal="runs Python code", loads=True,
+                                            why="the server has no PyFunc kernel (it lives in tensorflow/python): "
+                                                "every request fails"))
+
+
 # ------------------------------------------------------------------------------------------- TF2 writers
 def tf_module(root: Path, name: str = "tf2_module_half_plus_two") -> CorpusModel:
     """TF Serving's HalfPlusTwoModel (tf.Module + tf.saved_model.save), with a classify and a regress signature on a
@@ -383,7 +399,7 @@ def _mask(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-BUILDERS = (half_plus_two, counter, no_shape, regress_unknown_rank, regress_wide_output, missing_tensor,
+BUILDERS = (half_plus_two, counter, no_shape, regress_unknown_rank, regress_wide_output, missing_tensor, py_func,
             estimator_style, tf_module, keras_export, session_bundle, tflite_version, snappy_checkpoint)
 
 

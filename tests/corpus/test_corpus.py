@@ -191,6 +191,29 @@ def test_a_tensorinfo_without_shape_is_fed_what_the_graph_takes(corpus):
 
 
 @pytest.mark.slow
+def test_a_py_func_is_the_models_fault_not_the_inputs(corpus):
+    """Every reloaded runtime fails the PyFunc whatever the inputs: the report says so (not "the inputs were wrong")
+    and names the cause past TF2's Python stack."""
+    got = invoke("verify", corpus(b.py_func).base, "--runtimes", "saved_model,session", "--serving", "none")
+    assert got.returncode == 1 and "Traceback" not in got.stderr
+    assert "inputs were wrong" not in got.stdout and "Could not find callback with key=pyfunc" in got.stdout, got.stdout
+    assert got.stdout.count("fix: replace the Python function with TensorFlow ops") == 2, got.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.serving
+def test_a_request_over_max_batch_size_names_the_batching_parameters(corpus, tmp_path):
+    """TF Serving's batching queue refuses a request over max_batch_size (INVALID_ARGUMENT, "Task size 8 is larger
+    than maximum input batch size 4"): a deployment limit, not generated inputs the model rejects."""
+    params = tmp_path / "batching.txt"
+    params.write_text("max_batch_size { value: 4 } batch_timeout_micros { value: 0 }\n")
+    got = invoke("verify", corpus(b.keras_export).base, "--runtimes", "session,serving", "--serving-protocol", "grpc",
+                 "--batching-parameters", params, "--samples", "8")
+    assert got.returncode == 1 and "Task size 8 is larger than maximum input batch size 4" in got.stdout, got.stdout
+    assert "inputs were wrong" not in got.stdout and "fix: send at most 4 examples per request" in got.stdout
+
+
+@pytest.mark.slow
 def test_an_output_regress_refuses_is_the_models_fault(corpus):
     got = invoke("verify", corpus(b.regress_wide_output).base, "--runtimes", "session,serving")
     assert got.returncode == 1
