@@ -7,7 +7,8 @@ Keras itself.
 
 Which Keras a source belongs to is read, without TensorFlow, from the source (`which_keras`): `keras_version`
 in a .h5 file's attributes or a .keras archive's metadata.json, `keras_metadata.pb` beside a SavedModel's
-saved_model.pb, a checkpoint's keys (tf.keras 2 names layers `layer_with_weights-N`, Keras 3 `_operations/N`).
+saved_model.pb, a checkpoint's keys (tf.keras 2 names layers `layer_with_weights-N`, Keras 3 `_operations/N`),
+a .weights.h5's `metrics/` group (only tf_keras stores the compiled metrics' state).
 `--keras 2|3` (or `keras` in exportkit.toml) overrides it. Sources that tell nothing (a .weights.h5, a
 subclassed model's checkpoint) are decided by the objects the builder returns.
 
@@ -123,9 +124,9 @@ class Keras:
             from exportkit.sources.h5compat import load_h5  # tf.keras 2 files too (policies, nested models)
 
             return load_h5(path, custom_objects=custom_objects, safe_mode=safe_mode)
-        if self.major == 3 and fmt == "saved_model":
-            raise UsageError(f"{path} is a tf.keras 2 SavedModel, which Keras 3 cannot load",
-                             "drop --keras 3 (exportkit loads it with tf_keras)")
+        if self.major == 3 and fmt in ("saved_model", "keras") and which_keras(path, fmt) is TF_KERAS:
+            raise UsageError(f"{path} is a tf.keras 2 {'SavedModel' if fmt == 'saved_model' else '.keras archive'}, "
+                             f"which Keras 3 cannot load", "drop --keras 3 (exportkit loads it with tf_keras)")
         kwargs = {"safe_mode": safe_mode} if fmt == "keras" else {}  # tf_keras' legacy loaders take no safe_mode
         return self.module.models.load_model(path, custom_objects=custom_objects, compile=False, **kwargs)
 
@@ -196,13 +197,13 @@ class Keras:
             archive.write_out(path)
 
     def track_each_variable_once(self, root) -> None:
-        """Keras 3's ExportArchive tracks each Keras Variable *and* the tf.Variable inside it, and the checkpoint
-        writes both: every weight is stored twice, so every loader (TF Serving included) reads and holds it
-        twice. Tracking the tf.Variables alone writes each once. tf_keras' variables are tf.Variables."""
-        if self.major != 3:
-            return
+        """Keras 3's ExportArchive tracks each Keras Variable *and* the tf.Variable inside it (tf_keras: each
+        mixed-precision AutoCastVariable and the variable it wraps), and the checkpoint writes both: every weight
+        is stored twice, so every loader (TF Serving included) reads and holds it twice. Tracking the
+        tf.Variables alone writes each once."""
+        inner = "value" if self.major == 3 else "_variable"
         for name in ("variables", "trainable_variables", "non_trainable_variables"):
-            setattr(root, name, [getattr(v, "value", v) for v in getattr(root, name)])
+            setattr(root, name, [getattr(v, inner, v) for v in getattr(root, name)])
 
 
 KERAS3 = Keras(3, "keras")
@@ -239,6 +240,14 @@ def _h5_keras(path: Path) -> Keras | None:
     with h5py.File(path, "r") as f:
         version = f.attrs.get("keras_version")
     return _major(version.decode() if isinstance(version, bytes) else version)
+
+
+def _weights_keras(path: Path) -> Keras | None:
+    """A .weights.h5 records no version; tf_keras alone writes the compiled metrics' state (`metrics/`)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return TF_KERAS if "metrics" in f else None
 
 
 def _archive_keras(path: Path) -> Keras | None:
@@ -285,9 +294,11 @@ def which_keras(src: str, fmt: str) -> Keras | None:
             return TF_KERAS  # keras_metadata.pb: only tf.keras 2 writes it
         if fmt == "checkpoint":
             return _checkpoint_keras(path)
+        if fmt == "weights":
+            return _weights_keras(path)
     except (OSError, KeyError, ValueError, UsageError, zipfile.BadZipFile):
         return None
-    return None  # a .weights.h5 records no Keras version
+    return None
 
 
 def chosen_keras(opts, fmt: str) -> Keras | None:
@@ -302,8 +313,8 @@ def tf_keras_means() -> Keras:
     was imported."""
     tf = sys.modules.get("tensorflow")
     if tf is not None and hasattr(tf, "function"):
-        name = getattr(getattr(tf, "keras", None), "__name__", "") or ""
-        return TF_KERAS if "tf_keras" in name else KERAS3
+        # tf_keras' is `tf_keras.api._v2.keras`, Keras 3's `keras._tf_keras.keras`
+        return TF_KERAS if getattr(tf.keras, "__name__", "").startswith("tf_keras") else KERAS3
     return TF_KERAS if os.environ.get(LEGACY_ENV, "").strip().lower() in ("1", "true", "yes") else KERAS3
 
 
@@ -317,12 +328,17 @@ def prepare_process(opts, fmt: str) -> Keras | None:
     return keras
 
 
-def mismatch_remedy(wanted: Keras) -> str:
-    """How to make `tf.keras` in user modules mean `wanted` (used when a module gives the other Keras' objects)."""
+def mismatch_remedy(wanted: Keras, fmt: str | None = None) -> str:
+    """How to make `tf.keras` in user modules mean `wanted` (used when a module gives the other Keras' objects).
+    Keras 3 loads tf.keras 2 .h5 files too (exportkit.sources.h5compat), so for those --keras 3 is offered."""
+    also = "; or load the file with Keras 3: --keras 3" if fmt == "h5" else ""
     if wanted is TF_KERAS:
         if LEGACY_ENV in os.environ and tf_keras_means() is KERAS3:
             return (f"your environment sets {LEGACY_ENV}={os.environ[LEGACY_ENV]}, so `tf.keras` is Keras 3: set "
-                    f"{LEGACY_ENV}=1 (then tf.keras is tf_keras), or write the module with `import tf_keras`")
+                    f"{LEGACY_ENV}=1 (then tf.keras is tf_keras), or write the module with `import tf_keras`{also}")
         return (f"set {LEGACY_ENV}=1 before TensorFlow is imported (then tf.keras is tf_keras), or write the module "
-                f"with `import tf_keras`; or load the file with Keras 3: --keras 3")
-    return ("write the module with `import keras` (Keras 3), or, for a tf.keras 2 file, pass --keras 2")
+                f"with `import tf_keras`{also}")
+    if LEGACY_ENV in os.environ and tf_keras_means() is TF_KERAS:
+        return (f"your environment sets {LEGACY_ENV}={os.environ[LEGACY_ENV]}, so `tf.keras` is tf_keras: unset it, "
+                f"or write the module with `import keras` (Keras 3)")
+    return "write the module with `import keras` (Keras 3), or pass --keras 2 if the source was written by tf_keras"

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from exportkit.errors import UsageError
 from exportkit.savedmodel import check_path
-from exportkit.sources.kerases import KERAS3, KERASES, TF_KERAS, Keras, keras_of, mismatch_remedy, prepare_process
+from exportkit.sources.kerases import (KERAS3, KERASES, TF_KERAS, Keras, keras_of, mismatch_remedy, parse_choice,
+                                      prepare_process)
 from exportkit.spec import SourceOptions
 from exportkit.tfenv import import_tf
 
@@ -171,6 +172,15 @@ def _objects_for(keras: Keras, objects: dict) -> tuple[dict, dict]:
     return own, other
 
 
+def _keras_for_file(opts: SourceOptions, fmt: str, wanted: Keras | None, custom: dict) -> Keras:
+    """--keras, else the file's Keras, else the custom classes'. A tf.keras 2 .h5 given Keras 3 custom classes
+    is loaded into Keras 3 (converted by h5compat), as exportkit did before it loaded tf_keras files natively."""
+    given = _keras_of_objects(custom)
+    if wanted is TF_KERAS and given is KERAS3 and fmt == "h5" and parse_choice(opts.keras) is None:
+        return KERAS3
+    return wanted or given or KERAS3
+
+
 def _keras_of_objects(objects: dict) -> Keras | None:
     """The Keras of the custom classes given, when they all belong to one."""
     kerases = {keras_of(obj) for obj in objects.values() if pyinspect.isclass(obj)
@@ -235,7 +245,7 @@ def unresolved_classes(config, custom_objects: dict, keras: Keras = KERAS3) -> l
 
 
 def _missing_object_error(path: Path, missing: list[tuple[str, str | None]], keras: Keras,
-                          other: dict) -> UsageError:
+                          other: dict, fmt: str | None = None) -> UsageError:
     """Classes `keras` cannot find. When a --custom-objects module gave them as the other Keras' classes, that is
     the problem to name (passing the module again would not help)."""
     names = ", ".join(f"'{name}'" for name, _ in missing)
@@ -243,7 +253,7 @@ def _missing_object_error(path: Path, missing: list[tuple[str, str | None]], ker
     if wrong:
         kind = KERASES["3" if keras is TF_KERAS else "2"]
         return UsageError(f"{path.name} is loaded with {keras}, but the custom objects {', '.join(wrong)} are "
-                          f"{kind} classes, which {keras} cannot use", mismatch_remedy(keras))
+                          f"{kind} classes, which {keras} cannot use", mismatch_remedy(keras, fmt))
     modules = sorted({module for _, module in missing if module})
     hint = (" ".join(f"--custom-objects {m}" for m in modules)
             or f"--custom-objects MODULE (the module that defines {missing[0][0]})")
@@ -295,7 +305,7 @@ def _h5_datasets(path: str) -> dict[str, tuple]:
     found: dict[str, tuple] = {}
     with h5py.File(path, "r") as f:
         f.visititems(lambda name, obj: found.__setitem__(name, tuple(obj.shape))
-                     if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer") else None)
+                     if isinstance(obj, h5py.Dataset) and not name.startswith(("optimizer", "metrics")) else None)
     return found
 
 
@@ -335,7 +345,7 @@ def _load_file(path: Path, fmt: str, custom: dict, unsafe: bool, keras: Keras, o
                                       "or save it again with model.save(...)") from err
         missing = unresolved_classes(config, custom, keras) if config is not None else _unknown_in(err)
         if missing:
-            raise _missing_object_error(path, missing, keras, other) from err
+            raise _missing_object_error(path, missing, keras, other, fmt) from err
         if config is None and fmt != "saved_model":
             raise UsageError(f"{path} is not a Keras {fmt} model file ({type(err).__name__}: {err})",
                              "pass a model saved with model.save(...) (.keras or .h5)") from err
@@ -492,7 +502,7 @@ def load_source(opts: SourceOptions) -> LoadedModel:
             check_path(path, "pass a regular .h5/.keras file")
             if not path.exists() or (fmt != "saved_model" and not path.is_file()):
                 raise UsageError(f"{opts.src} does not exist", "check the path of the model to export")
-            keras = wanted or _keras_of_objects(custom) or KERAS3
+            keras = _keras_for_file(opts, fmt, wanted, custom)
             own, other = _objects_for(keras, custom)
             with weights_must_restore(f"loading {path.name}"):
                 model = _load_file(path, fmt, own, opts.unsafe, keras, other)
