@@ -284,7 +284,7 @@ def test_kerashub_layer_called_with_a_padding_mask_keyword_passes_the_contract_c
     x = hub.layers.TransformerEncoder(32, 2, name="encoder")(x, padding_mask=mask)
     x = hub.layers.TransformerDecoder(32, 2, name="decoder")(x, decoder_padding_mask=mask)
     model = keras.Model([tokens, mask], keras.layers.Dense(2, name="y")(x))
-    from exportkit.batches import generate_batches
+    from exportkit.batches import IntRangeFlags, generate_batches
     from exportkit.sources.contracts import check_contracts, custom_objects_of
     from exportkit.sources.int_ranges import int_ranges_for
     from exportkit.sources.model_io import model_input_specs
@@ -292,5 +292,5 @@ def test_kerashub_layer_called_with_a_padding_mask_keyword_passes_the_contract_c
 
     assert {o.name for o in custom_objects_of(model)} == {"embed", "encoder", "decoder"}
     specs = model_input_specs(model, [])
-    batches = generate_batches(specs, samples=4, seed=0, int_range=int_ranges_for(model, specs, parse_int_range_flags([])))
+    batches = generate_batches(specs, samples=4, seed=0, int_range=int_ranges_for(model, specs, IntRangeFlags()))
     assert check_contracts(model, batches, {}, compare=compare_with_default_tolerances) == []

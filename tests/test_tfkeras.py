@@ -271,3 +271,41 @@ def test_inspect_source_of_a_tf_keras_file(tfk):
     assert info["policy"] == "mixed_float16" and [i["key"] for i in info["inputs"]] == ["x", "ids"]
     assert info["custom_objects_needed"] == [{"name": "Scale", "module": "my_layers"}]
     assert not [f for f in info["findings"] if f["severity"] == "error"]
+
+
+def test_contracts_model_io_and_int_ranges_on_a_tf_keras_model():
+    """In this process (tf.keras is Keras 3), a model built with `import tf_keras` goes through the same checks."""
+    import numpy as np
+    import tf_keras
+
+    from exportkit.batches import IntRangeFlags
+    from exportkit.sources.contracts import check_contracts
+    from exportkit.sources.int_ranges import int_ranges_for
+    from exportkit.sources.kerases import TF_KERAS, keras_of
+    from exportkit.sources.model_io import keyed_outputs, feed_model, model_input_specs
+    from exportkit.verify.compare import compare_with_default_tolerances
+
+    class Forgetful(tf_keras.layers.Layer):
+        def __init__(self, scale=1.0, **kwargs):
+            super().__init__(**kwargs)
+            self.scale = scale
+
+        def call(self, x):
+            return x * self.scale
+
+        def get_config(self):
+            return super().get_config()  # forgets `scale`
+
+    x = tf_keras.Input((3,), name="x")
+    ids = tf_keras.Input((2,), dtype="int32", name="ids")
+    emb = tf_keras.layers.Flatten()(tf_keras.layers.Embedding(7, 3)(ids))
+    model = tf_keras.Model([x, ids], {"y": tf_keras.layers.Concatenate()([Forgetful(2.0)(x), emb])})
+    assert keras_of(model) is TF_KERAS
+    specs = model_input_specs(model, [])
+    assert [(s.key, s.dtype, s.shape) for s in specs] == [("x", "float32", [-1, 3]), ("ids", "int32", [-1, 2])]
+    assert int_ranges_for(model, specs, IntRangeFlags()).by_input == {"ids": (0, 7)}
+    batch = {"x": np.ones((2, 3), np.float32), "ids": np.zeros((2, 2), np.int32)}
+    assert list(keyed_outputs(model, feed_model(model, batch))) == ["y"]
+    findings = check_contracts(model, [batch], {"Forgetful": Forgetful}, compare=compare_with_default_tolerances)
+    incomplete = [f for f in findings if f.code == "custom-config-incomplete"]
+    assert incomplete and "although this instance has scale=2.0" in incomplete[0].message
