@@ -39,6 +39,10 @@ class Scale(tf.keras.layers.Layer):
         return {**super().get_config(), "factor": self.factor}
 
 
+def swishish(x):  # a custom activation, not registered
+    return x * tf.sigmoid(1.5 * x)
+
+
 class Tower(tf.keras.Model):  # subclassed, not registered
     def __init__(self, units=4, **kwargs):
         super().__init__(**kwargs)
@@ -90,6 +94,9 @@ model.save_weights("m.weights.h5")
 tf.train.Checkpoint(model=model).save("ckpt/ckpt")
 exportkit.record_reference(model, "m.h5.reference.npz")  # from the training script, tf_keras model
 
+seq = tf.keras.Sequential([tf.keras.Input((5,), name="feat"), tf.keras.layers.Dense(3, activation=my_layers.swishish)])
+seq.save("seq.h5")  # tf_keras 2.21 cannot load this .h5 back (its function config); Keras 3 can
+
 tower = my_layers.Tower()
 tower(np.zeros((2, 4), "float32"))
 tower.save("tower.keras")
@@ -137,6 +144,7 @@ def _manifest(version_dir: Path) -> dict:
 
 # ---- which Keras: read from the source, without TensorFlow ------------------------------------------------
 
+@pytest.mark.slow  # the tfk fixture builds its files in a subprocess
 def test_which_keras_reads_every_format_without_tensorflow(tfk):
     code = textwrap.dedent(f'''
         import sys
@@ -151,6 +159,7 @@ def test_which_keras_reads_every_format_without_tensorflow(tfk):
     assert out.stdout.count("tf.keras 2 (tf_keras)") == 5, out.stdout
 
 
+@pytest.mark.slow  # the tfk fixture builds its files in a subprocess
 def test_keras_choice_flag_and_toml_override(tfk, tmp_path):
     from exportkit.errors import UsageError
     from exportkit.sources.kerases import KERAS3, TF_KERAS, chosen_keras
@@ -213,6 +222,7 @@ def test_users_own_legacy_keras_setting_is_honoured(tfk, tmp_path):
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
 
 
+@pytest.mark.slow  # the tfk fixture builds its files in a subprocess
 def test_plain_savedmodel_is_still_refused(tfk):
     from exportkit.errors import UsageError
     from exportkit.sources.load import detect_format
@@ -222,6 +232,7 @@ def test_plain_savedmodel_is_still_refused(tfk):
         detect_format(str(tfk / "plain_sm"))
 
 
+@pytest.mark.slow  # the tfk fixture builds its files in a subprocess
 def test_custom_objects_finds_tf_keras_classes_and_hub(tfk):
     from exportkit.sources.kerases import KERAS3, TF_KERAS, keras_of
     from exportkit.sources.load import import_custom_objects, python_path
@@ -309,3 +320,17 @@ def test_contracts_model_io_and_int_ranges_on_a_tf_keras_model():
     findings = check_contracts(model, [batch], {"Forgetful": Forgetful}, compare=compare_with_default_tolerances)
     incomplete = [f for f in findings if f.code == "custom-config-incomplete"]
     assert incomplete and "although this instance has scale=2.0" in incomplete[0].message
+
+
+@pytest.mark.slow  # the tfk fixture builds its files in a subprocess
+def test_tf_keras_h5_that_tf_keras_cannot_read_loads_into_keras3(tfk):
+    from exportkit.errors import UsageError
+    from exportkit.sources.kerases import KERAS3
+    from exportkit.sources.load import load_source
+    from exportkit.spec import source_options
+
+    with pytest.raises(UsageError, match="Unknown layer 'swishish'") as err:
+        load_source(source_options(str(tfk / "seq.h5")))
+    assert "builtins" not in err.value.remedy  # the function's stored module says nothing
+    loaded = load_source(source_options(str(tfk / "seq.h5"), custom_objects=["my_layers"], python_path=[str(tfk)]))
+    assert loaded.keras is KERAS3 and loaded.model.layers[-1].activation.__name__ == "swishish"

@@ -226,6 +226,9 @@ def unresolved_classes(config, custom_objects: dict, keras: Keras = KERAS3) -> l
             if isinstance(class_name, str) and "config" in node and not class_name.startswith("__"):
                 module = node.get("module")
                 registered = node.get("registered_name") or class_name
+                if class_name == "function" and isinstance(node["config"], str):  # a function stored by name
+                    class_name = registered = node["config"]
+                    module = None  # ("builtins": says nothing about where it is defined)
                 resolvable = (
                     class_name in custom_objects or registered in custom_objects
                     or keras.registered_object(registered) is not None
@@ -355,6 +358,25 @@ def _load_file(path: Path, fmt: str, custom: dict, unsafe: bool, keras: Keras, o
                              "pass --unsafe if you trust this file") from err
         raise UsageError(f"could not load {path}: {type(err).__name__}: {text.splitlines()[0] if text else ''}",
                          "check the file and its custom objects; --debug shows the traceback") from err
+
+
+def _load_with(keras: Keras, path: Path, fmt: str, opts: SourceOptions, custom: dict) -> tuple[object, dict]:
+    """(model, the custom objects it was loaded with). A tf.keras 2 .h5 that tf_keras itself fails on (it cannot
+    read back some configs it writes, e.g. a custom activation function) is loaded into Keras 3 (converted), as
+    exportkit did before it loaded tf_keras files natively, unless --keras 2 asks for tf_keras."""
+    own, other = _objects_for(keras, custom)
+    try:
+        with weights_must_restore(f"loading {path.name}"):
+            return _load_file(path, fmt, own, opts.unsafe, keras, other), own
+    except UsageError as err:
+        if not (keras is TF_KERAS and fmt == "h5" and parse_choice(opts.keras) is None):
+            raise
+        own3, other3 = _objects_for(KERAS3, custom)
+        try:
+            with weights_must_restore(f"loading {path.name}"):
+                return _load_file(path, fmt, own3, opts.unsafe, KERAS3, other3), own3
+        except UsageError:
+            raise err from None
 
 
 def _unknown_in(err: Exception) -> list[tuple[str, str | None]]:
@@ -502,11 +524,7 @@ def load_source(opts: SourceOptions) -> LoadedModel:
             check_path(path, "pass a regular .h5/.keras file")
             if not path.exists() or (fmt != "saved_model" and not path.is_file()):
                 raise UsageError(f"{opts.src} does not exist", "check the path of the model to export")
-            keras = _keras_for_file(opts, fmt, wanted, custom)
-            own, other = _objects_for(keras, custom)
-            with weights_must_restore(f"loading {path.name}"):
-                model = _load_file(path, fmt, own, opts.unsafe, keras, other)
-            custom = own
+            model, custom = _load_with(_keras_for_file(opts, fmt, wanted, custom), path, fmt, opts, custom)
         else:
             model = _rebuild(opts, custom, wanted)
             with weights_must_restore(f"restoring {opts.src}"):
