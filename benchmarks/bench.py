@@ -25,10 +25,12 @@ a target does):                                                                 
   verify    `exportkit verify DIR --serving embedded` (every local runtime and the embedded gRPC server)
                                                    vs `saved_model_cli run ... --input_exprs` on one batch of 8
                                                       (`--inputs KEY=x.npy` where the literal would exceed the
-                                                      128 KiB argv-string limit, e.g. images)          <= 1.5x   <= 2.0x
+                                                      128 KiB argv-string limit, e.g. images)          <= 1.2x   <= 2.0x
+                                                                              (1 GB model: <= 1.5x RSS)
   predict   ServingClient.predict per call         vs a bare PredictionServiceStub.Predict loop on a pre-built
             request, against the same running `exportkit serve` (median per call)                     <= 1.1x
-plus `exportkit verify --samples 1, 100, 1000` on one model (wall time, peak RSS, per-runtime seconds), and
+plus `exportkit verify --samples 1, 100, 1000` on one model (wall time, peak RSS, per-runtime seconds; REST's
+seconds over the gRPC server's <= 2x at 1000), the error summaries' cost (benchmarks/summaries_bench.py), and
 compat: the static analysis of all ten TF versions on a 1,000-node graph (benchmarks/compat_static.py, registries
 read cold; < 1 s) and, with a warm environment (`--compat-tf`, default 2.12; installed first if missing, not
 timed), `exportkit verify DIR --runtimes golden --tf X.Y` vs `... --runtimes golden,session` (wall; <= 1.3x),
@@ -77,9 +79,13 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the venv's bin/: exportkit, saved_model_cli
 HERE = Path(__file__).resolve().parent
 
-TARGETS = {"inspect": 0.25, "export": 1.2, "verify": 1.5, "predict": 1.1,
+# issue 34: verify <= 1.2x saved_model_cli run in time everywhere and <= 1.5x in peak RSS on the 1 GB model
+# (2.0x on the small ones, where one TensorFlow import is most of either command's memory); REST within 2x of
+# gRPC on --samples 1000; the error summaries <= 1.1x the bare comparison (benchmarks/summaries_bench.py).
+TARGETS = {"inspect": 0.25, "export": 1.2, "verify": 1.2, "predict": 1.1, "rest": 2.0,
            "compat_static_s": 1.0, "compat_observed": 1.3}
 RSS_TARGETS = {"export": 1.2, "verify": 2.0}  # peak RSS of the whole process tree, exportkit / baseline
+SCALE_RSS_TARGETS = {"verify": 1.5}  # the same on the 1 GB model
 APP_MODELS = {
     "mobilenet_v2": ("MobileNetV2", (96, 96, 3)),
     "resnet50": ("ResNet50", (64, 64, 3)),
@@ -514,7 +520,8 @@ def summarize(raw: dict) -> list[dict]:
             entry = {"row": row, "model": name, "runs": len(ours), "ok": ok,
                      "ours_s": o_t, "base_s": b_t, "ratio": ratio, "target": TARGETS[row],
                      "ours_tree_mb": o_m, "base_tree_mb": b_m,
-                     "rss_ratio": rss_ratio, "rss_target": RSS_TARGETS.get(row),
+                     "rss_ratio": rss_ratio,
+                     "rss_target": (SCALE_RSS_TARGETS if name in SCALE_MODELS else {}).get(row, RSS_TARGETS.get(row)),
                      "ours_max_mb": median(r["maxrss_mb"] for r in ours),
                      "base_max_mb": median(r["maxrss_mb"] for r in base)}
             entry["met"] = ok and meets(ratio, entry["target"]) and meets(rss_ratio, entry["rss_target"])
@@ -552,8 +559,17 @@ def render_compat(compat: dict, model: str) -> list[str]:
     return lines
 
 
+def run_summaries(log) -> list[str]:
+    """benchmarks/summaries_bench.py's table (1M elements; 100M too where ~7 GB are available)."""
+    result = subprocess.run([sys.executable, REPO / "benchmarks" / "summaries_bench.py"], env=child_env(),
+                            capture_output=True, text=True)
+    table = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    log("  summaries: " + (" ".join(table[2:]) if result.returncode == 0 else result.stderr[-500:]))
+    return table if result.returncode == 0 else []
+
+
 def render(info: dict, profile: str, rows: list[dict], predict: dict, scaling: dict, scaling_model: str,
-           elapsed: float, compat: dict | None = None, compat_model: str = "") -> str:
+           elapsed: float, compat: dict | None = None, compat_model: str = "", summaries: list[str] | None = None) -> str:
     lines = [f"### exportkit benchmark ({info['date']})", "",
              f"`{info['arch']}`, {info['cpu']}, {info['cores']} cores; TensorFlow {info['tensorflow']}, "
              f"Keras {info['keras']}, Python {info['python']}, exportkit {info['exportkit']}. "
@@ -595,14 +611,22 @@ def render(info: dict, profile: str, rows: list[dict], predict: dict, scaling: d
         lines += ["", f"`exportkit verify DIR --serving embedded --samples N` on {scaling_model} "
                       f"(generated batches of 1 and N, plus the 2 golden batches):", "",
                   "| --samples | wall | peak RSS, tree | peak RSS, largest process | " +
-                  " | ".join(f"{n} (in-report s)" for n in names) + " | runs |",
-                  "|---:|---:|---:|---:|" + "---:|" * len(names) + "---:|"]
+                  " | ".join(f"{n} (in-report s)" for n in names) + f" | rest / serving | target | runs |",
+                  "|---:|---:|---:|---:|" + "---:|" * len(names) + "---:|---:|---:|"]
         for samples, runs in scaling.items():
             per_rt = [fmt_s(median(r.get("runtime_seconds", {}).get(n) for r in runs)) for n in names]
             fail = "" if all(r["rc"] == 0 for r in runs) else " (FAIL)"
+            rest, grpc = (median(r.get("runtime_seconds", {}).get(n) for r in runs) for n in ("rest", "serving"))
+            ratio = rest / grpc if rest and grpc else None
+            target = f"<= {TARGETS['rest']}x" if samples >= 1000 else ""
             lines.append(f"| {samples}{fail} | {fmt_s(median(r['seconds'] for r in runs))} | "
                          f"{fmt_mb(median(r['tree_rss_mb'] for r in runs))} | {fmt_mb(median(r['maxrss_mb'] for r in runs))} | "
-                         + " | ".join(per_rt) + f" | {len(runs)} |")
+                         + " | ".join(per_rt) + f" | {mark(ratio, TARGETS['rest']) if target else mark(ratio, None)} | "
+                         f"{target} | {len(runs)} |")
+    if summaries:
+        lines += ["", "Error summaries (`python benchmarks/summaries_bench.py`): `compare_arrays` on float32 with its "
+                      "histograms, worst elements and sampled pairs, against the same comparison without them "
+                      "(fastest of alternating runs):", "", *summaries]
     lines += render_compat(compat or {}, compat_model)
     return "\n".join(lines) + "\n"
 
@@ -700,7 +724,8 @@ def main(argv=None) -> int:
     rows = summarize(raw)
     elapsed = time.perf_counter() - began
     info["loadavg_end"] = round(os.getloadavg()[0], 2)
-    markdown = render(info, profile, rows, predict, scaling, scaling_model, elapsed, compat, compat_model)
+    summaries = run_summaries(log) if profile != "scale" else []
+    markdown = render(info, profile, rows, predict, scaling, scaling_model, elapsed, compat, compat_model, summaries)
     if data:
         markdown += "\n".join(render_data(data)) + "\n"
     print(markdown)

@@ -1,8 +1,39 @@
-"""exportkit: export Keras/TensorFlow models for TF Serving and prove they compute what the model computed."""
+"""exportkit: export Keras/TensorFlow models for TF Serving and prove they compute what the model computed.
+
+The Python API (docs/python-api.md): `exportkit.export`, `verify`, `inspect`, `compat` and `record_reference`, with
+the CLI's options as keyword arguments, returning the reports the CLI renders; errors are `ExportkitError`s.
+"""
+import types as _types
+
+from exportkit import compat as _compat, export as _export, verify as _verify
+from exportkit.errors import ExportkitError, InfraError, UsageError  # noqa: F401  (exportkit.UsageError, ...)
 from exportkit.version import __version__  # noqa: F401  (exportkit.__version__)
 
-# The package is the Python API, at the top of the layers beside the CLI: it imports lazily, so that importing
-# any exportkit module (which runs this file first) stays as cheap as that module.
+# The package is the Python API, at the top of the layers beside the CLI: it imports lazily (exportkit/api.py on
+# the first call), so that importing any exportkit module (which runs this file first) stays as cheap as that module.
+
+
+class _CommandPackage(_types.ModuleType):
+    """`exportkit.verify` is both the subpackage (exportkit.verify.plan, ...) and the function `exportkit.verify(path)`:
+    importing a submodule rebinds the package's attribute to the subpackage, so the subpackage is made callable."""
+
+    def __call__(self, *args, **kwargs):
+        from exportkit import api
+
+        return getattr(api, self.__name__.rpartition(".")[2])(*args, **kwargs)
+
+
+for _package in (_compat, _export, _verify):
+    _package.__class__ = _CommandPackage
+del _package
+
+
+def inspect(path, **options):
+    """Signatures, dtypes, shapes, ops, assets and findings of a SavedModel (or a model source's inputs and outputs),
+    as `exportkit inspect PATH`. See exportkit.api.inspect."""
+    from exportkit import api
+
+    return api.inspect(path, **options)
 
 
 def record_reference(model, path, inputs=None, samples=8, seed=0, int_range=None):

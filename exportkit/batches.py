@@ -31,7 +31,7 @@ import numpy as np
 
 from exportkit.dtypes import is_string, numpy_dtype
 from exportkit.errors import UsageError
-from exportkit.files import atomic_path, os_error
+from exportkit.files import staged_dir
 
 # Unknown non-batch dims (e.g. a sequence length) are generated with this size: long enough to exercise
 # recurrences, masks and pooling (1 would hide bugs that only show with length > 1), small enough to stay cheap.
@@ -570,28 +570,30 @@ def _batch_name(prefix: str, i: int) -> str:
 
 
 def save_batches(dir: str | os.PathLike, batches: list[dict[str, np.ndarray]], prefix: str = "") -> list[Path]:
-    """Write `[<prefix>_]batch_<i>.npz` files (readable with `numpy.load(..., allow_pickle=False)`).
+    """Write `[<prefix>_]batch_<i>.npz` files (readable with `numpy.load(..., allow_pickle=False)`), all or none.
 
     Any key is allowed (even "file" or ones with "/"): the zip members are written directly.
     Returns the paths written.
     """
-    d = Path(dir)
-    paths = []
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        for i, batch in enumerate(batches):
-            path = d / _batch_name(prefix, i)
-            with atomic_path(path, str(path)) as tmp:
-                with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-                    write_batch_members(zf, batch)
-            paths.append(path)
-    except OSError as err:  # mkdir: a file in the way, a read-only parent
-        raise os_error(err, str(d)) from None
-    except BaseException:  # all the batches or none: a full disk leaves no partial set behind
-        for path in paths:
-            path.unlink(missing_ok=True)
-        raise
-    return paths
+    return save_batch_sets(dir, {prefix: batches})
+
+
+def save_batch_sets(dir: str | os.PathLike, sets: dict[str, list[dict[str, np.ndarray]]],
+                    what: str | None = None) -> list[Path]:
+    """save_batches for several prefixes (e.g. one per runtime), all of them or none: staged, then moved into
+    `dir` together (files.StagedDir), so a full disk never leaves one runtime's files without the next one's.
+    `what` names the destination in an error (default: the directory)."""
+    with staged_dir(dir, what or str(dir)) as stage:
+        for prefix, batches in sets.items():
+            for i, batch in enumerate(batches):
+                write_npz(stage / _batch_name(prefix, i), batch)
+    return [Path(dir) / _batch_name(prefix, i) for prefix, batches in sets.items() for i in range(len(batches))]
+
+
+def write_npz(path: str | os.PathLike, batch: dict[str, np.ndarray]) -> None:
+    """One batch as an uncompressed .npz (see write_batch_members)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        write_batch_members(zf, batch)
 
 
 def write_batch_members(zf: zipfile.ZipFile, batch: dict[str, np.ndarray], prefix: str = "") -> None:

@@ -16,11 +16,25 @@ from typing import List, NamedTuple, Optional, get_type_hints
 
 import typer
 
-from exportkit.errors import EXIT_INFRA, ExportkitError
+from exportkit.errors import EXIT_INFRA, ExportkitError, MissingModule
 from exportkit.files import GuardedStream, OutputFault
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Export Keras/TensorFlow models for TF Serving and prove they compute what the model computed.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from exportkit.version import __version__
+
+        typer.echo(f"exportkit {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print exportkit's version and exit.")) -> None:
+    """Export Keras/TensorFlow models for TF Serving and prove they compute what the model computed."""
 
 
 def _fail(message: str, remedy: str | None, code: int) -> None:
@@ -48,6 +62,9 @@ def _run(fn, debug: bool) -> None:
     except Exception as err:  # an unexpected failure is ours or the environment's, never silent
         if debug:
             raise
+        if isinstance(err, ModuleNotFoundError) and err.name:  # this Python lacks a package (h11 for REST, ...)
+            missing = MissingModule(err.name, sys.executable)
+            _fail(missing.message, missing.remedy, missing.exit_code)
         _fail(f"unexpected {type(err).__name__}: {err}", "re-run with --debug for the traceback and report it", EXIT_INFRA)
     else:
         raise typer.Exit(code or 0)
@@ -108,6 +125,10 @@ def _pop_op_libraries(argv: list[str]) -> list[str]:
     return libraries
 
 
+SERVER_FLAG = typer.Option(None, "--server-flag", help="NAME=VALUE: a tensorflow_model_server flag the deployment "
+                           "runs with (xla_cpu_compilation_enabled, xla_gpu_compilation_enabled, "
+                           "enable_signature_method_name_check, per_process_gpu_memory_fraction; repeatable): the "
+                           "verdict and a launched server follow it.")
 INPUT_SPEC = typer.Option(None, "--input-spec", help="name:shape:dtype, e.g. tokens:-1,16:int32 (repeatable override).")
 # verify and compat: generated inputs and tolerances
 SEED = typer.Option(0, "--seed", help="Seed for generated inputs.")
@@ -186,6 +207,9 @@ def export(
     json_out: Optional[str] = typer.Option(None, "--json", help="Write a JSON summary here ('-' for stdout)."),
     html: Optional[str] = HTML,
     summary: Optional[str] = SUMMARY,
+    batching_parameters: Optional[str] = typer.Option(None, "--batching-parameters", metavar="FILE",
+                                                      help="TF Serving BatchingParameters text proto the model is "
+                                                           "served with: the warm-up covers every allowed_batch_sizes entry."),
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
@@ -202,7 +226,7 @@ def export(
             signature_name=signature_name, input_specs=input_spec or [], keep_output_dtype=keep_output_dtype,
             int_range=int_range or [], reference=reference, allow_incomplete_config=allow_incomplete_config,
             signatures=signature or [], feature_spec=feature_spec,
-            output_names=output_names,
+            output_names=output_names, batching_parameters=batching_parameters,
             unsafe=source.unsafe, keras=source.keras, no_verify=no_verify, json_out=json_out, html=html, summary=summary)
 
     _run(go, debug)
@@ -243,7 +267,9 @@ def verify(
     allow_tf32: bool = typer.Option(False, "--allow-tf32", help="Keep TensorFloat-32 on during GPU runs."),
     allow_io_ops: bool = typer.Option(False, "--allow-io-ops", help="Execute graphs that read/write files, use the network or print (refused by default)."),
     allow_nondeterministic: bool = typer.Option(False, "--allow-nondeterministic", help="Outputs that differ between two identical requests are a warning (and not compared), not an error."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="Previously released SavedModel: fail on breaking signature changes."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Previously released SavedModel: fail on breaking signature changes "
+                                           "(default: the newest lower version in the base directory, or with --serving HOST:PORT the deployed model)."),
+    no_baseline: bool = typer.Option(False, "--no-baseline", help="Do not compare the signatures with a released version."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout)."),
     junit: Optional[str] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
     html: Optional[str] = HTML,
@@ -257,26 +283,31 @@ def verify(
     beam_option: Optional[List[str]] = typer.Option(None, "--beam-option", help="--runner beam: KEY=VALUE pipeline option (repeatable)."),
     tf_versions: Optional[List[str]] = typer.Option(None, "--tf", help="Also run the session runtime on TensorFlow X.Y (2.12-2.21; a list, a range or all; repeatable), in a managed environment."),
     op_library: Optional[List[str]] = OP_LIBRARY,
+    server_flag: Optional[List[str]] = SERVER_FLAG,
+    max_latency_ms: Optional[float] = typer.Option(None, "--max-latency-ms", metavar="MS",
+                                                   help="Fail (exit 1) when a runtime's steady-state p99 request "
+                                                        "latency (the batches after its first) exceeds MS."),
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
     """Prove the SavedModel computes what the model computed, in every runtime. Exit 0 only if all agree."""
 
     def go():
-        from exportkit.spec import VerifyOptions
+        from exportkit.api import verify_options
         from exportkit.verify.command import verify_command
 
-        return verify_command(VerifyOptions(
-            path=path, against=source.options(against) if against else None, signature_name=signature_name,
+        return verify_command(verify_options(
+            path, against=against, **source._asdict(), signature_name=signature_name,
             inputs=inputs, samples=samples, seed=seed,
-            int_range=int_range or [], save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
-            tol=tol or [], runtimes=runtimes, serving=serving, serving_protocol=serving_protocol,
+            int_range=int_range, save_inputs=save_inputs, save_outputs=save_outputs, atol=atol, rtol=rtol,
+            tol=tol, runtimes=runtimes, serving=serving, serving_protocol=serving_protocol,
             model_server_bin=model_server_bin, container_cli=container_cli, pull=pull,
             batching_parameters=batching_parameters, model_name=model_name, model_version=model_version,
             load_timeout=load_timeout, device=device, allow_tf32=allow_tf32, allow_io_ops=allow_io_ops,
-            allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json_out=json_out,
+            allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json=json_out,
             junit=junit, html=html, summary=summary, data=data, limit=limit, batch_size=batch_size, sample=sample,
-            save_failures=save_failures, runner=runner, beam_options=beam_option or [], tf_versions=tf_versions or []))
+            save_failures=save_failures, runner=runner, beam_option=beam_option, tf=tf_versions,
+            server_flag=server_flag, max_latency_ms=max_latency_ms, no_baseline=no_baseline))
 
     _run(_with_op_libraries(go, op_library), debug)
 
@@ -346,20 +377,23 @@ def compat(
     server: str = typer.Option("stock", "--server", help="stock: TF X.Y plus the TF Text and TF-DF ops the stock "
                                "tensorflow_model_server links | tf-only: TF X.Y alone (a custom build without them)."),
     op_library: Optional[List[str]] = OP_LIBRARY,
+    server_flag: Optional[List[str]] = SERVER_FLAG,
     debug: bool = DEBUG,
 ):
     """Will it load, run and agree on TF Serving 2.12 ... 2.21? Predicted statically; observed with --run, and on
     TF Serving itself with --serving docker."""
 
     def go():
+        from exportkit.serverflags import parse_server_flags
         from exportkit.serving.launcher import LaunchOptions
         from exportkit.verify.compat_command import compat_command
 
         return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
                               samples=samples, seed=seed, int_range=int_range or [], atol=atol, rtol=rtol, tol=tol,
                               json_out=json_out, html=html, summary=summary, serving=serving,
-                              load_timeout=load_timeout, launch=LaunchOptions(container_cli=container_cli, pull=pull),
-                              server=server)
+                              load_timeout=load_timeout, server=server,
+                              launch=LaunchOptions(container_cli=container_cli, pull=pull,
+                                                   server_flags=parse_server_flags(server_flag or [])))
 
     _run(_with_op_libraries(go, op_library), debug)
 
@@ -428,6 +462,7 @@ def main() -> None:
         sys.exit(EXIT_INFRA)
     sys.stdout = GuardedStream(sys.stdout)  # SIGPIPE stays ignored: `| head` ends quietly in _output_fault
     signal.signal(signal.SIGTERM, _terminated)
+    _notes_to_stderr()
     if "--debug" not in sys.argv:
         warnings.simplefilter("ignore")  # Keras' UserWarnings about the user's model are noise in a CI log
     try:
@@ -444,6 +479,19 @@ def main() -> None:
     except SystemExit as done:
         _exit_fast(done.code)
         raise
+
+
+def _notes_to_stderr() -> None:
+    """The pipeline's notes and progress (the `exportkit` logger) as plain lines on stderr, as the CLI prints them."""
+    import logging
+
+    from exportkit.log import log
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 def _closed_stdio() -> bool:

@@ -17,6 +17,11 @@ class ExportkitError(Exception):
         self.message = message
         self.remedy = remedy
 
+    @property
+    def fix(self) -> str | None:
+        """The `fix:` line (the Python API's name for the remedy)."""
+        return self.remedy
+
     def __str__(self) -> str:
         return f"{self.message}: {self.remedy}" if self.remedy else self.message
 
@@ -37,3 +42,19 @@ class InfraError(ExportkitError):
     """The environment failed: no GPU, no server binary, a worker process died."""
 
     exit_code = EXIT_INFRA
+
+
+# Import names of exportkit's dependencies that differ from the name pip installs them by (pyproject.toml).
+_DISTRIBUTIONS = {"grpc": "grpcio", "tensorflow_serving": "tensorflow-serving-api", "rapidjson": "python-rapidjson",
+                  "yaml": "PyYAML"}
+
+
+class MissingModule(InfraError):
+    """A Python (the CLI's, a worker's, a managed environment's) lacks a module exportkit needs: the environment's
+    fault, never the model's (exit 3), with the pip command that installs it."""
+
+    def __init__(self, module: str, python: str):
+        top = module.split(".")[0]
+        self.module, self.package = module, _DISTRIBUTIONS.get(top, top)
+        super().__init__(f"{python} has no module '{module}' (the package {self.package}): exportkit needs it",
+                         f"install it into that environment: `{python} -m pip install {self.package}`")

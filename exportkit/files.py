@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,7 +43,7 @@ def atomic_path(path: str | os.PathLike, what: str):
         except OSError as err:
             raise os_error(err, what) from None
         return
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # two threads, one path
     try:
         yield tmp
         os.replace(tmp, target)
@@ -58,6 +61,80 @@ def write_atomic(path: str | os.PathLike, text: str, what: str) -> None:
     with atomic_path(path, what) as tmp:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
+
+
+def append_whole(path: str | os.PathLike, text: str, what: str) -> None:
+    """Append `text` to `path` (a file someone else owns, e.g. $GITHUB_STEP_SUMMARY), whole or not at all: a
+    failed write is truncated back to the size the file had."""
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            size = fh.tell()
+            try:
+                fh.write(text)
+                fh.flush()
+            except OSError:
+                fh.truncate(size)
+                raise
+    except OSError as err:
+        raise os_error(err, what) from None
+
+
+class StagedDir:
+    """A set of files for directory `path` (--save-outputs DIR, --save-failures DIR), written into a hidden
+    directory inside it and moved into `path` together by commit(); abort() removes them (and `path` too if this
+    created it and it is empty), so a full disk or an interrupt never leaves half a set behind, such as one
+    runtime's outputs without the next one's. OSErrors become os_error(..., what)."""
+
+    def __init__(self, path: str | os.PathLike, what: str):
+        self.path, self.what = Path(path), what
+        self._created = not self.path.exists()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.stage = Path(tempfile.mkdtemp(prefix=".exportkit-", suffix=".tmp", dir=self.path))
+        except OSError as err:
+            self._remove_created()
+            raise os_error(err, what) from None
+
+    def commit(self) -> list[Path]:
+        """Move the staged files into `path` (renames within one file system); the paths, in name order."""
+        moved: list[Path] = []
+        try:
+            for staged in sorted(self.stage.iterdir()):
+                os.replace(staged, self.path / staged.name)
+                moved.append(self.path / staged.name)
+            self.stage.rmdir()
+        except OSError as err:
+            for path in moved:
+                path.unlink(missing_ok=True)
+            self.abort()
+            raise os_error(err, self.what) from None
+        return moved
+
+    def abort(self) -> None:
+        shutil.rmtree(self.stage, ignore_errors=True)
+        self._remove_created()
+
+    def _remove_created(self) -> None:
+        if self._created:
+            try:
+                self.path.rmdir()
+            except OSError:  # not empty (someone else wrote there meanwhile), or never made
+                pass
+
+
+@contextmanager
+def staged_dir(path: str | os.PathLike, what: str):
+    """Yield the staging directory of a StagedDir: committed when the block succeeds, aborted otherwise."""
+    staged = StagedDir(path, what)
+    try:
+        yield staged.stage
+    except OSError as err:
+        staged.abort()
+        raise os_error(err, what) from None
+    except BaseException:
+        staged.abort()
+        raise
+    staged.commit()
 
 
 class OutputFault(Exception):

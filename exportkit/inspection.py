@@ -18,6 +18,7 @@ from exportkit.layout import ASSET_DIRS, read_manifest
 from exportkit.spec import source_options
 
 SOURCE_SUFFIXES = (".h5", ".hdf5", ".keras")
+SCHEMA_VERSION = 1  # of `inspect --json` (docs/report-schema.md)
 
 
 @dataclass
@@ -33,9 +34,11 @@ class SavedModelInfo:
     manifest: dict | None  # assets.extra/exportkit/manifest.json, when present and valid
     findings: list[Finding] = field(default_factory=list)
     oldest_tf_serving: str | None = None  # oldest TF (Serving) version the static compat analysis accepts, CPU
+    files_read: list[dict] = field(default_factory=list)  # exportkit.deployment.FileRead.to_dict(): assets, paths
 
     def to_dict(self) -> dict:
         return {
+            "schema_version": SCHEMA_VERSION,
             "path": self.path,
             "tags": list(self.tags),
             "tensorflow_version": self.tensorflow_version,
@@ -47,6 +50,7 @@ class SavedModelInfo:
             "manifest": self.manifest,
             "findings": [f.to_dict() for f in self.findings],
             "oldest_tf_serving": self.oldest_tf_serving,
+            "files_read": list(self.files_read),
         }
 
 
@@ -97,8 +101,8 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     `signature_name` and `check_registry` are passed to the lint (see exportkit.lint.lint_saved_model).
     """
     from exportkit.lint import asset_findings, lint_saved_model, op_counts
-    from exportkit.savedmodel import (missing_tensor_findings, read_saved_model_proto, resolve_savedmodel_dir,
-                                      select_meta_graph, serving_api_findings, signatures_of)
+    from exportkit.savedmodel import (read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph,
+                                      serving_api_findings, signatures_of)
 
     directory = resolve_savedmodel_dir(path)
     proto = read_saved_model_proto(directory)
@@ -111,10 +115,18 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
 
     server_registry = installed(tensorflow_version()) if check_registry else None
     findings = (lint_saved_model(proto, signature_name, check_registry=check_registry, server_registry=server_registry)
-                + asset_findings(directory) + manifest_findings + missing_tensor_findings(meta_graph)
-                + serving_api_findings(meta_graph))
-    oldest, blocking = forecast(meta_graph)
+                + asset_findings(directory) + manifest_findings + serving_api_findings(meta_graph))
+    oldest, blocking = forecast(meta_graph)  # with the loader's refusals on every version (missing tensors ...)
     findings += blocking
+    from exportkit.deployment import file_findings, file_reads, xla_findings
+
+    reads = file_reads(meta_graph)
+    deployment = file_findings(reads, directory=directory) + xla_findings(meta_graph)
+    if has_errors(deployment):
+        oldest = None  # as compat predicts: no version's stock server serves it
+    findings += deployment
+    order = {"error": 0, "warning": 1, "info": 2}
+    findings.sort(key=lambda f: order.get(f.severity, 3))
     return SavedModelInfo(
         path=os.path.abspath(directory),
         tags=list(meta_graph.meta_info_def.tags),
@@ -127,6 +139,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
         manifest=manifest,
         findings=findings,
         oldest_tf_serving=oldest,
+        files_read=[r.to_dict() for r in reads],
     )
 
 
@@ -170,6 +183,12 @@ def _render_variables(info: SavedModelInfo) -> list[str]:
     return out
 
 
+def _render_files_read(reads: list[dict]) -> list[str]:
+    rows = [(f"assets/{r['asset']}" if "asset" in r else f"{r['path']} (outside the SavedModel)", r["op"],
+             "at load" if r["when"] == "load" else "per request") for r in reads]
+    return [f"files read: {len(reads)}"] + _table(rows, "  ") if reads else []
+
+
 def render_text(info: SavedModelInfo) -> str:
     """Human output: `saved_model_cli show --all` layout, sorted and aligned, plus ops, assets and findings."""
     out = [f"SavedModel: {info.path}",
@@ -202,6 +221,7 @@ def render_text(info: SavedModelInfo) -> str:
     out.append("")
     out.append(f"assets: {len(info.assets)}")
     out += [f"  {a}" for a in info.assets]
+    out += _render_files_read(info.files_read)
     out += _render_variables(info)
     from exportkit.compat import RANGE
 

@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
@@ -19,9 +18,10 @@ from typing import Iterable, Iterator
 
 from exportkit.checkpoint import format_bytes, saved_model_checkpoint
 from exportkit.dtypes import HALF_DTYPES
-from exportkit.errors import UsageError
+from exportkit.errors import ExportkitError, UsageError
+from exportkit.files import write_atomic
 from exportkit.findings import Finding
-from exportkit.savedmodel import DEFAULT_SIGNATURE, SERVE_TAG, dtype_name, select_meta_graph, shape_list, signature_names
+from exportkit.savedmodel import DEFAULT_SIGNATURE, INIT_OP_SIGNATURE, SERVE_TAG, dtype_name, select_meta_graph, shape_list, signature_names
 from exportkit.tfenv import child_env, tensorflow_version
 
 # Ops that run Python in the exporting process: TF Serving (C++) cannot run them.
@@ -139,8 +139,19 @@ def _called_functions(node, library: set[str]) -> Iterator[str]:
 def root_tensors(meta_graph) -> list[str]:
     """Tensors a loader or a client makes the graph compute: every signature's outputs (the init op's too) and
     the main-op collections. The saver's restore op is not a root: it only reads the model's own variables/."""
+    roots = signature_tensors(meta_graph)
+    for key in ("saved_model_main_op", "legacy_init_op", "main_op", "table_initializer"):
+        if key in meta_graph.collection_def:
+            roots += list(meta_graph.collection_def[key].node_list.value)
+    return roots
+
+
+def signature_tensors(meta_graph, served_only: bool = False) -> list[str]:
+    """Every signature's output tensors: the init op signature's too, unless `served_only` (what requests compute)."""
     roots = []
-    for sig in meta_graph.signature_def.values():
+    for name, sig in meta_graph.signature_def.items():
+        if served_only and name == INIT_OP_SIGNATURE:
+            continue
         for info in sig.outputs.values():
             which = info.WhichOneof("encoding")
             if which == "name":
@@ -150,9 +161,6 @@ def root_tensors(meta_graph) -> list[str]:
                           info.coo_sparse.dense_shape_tensor_name]
             elif which == "composite_tensor":
                 roots += [c.name for c in info.composite_tensor.components if c.WhichOneof("encoding") == "name"]
-    for key in ("saved_model_main_op", "legacy_init_op", "main_op", "table_initializer"):
-        if key in meta_graph.collection_def:
-            roots += list(meta_graph.collection_def[key].node_list.value)
     return roots
 
 
@@ -279,22 +287,6 @@ def compute_registered_ops() -> dict:
     return data
 
 
-def _write_atomic(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def registered_ops() -> frozenset[str] | None:
     """Names of every op registered in the installed TensorFlow; None if TensorFlow cannot say.
 
@@ -325,9 +317,11 @@ def registered_ops() -> frozenset[str] | None:
                 _registry[key] = None
                 return None
             ops = frozenset(data["ops"])
+            path = op_cache_path(data.get("tensorflow_version") or version)
             try:
-                _write_atomic(op_cache_path(data.get("tensorflow_version") or version), data)
-            except OSError:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(path, json.dumps(data), f"the op cache {path}")
+            except (OSError, ExportkitError):
                 pass  # a read-only cache dir only costs speed
         _registry[key] = ops
         return ops

@@ -25,6 +25,7 @@ from exportkit.batches import (InputSpec, cast_input, generate_batches, parse_in
                                write_batch_members)
 from exportkit.dtypes import HALF_DTYPES, name_of
 from exportkit.errors import UsageError
+from exportkit.files import atomic_path
 
 FORMAT = "exportkit-reference/1"
 SUFFIX = ".reference.npz"  # model.keras -> model.keras.reference.npz is found without a flag
@@ -103,14 +104,13 @@ def record_reference(model, path, inputs=None, samples: int = 8, seed: int = 0, 
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        with zf.open("meta.npy", "w") as fh:
-            np.lib.format.write_array(fh, np.frombuffer(json.dumps(meta).encode(), np.uint8), allow_pickle=False)
-        for i, (batch, out) in enumerate(zip(batches, outputs)):
-            write_batch_members(zf, batch, f"inputs/{i}/")
-            write_batch_members(zf, out, f"outputs/{i}/")
-    os.replace(tmp, path)
+    with atomic_path(path, f"the reference {path}") as tmp:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            with zf.open("meta.npy", "w") as fh:
+                np.lib.format.write_array(fh, np.frombuffer(json.dumps(meta).encode(), np.uint8), allow_pickle=False)
+            for i, (batch, out) in enumerate(zip(batches, outputs)):
+                write_batch_members(zf, batch, f"inputs/{i}/")
+                write_batch_members(zf, out, f"outputs/{i}/")
     return path
 
 

@@ -412,6 +412,8 @@ def signatures_of(meta_graph, include_internal: bool = False) -> dict:
             "inputs": {k: tensor_info_dict(sig.inputs[k]) for k in sorted(sig.inputs)},
             "outputs": {k: tensor_info_dict(sig.outputs[k]) for k in sorted(sig.outputs)},
         }
+        if getattr(sig, "defaults", None):  # inputs a request may leave out (TF Serving's predict_util.cc)
+            result[name]["defaults"] = sorted(sig.defaults)
     return result
 
 

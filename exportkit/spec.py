@@ -12,6 +12,7 @@ from pathlib import Path
 from exportkit.batches import IntRangeFlags, int_range_texts, parse_int_range_flags
 from exportkit.errors import UsageError
 from exportkit.savedmodel import DEFAULT_SIGNATURE
+from exportkit.serverflags import STOCK, ServerFlags
 
 SPEC_NAME = "exportkit.toml"
 
@@ -145,6 +146,7 @@ class ExportOptions:
     feature_spec: str | None = None  # JSON overriding the tf.Example features derived from the model's inputs
     output_names: list[str] = field(default_factory=list)  # names for the outputs of a list/tuple-returning model
     output_origin: str | None = None  # how `output` was chosen when -o was not given (printed by export)
+    batching_parameters: str | None = None  # TF Serving BatchingParameters: warm-up of every allowed batch size
 
 
 @dataclass
@@ -179,7 +181,8 @@ class VerifyOptions:
     reference: str | None = None  # --reference: a training-time reference (.npz from exportkit.record_reference)
     allow_io_ops: bool = False  # execute graphs whose signatures reach I/O ops (refused by default)
     allow_nondeterministic: bool = False  # nondeterministic outputs: a warning, left out of the comparisons
-    baseline: str | None = None
+    baseline: str | None = None  # None: the newest lower version in the base dir, or the deployed one (HOST:PORT)
+    no_baseline: bool = False  # --no-baseline: compare the signatures with no released ones
     json_out: str | None = None
     junit: str | None = None
     html: str | None = None  # --html FILE: the self-contained HTML report
@@ -193,6 +196,8 @@ class VerifyOptions:
     runner: str = "in-process"
     beam_options: list[str] = field(default_factory=list)
     tf_versions: list[str] = field(default_factory=list)  # --tf: also session@X.Y in managed environments
+    server_flags: ServerFlags = STOCK  # --server-flag: how the deployment's tensorflow_model_server runs
+    max_latency_ms: float | None = None  # fail when a runtime's steady-state p99 exceeds it (verify/latency.py)
 
     def __post_init__(self):
         check_tolerances(self.atol, self.rtol)
@@ -324,7 +329,7 @@ def parse_output_names(value) -> list[str]:
 def export_options(src: str, output: str | None, spec_path: str | None = None, *, version=None, assets=(),
                    signature_name=None, input_specs=(), keep_output_dtype=False, no_verify=False, int_range=None,
                    allow_incomplete_config=False, reference=None, signatures=(), feature_spec=None,
-                   output_names=None, **source_flags) -> ExportOptions:
+                   output_names=None, batching_parameters=None, **source_flags) -> ExportOptions:
     spec_file = find_spec_file(src, spec_path)
     spec = read_spec_file(spec_file) if spec_file else {}
     named = merge_signatures([parse_signature_arg(text) for text in signatures], spec.get("signatures", []))
@@ -361,6 +366,7 @@ def export_options(src: str, output: str | None, spec_path: str | None = None, *
         verify=not no_verify,
         allow_incomplete_config=bool(allow_incomplete_config or spec.get("allow_incomplete_config", False)),
         reference=reference or spec.get("reference"),
+        batching_parameters=batching_parameters,
         signatures=named,
         feature_spec=feature_spec,
     )

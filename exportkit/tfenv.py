@@ -109,3 +109,97 @@ def tf32(enabled: bool):
         yield
     finally:
         tf.config.experimental.enable_tensor_float_32_execution(previous)
+
+
+# The C++ functions behind tensorflow_model_server's XLA switch (tensorflow/compiler/jit/flags.h), exported by
+# libtensorflow_cc; TensorFlow has no Python API for them.
+_DISABLE_XLA = "_ZN10tensorflow21DisableXlaCompilationEv"
+_FAIL_ON_XLA = "_ZN10tensorflow20FailOnXlaCompilationEv"
+
+
+def disable_xla_compilation() -> bool:
+    """What tensorflow_model_server does unless started with --xla_cpu_compilation_enabled or
+    --xla_gpu_compilation_enabled (model_servers/main.cc): afterwards every function that must be compiled by XLA
+    fails with "XLA compilation disabled". Process-wide and for good, as in the server, so only a server process
+    calls it (there is nothing to restore: it is the process' configuration). False if this TensorFlow build does not
+    export the switch (then jit_compile functions still compile here, unlike TF Serving)."""
+    import ctypes
+    import glob
+
+    tf = import_tf()
+    for path in sorted(glob.glob(os.path.join(os.path.dirname(tf.__file__), "libtensorflow_cc.*"))):
+        try:
+            lib = ctypes.CDLL(path)
+            disable, fails = getattr(lib, _DISABLE_XLA), getattr(lib, _FAIL_ON_XLA)
+        except (OSError, AttributeError):
+            continue
+        fails.restype = ctypes.c_bool
+        disable()
+        return bool(fails())
+    return False
+
+
+def gpu_memory_growth() -> None:
+    """Let TensorFlow take GPU memory as it needs it instead of nearly all of it at once, so two TensorFlow processes
+    (the in-process Keras run and the GPU worker or server) share one GPU. Only effective before the GPUs are first
+    used, and it cannot be undone afterwards (a process-wide setting, like the device list); a no-op without a GPU."""
+    tf = import_tf()
+    for gpu in tf.config.list_physical_devices("GPU"):
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except (RuntimeError, ValueError):
+            pass  # already initialized: its memory is allocated the way it was
+
+
+_BUILD_KEYS = ("is_cuda_build", "cuda_version", "cudnn_version", "is_rocm_build")
+
+
+def _build_info() -> dict:
+    """tf.sysconfig.get_build_info() (CUDA/cuDNN of the wheel), read from its generated module
+    tensorflow/python/platform/build_info.py without importing TensorFlow; {} without TensorFlow."""
+    import ast
+    import importlib.util
+
+    if "tensorflow" in sys.modules and hasattr(sys.modules["tensorflow"], "sysconfig"):
+        return dict(sys.modules["tensorflow"].sysconfig.get_build_info())
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or spec.origin is None:
+        return {}
+    path = os.path.join(os.path.dirname(spec.origin), "python", "platform", "build_info.py")
+    try:
+        tree = ast.parse(open(path, encoding="utf-8").read())
+    except (OSError, SyntaxError):
+        return {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], (ast.List, ast.Dict)):
+            try:
+                return dict(ast.literal_eval(node.args[0]))
+            except (ValueError, TypeError):
+                return {}
+    return {}
+
+
+def package_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def toolchain(keras_package: str | None = None) -> dict:
+    """What computed the results, for the manifest and the verify report: Python, TensorFlow and its build
+    (CUDA/cuDNN), and the Keras that loaded the source (`keras_package`: "keras" or "tf_keras"; else the installed
+    Kerases and which one tf.keras means)."""
+    import platform
+
+    build = _build_info()
+    out = {"python": platform.python_version(), "tensorflow": tensorflow_version(),
+           "tensorflow_build": {k: build[k] for k in _BUILD_KEYS if k in build}}
+    if keras_package:
+        out["keras"] = {"package": keras_package, "version": package_version(keras_package)}
+    else:
+        out["keras"] = {"keras": package_version("keras"), "tf_keras": package_version("tf_keras"),
+                        "tf.keras": "tf_keras" if os.environ.get("TF_USE_LEGACY_KERAS") == "1" else "keras"}
+    return out

@@ -16,13 +16,13 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "exportkit"
 LAYERS = {
-    "cli": 7, "__main__": 7, "__init__": 7,
+    "cli": 7, "__main__": 7, "__init__": 7, "api": 7, "pytest_plugin": 7,
     "verify": 6, "export": 6, "inspection": 6,
     "runtimes": 5, "serving": 5, "compat": 5, "data": 5,
     "sources": 4, "spec": 4, "tf1_loader": 4, "reference": 4,
-    "lint": 3, "savedmodel": 3, "checkpoint": 3, "layout": 3, "tfenv": 3, "tfexample": 3, "examples": 3,
+    "lint": 3, "savedmodel": 3, "checkpoint": 3, "layout": 3, "tfenv": 3, "tfexample": 3, "examples": 3, "deployment": 3,
     "batches": 2, "dtypes": 2,
-    "findings": 1, "errors": 1, "version": 1, "files": 1, "processes": 1,
+    "findings": 1, "errors": 1, "version": 1, "files": 1, "processes": 1, "log": 1, "serverflags": 1,
 }
 
 

@@ -33,9 +33,11 @@ def test_time_met_but_rss_not_fails_the_goal():
 
 
 def test_both_met_and_untargeted_rss_ignored():
-    rows = rows_for(export_ours=(11.0, 1100), export_base=(10.0, 1000), verify_ours=(14.0, 190),
+    rows = rows_for(export_ours=(11.0, 1100), export_base=(10.0, 1000), verify_ours=(11.5, 190),
                     verify_base=(10.0, 100))
     assert rows["export"]["met"] and rows["verify"]["met"]
+    slower = rows_for((1, 1), (1, 1), verify_ours=(14.0, 190), verify_base=(10.0, 100))["verify"]  # issue 34: 1.2x
+    assert slower["target"] == 1.2 and not slower["met"]
     assert rows["inspect"]["rss_target"] is None and rows["inspect"]["met"]  # inspect's goal is time only
 
 

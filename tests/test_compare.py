@@ -15,10 +15,8 @@ import pytest
 
 from exportkit.dtypes import name_of_array
 from exportkit.errors import UsageError
-from exportkit.verify.compare import (
-    EXACT, OutputComparison, Tolerance, compare_arrays, compare_batches, compare_outputs, default_tolerance,
-    merge_comparisons, parse_tol, resolve_tolerance,
-)
+from exportkit.verify.compare import OutputComparison, compare_arrays, compare_batches, compare_outputs, merge_comparisons
+from exportkit.verify.tolerances import EXACT, Tolerance, default_tolerance, parse_tol, resolve_tolerance
 
 T = Tolerance(1e-5, 1e-5)
 
@@ -39,7 +37,7 @@ def _json(c: OutputComparison) -> dict:
 
 
 def test_no_tensorflow_imported():
-    code = ("import sys, exportkit.verify.compare, exportkit.batches, exportkit.verify.report, "
+    code = ("import sys, exportkit.verify.compare, exportkit.verify.tolerances, exportkit.batches, exportkit.verify.report, "
             "exportkit.verify.baseline; assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -590,3 +588,112 @@ def test_merge_comparisons_with_explicit_batch_numbers():
     ok = compare_arrays("x", np.array([1.0]), np.array([1.0]), EXACT)
     m = merge_comparisons([ok, c], [3, 7])
     assert m.worst_index == (7, 0) and m.mismatched == 1 and m.elements == 2
+
+
+# ------------------------------------------------------------------ error summaries (vectorised; pinned to plain definitions)
+
+
+def _histogram_by_definition(values, over=None):
+    """The summaries' histogram as defined: floor(log10(v) * 10) clipped to [-300, 299], zeros below 1e-30."""
+    values = np.asarray(values, np.float64).ravel()
+    tiny = values < 1e-30
+    with np.errstate(divide="ignore"):
+        bins = np.clip(np.floor(np.log10(values[~tiny]) * 10), -300, 299).astype(np.int64)
+    if not bins.size:
+        return {"start": None, "bins_per_decade": 10, "counts": [], "over": None if over is None else [],
+                "zeros": int(tiny.sum())}
+    first = int(bins.min())
+    counts = np.bincount(bins - first).tolist()
+    return {"start": first / 10, "bins_per_decade": 10, "counts": counts,
+            "over": None if over is None else np.bincount(bins[over.ravel()[~tiny]] - first,
+                                                          minlength=len(counts)).tolist(),
+            "zeros": int(tiny.sum())}
+
+
+def test_error_histogram_equals_its_definition_across_chunks_zeros_edges_and_overflow():
+    from exportkit.verify.error_summaries import error_histogram
+
+    rng = np.random.default_rng(11)
+    n = 150_001  # more than two of the chunks it is counted in
+    values = np.abs(rng.normal(size=n)) * 10.0 ** rng.integers(-34, 34, size=n)
+    values[::5] = 0.0
+    values[1:40] = [np.inf, 1e-30, np.nextafter(1e-30, 0), np.nextafter(1e-30, 1), 1e-31, 1e30, 1e31,
+                    *10.0 ** (np.arange(-16, 16) / 10)]  # bin edges
+    over = rng.random(n) < 0.05
+    over[::10] = True  # failing zeros count as zeros, not in the lowest bin
+    for mask in (None, over, np.zeros(n, bool), np.ones(n, bool)):
+        assert error_histogram(values, mask) == _histogram_by_definition(values, mask)
+    only_zeros = np.zeros(70_000)
+    assert error_histogram(only_zeros, only_zeros > 0) == _histogram_by_definition(only_zeros, only_zeros > 0)
+    assert error_histogram(np.zeros(0)) is None
+
+
+def _worst_by_definition(excess, k=10):
+    flat = np.asarray(excess, np.float64).ravel()
+    order = sorted((i for i in range(flat.size) if flat[i] > -np.inf), key=lambda i: (-flat[i], i))
+    return order[:k]  # NaN compares False with -inf: never counted
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "all-equal", "mostly-minus-inf", "inf", "nan", "few", "small",
+                                  "ascending"])
+def test_worst_elements_are_the_largest_excesses_ties_in_position_order(kind):
+    from exportkit.verify.error_summaries import worst_elements
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=20_000)
+    if kind == "ties":
+        x = np.round(x, 1)
+    elif kind == "all-equal":
+        x[:] = -1e-5  # a bit-exact output with many zeros: every zero has the same margin
+    elif kind == "mostly-minus-inf":
+        x[:] = -np.inf
+        x[[5, 19_000, 7]] = [1.0, 2.0, 1.0]
+    elif kind == "inf":
+        x[rng.random(x.size) < 0.2] = np.inf
+    elif kind == "nan":
+        x[rng.random(x.size) < 0.2] = np.nan
+    elif kind == "few":
+        x = x[:7]
+    elif kind == "small":
+        x = np.round(x[:500], 1)
+    elif kind == "ascending":  # the largest values all in the last block
+        x = np.sort(np.round(x, 2))
+    worst = worst_elements(x, x, x, "float", "float", np.abs(x))
+    assert [w["index"][0] for w in worst] == _worst_by_definition(x)
+    assert [w["excess"] for w in worst] == [float(x[w["index"][0]]) for w in worst]
+
+
+def test_worst_elements_of_multidimensional_int_and_bool_outputs():
+    rng = np.random.default_rng(4)
+    e = rng.integers(-50, 50, size=(30, 40, 5)).astype(np.int32)
+    a = e.copy()
+    a[3, 7, 1] += 9
+    a[10, 0, 4] -= 2
+    a[29, 39, 4] += 9
+    c = compare_arrays("i", e, a, Tolerance(1.0, 0.0))
+    assert [w["index"] for w in c.worst_elements[:3]] == [[3, 7, 1], [29, 39, 4], [10, 0, 4]]
+    assert c.worst_elements[0]["abs_err"] == 9.0 and c.worst_elements[2]["excess"] == 1.0
+    assert c.abs_err_histogram == _histogram_by_definition([9, 2, 9] + [0] * (e.size - 3),
+                                                          np.array([True, True, True] + [False] * (e.size - 3)))
+    assert c.sample_pairs is None  # integers only: nothing to scatter
+    b = rng.random((100, 3)) < 0.5
+    flipped = b.copy()
+    flipped[[4, 60, 61], [0, 2, 1]] ^= True
+    c = compare_arrays("b", b, flipped, EXACT)
+    assert [w["index"] for w in c.worst_elements] == [[4, 0], [60, 2], [61, 1]]
+
+
+def test_sample_pairs_are_evenly_spaced_over_the_finite_elements():
+    from exportkit.verify.error_summaries import SAMPLE_PAIRS, sample_pairs
+
+    e = np.arange(10_000, dtype=np.float32).reshape(100, 100)
+    pairs = sample_pairs(e, e + 1, np.ones(e.shape, bool))
+    spaced = np.linspace(0, e.size - 1, SAMPLE_PAIRS).round()
+    assert pairs["expected"] == spaced.tolist() and pairs["actual"] == (spaced + 1).tolist()
+    finite = np.ones(e.shape, bool)
+    finite[:, ::2] = False
+    pairs = sample_pairs(e, e, finite)
+    kept = np.flatnonzero(finite.ravel())
+    assert pairs["expected"] == kept[np.linspace(0, kept.size - 1, SAMPLE_PAIRS).round().astype(int)].tolist()
+    small = np.array([1.0, np.nan, 3.0])
+    assert sample_pairs(small, small, np.isfinite(small)) == {"expected": [1.0, 3.0], "actual": [1.0, 3.0]}

@@ -166,7 +166,7 @@ def test_cli_matrix_json_and_exit_codes(corpus, tmp_path):
     assert any(line.split()[:3] == ["2.12", "fails", "-"] and "GatherV2" in line for line in lines), proc.stdout
     assert any(line.split()[:3] == ["2.21", "ok", "-"] for line in lines), proc.stdout
     doc = json.loads(out.read_text())
-    assert set(doc) == {"path", "device", "passed", "versions"} and doc["passed"] is False
+    assert set(doc) == {"schema_version", "path", "device", "passed", "versions"} and doc["passed"] is False
     assert doc["device"] == "cpu"
     assert [v["tf"] for v in doc["versions"]] == ["2.12", "2.21"]
     for version in doc["versions"]:

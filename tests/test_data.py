@@ -163,9 +163,12 @@ def test_a_bad_record_is_an_input_error_naming_it(data, tmp_path, bad, problem):
     assert "fix:" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_npz_shards_sampling_is_seeded_and_limit_exact(capsys, data, monkeypatch, tmp_path):
+def test_npz_shards_sampling_is_seeded_and_limit_exact(capsys, caplog, data, monkeypatch, tmp_path):
+    import logging
+
     import exportkit.verify.dataset
 
+    caplog.set_level(logging.INFO, logger="exportkit")  # progress goes to the exportkit logger (the CLI: stderr)
     monkeypatch.setattr(exportkit.verify.dataset, "PROGRESS_EVERY", 0.0)  # a progress line after every batch
     runs = {}
     for seed in (1, 1, 2):
@@ -178,7 +181,8 @@ def test_npz_shards_sampling_is_seeded_and_limit_exact(capsys, data, monkeypatch
         captured = capsys.readouterr()
         report = json.loads(captured.out)
         assert code == 0, report["verdict"]
-        assert "records/s" in captured.err and "ETA" in captured.err
+        assert "records/s" in caplog.text and "ETA" in caplog.text
+        caplog.clear()
         runs.setdefault(seed, []).append(_outputs(report, "saved_model")["score"])
     first, again = runs[1]
     assert first["records"] == again["records"] and first["worst_records"] == again["worst_records"]

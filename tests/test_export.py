@@ -80,7 +80,8 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample, tmp_
     from exportkit.sources.model_io import feed_model, keyed_outputs
     from exportkit.sources.load import load_source
     from exportkit.spec import source_options
-    from exportkit.verify.compare import compare_outputs, default_tolerance
+    from exportkit.verify.compare import compare_outputs
+    from exportkit.verify.tolerances import default_tolerance
     from exportkit.batches import load_batches
 
     script = textwrap.dedent("""

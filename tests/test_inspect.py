@@ -134,8 +134,9 @@ def codes(findings) -> list[str]:
 # ---------------------------------------------------------------------------------------------------- JSON
 def test_json_schema(multi_json, models, tf):
     doc = multi_json
-    assert set(doc) == {"path", "tags", "tensorflow_version", "signatures", "ops", "assets", "variables_bytes",
-                        "variables", "manifest", "findings", "oldest_tf_serving"}
+    assert set(doc) == {"schema_version", "path", "tags", "tensorflow_version", "signatures", "ops", "assets",
+                        "variables_bytes", "variables", "manifest", "findings", "oldest_tf_serving", "files_read"}
+    assert doc["schema_version"] == 1
     assert doc["path"] == os.path.abspath(models["multi"])
     assert doc["tags"] == ["serve"]
     assert doc["tensorflow_version"] == tf.__version__

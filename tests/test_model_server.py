@@ -219,9 +219,16 @@ def test_rest_uds_and_prometheus(server):
     assert json.loads(urllib.request.urlopen(request, timeout=20).read()) == {"predictions": [3.0, 3.5, 4.0]}
     via_socket = _stub(f"unix:{server['socket']}").Predict(_predict_request("hp", version=1), timeout=20)
     assert list(via_socket.outputs["y"].float_val) == [3.0]
-    text = urllib.request.urlopen(f"http://{server['rest']}/monitoring/prometheus/metrics", timeout=20).read().decode()
-    assert "# TYPE :tensorflow:serving:request_count" in text
-    assert ':tensorflow:serving:request_count_total{model_name="hp",status="OK"}' in text
+    page = urllib.request.urlopen(f"http://{server['rest']}/monitoring/prometheus/metrics", timeout=20)
+    assert page.headers["Content-Type"] == "text/plain"  # http_server.cc ProcessPrometheusRequest
+    text = page.read().decode()
+    # TF Serving's names as prometheus_exporter.cc writes them: no _total / _created of prometheus-client
+    assert "# TYPE :tensorflow:serving:request_count counter" in text and "_total{" not in text
+    assert "_created" not in text and "# HELP" not in text
+    rest_count = [line for line in text.splitlines()
+                  if line.startswith(':tensorflow:serving:request_latency_count{model_name="hp",API="predict",'
+                                     'entrypoint="REST"}')]
+    assert rest_count and int(rest_count[0].split()[-1]) >= 1  # REST Predicts are counted too
 
 
 def test_a_new_version_on_disk_loads_and_the_policy_unloads_the_old_one(server):

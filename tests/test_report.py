@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from exportkit.findings import Finding
-from exportkit.verify.compare import Tolerance, compare_batches, compare_outputs, resolve_tolerance
+from exportkit.verify.compare import compare_batches, compare_outputs
+from exportkit.verify.tolerances import Tolerance, resolve_tolerance
 from exportkit.verify.report import (
     RuntimeResult, VerifyReport, render_text, to_json, to_junit_xml, verdict_line,
 )
@@ -164,7 +165,7 @@ def test_json_schema_and_round_trip():
     assert names == ["golden", "keras", "saved_model", "session", "serving"]
     for rt in doc["runtimes"]:
         assert set(rt) == {"name", "kind", "device", "server", "status", "error", "seconds", "is_reference",
-                           "passed", "outputs", "signature"}
+                           "passed", "outputs", "signature", "latency"}
     serving = doc["runtimes"][-1]
     assert serving["status"] == "error" and serving["passed"] is False
     assert "\x1b" not in serving["error"]

@@ -321,7 +321,9 @@ def test_export_failure_leaves_a_report_and_keeps_its_exit_code(tmp_path):
 
 
 def test_comparison_summaries_are_bounded_and_merge_over_batches():
-    from exportkit.verify.compare import SAMPLE_PAIRS, WORST_ELEMENTS, Tolerance, compare_batches
+    from exportkit.verify.compare import compare_batches
+    from exportkit.verify.error_summaries import SAMPLE_PAIRS, WORST_ELEMENTS
+    from exportkit.verify.tolerances import Tolerance
 
     rng = np.random.default_rng(1)
     expected = [{"y": rng.normal(size=(500, 10)).astype(np.float32)} for _ in range(3)]
@@ -338,7 +340,8 @@ def test_comparison_summaries_are_bounded_and_merge_over_batches():
 
 
 def test_strings_name_their_differences_and_draw_nothing():
-    from exportkit.verify.compare import EXACT, compare_arrays
+    from exportkit.verify.compare import compare_arrays
+    from exportkit.verify.tolerances import EXACT
 
     c = compare_arrays("label", np.array([b"a", b"b", b"c"]), np.array([b"a", b"x", b"c"]), EXACT)
     assert [w["index"] for w in c.worst_elements] == [[1]] and c.worst_elements[0]["excess"] == math.inf
@@ -389,7 +392,7 @@ def test_one_histogram_grid_for_compared_and_streamed_errors():
     """verify's histograms (computed in one pass) and --data's (coarsened from data.stats' bins) share the grid,
     so the two kinds of report draw the same bars for the same errors."""
     from exportkit.data.stats import LogHistogram
-    from exportkit.verify.compare import error_histogram, histogram_summary
+    from exportkit.verify.error_summaries import error_histogram, histogram_summary
 
     values = np.concatenate([10 ** np.random.default_rng(2).uniform(-12, 3, 5000), np.zeros(7), [np.inf]])
     streamed = LogHistogram()

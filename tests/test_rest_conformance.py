@@ -403,3 +403,28 @@ def test_codec_examples():
             signature_name(doc)
             fill_example_input(doc, classification_pb2.ClassificationRequest().input)
         assert words in caught.value.message, text
+
+
+def test_client_request_bodies_carry_the_values_json_dumps_would():
+    """verify's REST client writes arrays with orjson: the same values as json.dumps(a.tolist()) (a float32
+    widened to float64 in its shortest text), the json path where orjson would write something else (NaN)."""
+    import orjson
+
+    from exportkit.serving.rest_client import _exact_for_orjson, decode_json
+
+    rng = np.random.default_rng(5)
+    tiny = np.frombuffer(rng.integers(0, 2 ** 32, 4096, dtype=np.uint32).tobytes(), dtype=np.float32)
+    for array in (rng.random((3, 5, 2), dtype=np.float32), tiny[np.isfinite(tiny)], rng.normal(size=7) * 1e300,
+                  np.array([[1e-45, 3.4028235e38, -0.0, 1e-5]], np.float32), np.float16([0.1, 65504]),
+                  np.arange(-3, 3, dtype=np.int8), np.array([True, False]), np.array([2 ** 64 - 1], np.uint64)):
+        fast = _exact_for_orjson(array)
+        assert fast is not None
+        sent = json.loads(orjson.dumps(fast, option=orjson.OPT_SERIALIZE_NUMPY))
+        assert sent == json.loads(json.dumps(array.tolist()))
+        if array.dtype.kind == "f":
+            assert np.array_equal(np.array(sent, dtype=array.dtype).view(np.uint8), array.view(np.uint8))
+    for unsuitable in (np.array([1.0, np.nan], np.float32), np.array([np.inf]), np.float32(1.5),
+                       np.array([b"a"], object)):
+        assert _exact_for_orjson(unsuitable) is None
+    assert decode_json(b'{"predictions": [NaN, Infinity, 1.5]}')["predictions"][2] == 1.5
+    assert decode_json(b'{"error": "\xff"}') == {"error": "\ufffd"}

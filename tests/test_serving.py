@@ -465,7 +465,7 @@ def test_sigint_stops_serve_cleanly(model_base):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         line = b""
-        while b"listening on 127.0.0.1:" not in line:  # logged before the model is loaded
+        while b"loading model " not in line:  # logged as the load starts, before any port opens
             line = proc.stderr.readline()
             assert line, "exportkit serve exited before listening"
         proc.send_signal(signal.SIGINT)

@@ -42,6 +42,17 @@ def test_verify_through_the_embedded_server(ranker, tmp_path):
     assert f"embedded server version {serving['server']['version']}" in proc.stdout
 
 
+def test_verify_through_the_embedded_server_with_tf_servings_batching(ranker, tmp_path):
+    """--batching-parameters reaches the embedded server: its warm-up runs through the batching session, and a
+    warm-up record larger than max_batch_size fails the load as TF Serving's would."""
+    params = tmp_path / "batching.config"
+    params.write_text("max_batch_size { value: 4 } batch_timeout_micros { value: 0 } allowed_batch_sizes: 4\n")
+    proc = run_cli("verify", ranker, "--serving", "embedded", "--batching-parameters", params,
+                   "--json", tmp_path / "r.json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Task size 8 is larger than maximum input batch size 4" in proc.stdout
+
+
 def test_verify_against_a_running_server(ranker, tmp_path):
     server = subprocess.Popen([sys.executable, "-m", "exportkit", "serve", ranker, "--port", "0",
                                "--model-name", "ranker"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -124,3 +124,37 @@ def build_testdata(root: str) -> dict[str, str]:
     with open(os.path.join(root, "half_plus_two_model_metadata.json"), "w") as handle:
         json.dump(metadata_json(os.path.join(paths["half_plus_two"], "00000123"), "default", 123), handle, indent=1)
     return paths
+
+
+def build_production_toy(version_dir: str, b: float = 1.0) -> str:
+    """A TF1 graph for the production-behaviour tests (deadlines, swaps, batching), idle while it waits:
+    `serving_default`: x [None] -> y = x + b, rows = the batch's row count per row (what batching merged);
+    `slow`: x, delay [None] -> y = x + b after sleeping max(delay) seconds (a tf.data SleepDataset: no CPU spent);
+    `ragged`: x [None, None] -> y = x, rows (what variable-length padding made of it)."""
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops import testing
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as graph, v1.Session(graph=graph) as sess:
+        wb = v1.Variable(b, name="b")
+        x = v1.placeholder(tf.float32, shape=[None], name="x")
+        rows = tf.fill(tf.shape(x), tf.cast(tf.shape(x)[0], tf.float32), name="rows")
+        delay = v1.placeholder(tf.float32, shape=[None], name="delay")
+        micros = tf.cast(tf.reduce_max(delay) * 1e6, tf.int64)
+        slept = tf.data.Dataset.range(1).apply(testing.sleep(micros)).get_single_element()
+        slow_y = tf.add(x + wb, tf.cast(slept, tf.float32), name="slow_y")
+        x2 = v1.placeholder(tf.float32, shape=[None, None], name="x2")
+        y2 = tf.identity(x2, name="y2")
+        rows2 = tf.fill(tf.shape(x2)[:1], tf.cast(tf.shape(x2)[0], tf.float32), name="rows2")
+        sess.run(v1.global_variables_initializer())
+        info = v1.saved_model.utils.build_tensor_info
+        sig = v1.saved_model.signature_def_utils.build_signature_def
+        predict = "tensorflow/serving/predict"
+        builder = v1.saved_model.builder.SavedModelBuilder(version_dir)
+        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
+            "serving_default": sig({"x": info(x)}, {"y": info(tf.add(x, wb, name="y")), "rows": info(rows)}, predict),
+            "slow": sig({"x": info(x), "delay": info(delay)}, {"y": info(slow_y)}, predict),
+            "ragged": sig({"x": info(x2)}, {"y": info(y2), "rows": info(rows2)}, predict),
+        })
+        builder.save()
+    return version_dir

@@ -35,9 +35,11 @@ from dataclasses import dataclass, field
 from exportkit.compat import SUPPORTED
 from exportkit.compat import registry as registries
 from exportkit.compat.attrvalue import attr_json
+from exportkit.deployment import deployment_findings
 from exportkit.findings import Finding
 from exportkit.lint import IO_OP_CATEGORY
-from exportkit.savedmodel import INIT_OP_SIGNATURE, dtype_name
+from exportkit.savedmodel import INIT_OP_SIGNATURE, dtype_name, missing_tensor_findings
+from exportkit.serverflags import STOCK, ServerFlags
 
 MAIN_OP_COLLECTIONS = ("saved_model_main_op", "legacy_init_op")
 # Ops whose own kernel never runs: call ops are inlined or run through the function runtime, functional
@@ -520,18 +522,28 @@ def producer_defaults(meta_graph) -> dict:
     return out
 
 
-def analyze(meta_graph, versions: list[str], device: str = "cpu", server: str = "stock") -> list[CompatResult]:
-    """One CompatResult per version, in the order given."""
+def analyze(meta_graph, versions: list[str], device: str = "cpu", server: str = "stock",
+            server_flags: ServerFlags = STOCK) -> list[CompatResult]:
+    """One CompatResult per version, in the order given. What fails on every version whatever its registry (cyclic
+    calls, files outside the SavedModel, XLA under `server_flags`: exportkit.deployment) comes first in each."""
     nodes = served_nodes(meta_graph)
     library = {f.signature.name for f in meta_graph.graph_def.library.function}
     producer = producer_defaults(meta_graph)
-    cycles = cycle_findings(meta_graph)
+    every = loader_refusals(meta_graph) + deployment_findings(meta_graph, server_flags)
     results = [check_version(nodes, library, producer, v, device, server) for v in versions]
     for result in results:
-        result.findings[:0] = cycles
-        if cycles:
+        result.findings[:0] = every
+        if any(f.severity == "error" for f in every):
             result.predicted = "fails"
+        elif result.predicted == "ok" and any(f.severity == "warning" for f in every):
+            result.predicted = "warn"
     return results
+
+
+def loader_refusals(meta_graph) -> list[Finding]:
+    """What every version's loader refuses, whatever its registries: cyclic function calls, and signature tensors
+    the graph does not have (savedmodel.missing_tensor_findings, the check inspect shows)."""
+    return cycle_findings(meta_graph) + missing_tensor_findings(meta_graph)
 
 
 def cycle_findings(meta_graph) -> list[Finding]:
@@ -550,19 +562,19 @@ LOADER_CODES = ("device-pinned", "nodedef-invalid", "function-cycle")
 def forecast(meta_graph, device: str = "cpu") -> tuple[str | None, list[Finding]]:
     """For inspect: the oldest supported version from which on every newer one is predicted to work (None: not
     even the newest), and what makes the newest version's loader refuse the model whatever the version (nodes
-    pinned to a GPU on a CPU server, NodeDefs their OpDef rejects, cyclic function calls). Checked newest first,
+    pinned to a GPU on a CPU server, NodeDefs their OpDef rejects, loader_refusals). Checked newest first,
     stopping at the first failure (~10 ms of CPU per registry read)."""
     nodes = served_nodes(meta_graph)
     library = {f.signature.name for f in meta_graph.graph_def.library.function}
     producer = producer_defaults(meta_graph)
-    cycles = cycle_findings(meta_graph)
-    oldest, blocking = None, [Finding(f.severity, f.code, f.message) for f in cycles]
+    refusals = loader_refusals(meta_graph)
+    oldest, blocking = None, [Finding(f.severity, f.code, f.message) for f in refusals]
     for version in reversed(registries.available()):
         result = check_version(nodes, library, producer, version, device)
         if version == registries.available()[-1]:
             blocking += [Finding(f.severity, f.code, f"{f.message} (TF Serving {version}, node {f.node})")
                          for f in result.findings if f.code in LOADER_CODES and f.severity == "error"]
-        if cycles or result.predicted == "fails":
+        if refusals or result.predicted == "fails":
             break
         oldest = version
     return oldest, blocking

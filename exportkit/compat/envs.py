@@ -6,8 +6,9 @@ it (TF 2.12 needs numpy < 2); exportkit itself is not installed there: the worke
 `exportkit/compat/worker.py`. The version of the TensorFlow this Python imports needs no environment.
 An environment is built in a hidden sibling directory and renamed into place once `import tensorflow` works
 in it, so an interrupted install leaves nothing half-built behind; pip runs in its own process group, killed
-with the install (and when the install is SIGKILLed: the kernel's parent-death signal), and the next install
-removes the build directories of installs that died.
+with the install (and when the install is SIGKILLed: the kernel's parent-death signal to the group's guard, which
+kills the group, pip's build subprocesses included), and the next install removes the build directories of
+installs that died and whatever still runs from them.
 
 An environment is checked every time it is used: its interpreter must exist and its TensorFlow must be X.Y. The
 check is cheap: the stamp in exportkit-env.json (the files' mtimes when TensorFlow was last probed) is compared
@@ -33,6 +34,7 @@ from exportkit.files import os_error
 from exportkit.lint import cache_dir
 from exportkit.tfenv import tensorflow_version
 from exportkit.processes import pid_alive
+from exportkit.log import log
 
 READY = "exportkit-env.json"
 WORKER = Path(__file__).with_name("worker.py")
@@ -102,12 +104,21 @@ def _stamp(directory: Path) -> list:
     return out
 
 
+# What the worker uses of TensorFlow at once (compat/worker.py): a `tensorflow` without them is not TensorFlow.
+_PROBE = """
+import json, numpy, tensorflow as tf
+missing = [name for name in ("get_logger", "bfloat16", "Graph", "compat") if not hasattr(tf, name)]
+print(json.dumps({"tensorflow": getattr(tf, "__version__", None), "numpy": numpy.__version__,
+                  "file": getattr(tf, "__file__", None), "missing": missing}))
+"""
+
+
 def _probe(python: str, timeout: float = 300) -> dict | str:
-    """{"tensorflow", "numpy"} as the interpreter imports them, or why it could not (the last line it said)."""
+    """{"tensorflow", "numpy"} as the interpreter imports them, or why it could not (the last line it said, or that
+    its `tensorflow` is not TensorFlow)."""
     try:
         proc = subprocess.run(
-            [python, "-I", "-B", "-c", "import json, numpy, tensorflow as tf; "
-             "print(json.dumps({'tensorflow': tf.__version__, 'numpy': numpy.__version__}))"],
+            [python, "-I", "-B", "-c", _PROBE],
             capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=timeout,
             start_new_session=True)  # no preexec_fn: verify calls this with TensorFlow's threads running
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -118,8 +129,10 @@ def _probe(python: str, timeout: float = 300) -> dict | str:
         return f"{said[-1]}{died}" if said else f"exit {proc.returncode}{died}, no output"
     try:
         meta = json.loads(proc.stdout.strip().splitlines()[-1])
+        if isinstance(meta, dict) and meta.get("missing"):
+            return f"its `tensorflow` ({meta.get('file')}) is not TensorFlow: it has no {', '.join(meta['missing'])}"
         if isinstance(meta, dict) and isinstance(meta.get("tensorflow"), str):
-            return meta
+            return {"tensorflow": meta["tensorflow"], "numpy": meta["numpy"]}
     except (ValueError, IndexError):
         pass
     return f"it printed {proc.stdout.strip()[-80:]!r}, not its TensorFlow version"
@@ -139,7 +152,7 @@ def checked(version: str) -> EnvInfo:
     if meta.get("stamp") != _stamp(directory):
         probed = _probe(env.python)
         if isinstance(probed, str):
-            raise InfraError(f"TensorFlow does not import in the TensorFlow {version} environment ({directory}): "
+            raise InfraError(f"the TensorFlow {version} environment ({directory}) has no working TensorFlow: "
                              f"{probed}", fix)
         meta.update(probed, stamp=_stamp(directory))
         try:
@@ -166,8 +179,7 @@ def list_envs() -> list[EnvInfo]:
 
 
 def _progress(message: str) -> None:
-    sys.stderr.write(f"exportkit: {message}\n")
-    sys.stderr.flush()
+    log.info(f"exportkit: {message}")
 
 
 def install(version: str, force: bool = False) -> EnvInfo:
@@ -186,9 +198,9 @@ def install(version: str, force: bool = False) -> EnvInfo:
     shutil.rmtree(building, ignore_errors=True)
     began = time.monotonic()
     _progress(f"creating the TensorFlow {version} environment in {target} (once; about a minute and 1.7 GB)")
-    previous = signal.getsignal(signal.SIGTERM)
+    # No signal handler of its own (a library installs none behind its caller's back): the CLI turns SIGTERM into
+    # KeyboardInterrupt, which removes the build below; pip's group dies with this process in any case.
     try:
-        signal.signal(signal.SIGTERM, _terminated)  # SIGTERM, too, kills pip's group and removes the build
         _run_child([sys.executable, "-m", "venv", str(building)], f"python -m venv {building}")
         python = str(_python(building))
         spec = f"tensorflow-cpu=={version}.*"
@@ -214,9 +226,6 @@ def install(version: str, force: bool = False) -> EnvInfo:
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     _progress(f"TensorFlow {meta['tensorflow']} (numpy {meta['numpy']}) ready in {time.monotonic() - began:.0f} s")
     return info(version)
 
@@ -226,7 +235,7 @@ _BUILDING = re.compile(r"\.(\d+\.\d+)\.building-(\d+)")
 
 def _remove_stale_builds() -> None:
     """Remove the build directories of installs whose process is gone (SIGKILLed, machine rebooted), and the
-    processes still running from them (pip's own children outlive a parent-death signal), and say so."""
+    processes still running from them (should the guard itself have been killed), and say so."""
     for path in sorted(root().iterdir()):
         match = _BUILDING.fullmatch(path.name)
         if match and path.is_dir() and not _alive(int(match.group(2))):
@@ -246,25 +255,42 @@ def _kill_running_from(directory: Path) -> None:
             continue
 
 
-def _terminated(signum, frame):
-    raise InfraError("terminated (SIGTERM) while installing", "run the install again; nothing half-built was left")
-
-
 def _alive(pid: int) -> bool:
     return pid != os.getpid() and pid_alive(pid)  # our own pid reused from a dead install's: stale too
 
 
+# An install's child is this guard, the leader of its own process group, which runs the real command (venv, pip).
+# The kernel sends the guard SIGTERM when the install dies, even by SIGKILL (PR_SET_PDEATHSIG, set before exec),
+# and the guard kills the whole group: a parent-death signal reaches only the direct child, and pip's build
+# subprocesses (setup.py, PEP 517 hooks) and ensurepip's pip would keep running.
+_GROUP_GUARD = """
+import os, signal, subprocess, sys
+def end(*_):
+    os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGTERM, end)
+if os.getppid() != int(sys.argv[1]):
+    end()  # the install died before the parent-death signal was set
+code = subprocess.call(sys.argv[2:])
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
 def _die_with_parent() -> None:
-    """In the child, before exec: its own process group, and SIGKILL when the install's process dies (Linux)."""
+    """In the guard, before exec: its own process group, and SIGTERM when the install's process dies (Linux)."""
     os.setpgid(0, 0)
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
 
-def _child_group() -> dict:
-    return {"preexec_fn": _die_with_parent} if sys.platform.startswith("linux") else {"start_new_session": True}
+def _group_child(command: list[str], **kwargs) -> subprocess.Popen:
+    """Start `command` in a process group of its own that dies with this process (see _GROUP_GUARD; elsewhere than
+    Linux only the group: _kill_group ends it when the install fails or is interrupted)."""
+    if sys.platform.startswith("linux"):
+        return subprocess.Popen([sys.executable, "-I", "-c", _GROUP_GUARD, str(os.getpid()), *command],
+                                preexec_fn=_die_with_parent, **kwargs)
+    return subprocess.Popen(command, start_new_session=True, **kwargs)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -278,7 +304,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _run_child(command: list[str], what: str) -> None:
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **_child_group())
+    proc = _group_child(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate()
     finally:
@@ -297,7 +323,7 @@ def _pip(python: str, requirements: list[str], version: str) -> None:
     """pip install with its progress lines relayed to stderr; a failure (no network, no wheel) is exit 3. pip runs
     in its own process group, which dies with the install (interrupted, killed, or failed)."""
     command = [python, "-m", "pip", "install", "--progress-bar", "off", "--disable-pip-version-check", *requirements]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **_child_group())
+    proc = _group_child(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tail: list[str] = []
     try:
         for line in proc.stdout:

@@ -98,15 +98,32 @@ def load_op_libraries(path):
     module.load_server_op_libraries(path)
 
 
+def environment_failure(err):
+    """A reply's fields for what is wrong with this Python: a module it lacks (the caller words it with its pip
+    command), or numpy/TensorFlow that do not import or are not what they claim."""
+    if isinstance(err, ModuleNotFoundError) and err.name:
+        return {"kind": "infra", "missing_module": err.name, "message": f"no module {err.name!r}"}
+    tf = sys.modules.get("tensorflow")
+    if isinstance(err, AttributeError) and tf is not None and getattr(err, "obj", None) is tf:
+        return {"kind": "infra", "message": f"imports a `tensorflow` ({getattr(tf, '__file__', None)}) that is not "
+                                            f"TensorFlow: it has no {err.name}"}
+    return {"kind": "infra", "message": f"cannot import numpy and TensorFlow: {type(err).__name__}: "
+                                        f"{' '.join(str(err).split())[:300]}"}
+
+
 def main():
     channel = sys.stdout
     sys.stdout = sys.stderr  # anything TensorFlow prints goes to stderr, not into the protocol
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import numpy as np
-    import tensorflow as tf
+    try:
+        import numpy as np
+        import tensorflow as tf
 
-    tf.get_logger().setLevel("ERROR")
-    bfloat16 = tf.bfloat16.as_numpy_dtype
+        tf.get_logger().setLevel("ERROR")
+        bfloat16 = tf.bfloat16.as_numpy_dtype
+    except Exception as err:  # this Python's fault: said on the ready line, which the caller turns into exit 3
+        reply(channel, ok=False, ready=True, **environment_failure(err))
+        return 1
     reply(channel, ok=True, ready=True, tf=tf.__version__)
     session = signature = None
     for line in sys.stdin:
@@ -148,6 +165,9 @@ def main():
         except Exception as err:  # the model's failure: report it, stay alive for the caller to close
             if type(err).__name__ == "OpLibraryError":  # this environment lacks a library, not the model's fault
                 reply(channel, ok=False, kind="infra", message=err.message, remedy=err.fix)
+                continue
+            if isinstance(err, ModuleNotFoundError) and err.name:
+                reply(channel, ok=False, **environment_failure(err))
                 continue
             message = f"{type(err).__name__}: {' '.join(str(err).split())[:800]}"
             reply(channel, ok=False, kind="model", message=message, detail=traceback.format_exc()[-4000:])

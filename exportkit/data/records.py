@@ -20,7 +20,6 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -28,7 +27,7 @@ import numpy as np
 from exportkit.batches import InputSpec, cast_input, load_inputs, masked_crc32c, tfrecord_records
 from exportkit.dtypes import is_string
 from exportkit.errors import UsageError
-from exportkit.files import os_error
+from exportkit.files import StagedDir, os_error
 from exportkit.examples import check_examples
 from exportkit.tfexample import FEATURE_LISTS, storage_of
 from exportkit.runtimes import Runtime
@@ -284,29 +283,23 @@ class ExampleParser:
 
 class FailureWriter:
     """`--save-failures DIR`: failing TFRecord records as they were read (failures.tfrecord), npz rows as
-    failures-N.npz, and where each came from (failures.index.jsonl). Written under temporary names and renamed
-    when the run completes, so an interrupted run (or a full disk) leaves no half-written files; a DIR that cannot
-    be written is refused before any runtime starts (exit 2; a full disk is exit 3)."""
+    failures-N.npz, and where each came from (failures.index.jsonl). Written into a staging directory and moved
+    into DIR when the run completes (files.StagedDir), so an interrupted run (or a full disk) leaves no
+    half-written files; a DIR that cannot be written is refused before any runtime starts (exit 2; a full disk is
+    exit 3)."""
 
     def __init__(self, directory: str, source: DataSource):
-        self.dir = Path(directory)
         self.what = f"--save-failures {directory}"
         self.source = source
         self.count = 0
         self._records = None  # the open failures.tfrecord (TFRecord framing, as TFRecordWriter writes it)
         self._npz = 0
-        self._created = not self.dir.exists()
-        self._tmp: list[Path] = []
+        self._staged = StagedDir(directory, self.what)
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self._index = self._open_tmp("failures.index.jsonl").open("w")
+            self._index = (self._staged.stage / "failures.index.jsonl").open("w")
         except OSError as err:
+            self._staged.abort()
             raise os_error(err, self.what) from None
-
-    def _open_tmp(self, name: str) -> Path:
-        path = self.dir / f".{name}.tmp"
-        self._tmp.append(path)
-        return path
 
     def write(self, batch: RecordBatch, failing: np.ndarray) -> None:
         rows = np.flatnonzero(failing)
@@ -320,18 +313,16 @@ class FailureWriter:
     def _write(self, batch: RecordBatch, rows: np.ndarray) -> None:
         if batch.records is not None:
             if self._records is None:
-                self._records = self._open_tmp("failures.tfrecord").open("wb")
+                self._records = (self._staged.stage / "failures.tfrecord").open("wb")
             for r in rows:
                 data = batch.records[r]
                 length = struct.pack("<Q", len(data))
                 self._records.write(length + struct.pack("<I", masked_crc32c(length)) + data
                                     + struct.pack("<I", masked_crc32c(data)))
         else:
-            from exportkit.batches import save_batches
+            from exportkit.batches import write_npz
 
-            staged = self._open_tmp(f"failures-{self._npz}.npz")
-            (written,) = save_batches(self.dir, [{k: v[rows] for k, v in batch.rows.items()}], f".stage{self._npz}")
-            os.replace(written, staged)
+            write_npz(self._staged.stage / f"failures-{self._npz}.npz", {k: v[rows] for k, v in batch.rows.items()})
             self._npz += 1
         for r in rows:
             self._index.write(json.dumps({"file": self.source.files[batch.file_nos[r]], "index": int(batch.indices[r]),
@@ -339,7 +330,7 @@ class FailureWriter:
         self.count += len(rows)
 
     def close(self, commit: bool) -> None:
-        """Rename the files into place (commit), else remove them; a close that fails (a full disk flushing the
+        """Move the files into place (commit), else remove them; a close that fails (a full disk flushing the
         last bytes) removes them too."""
         failure = None
         for stream in (self._records, self._index):
@@ -348,13 +339,10 @@ class FailureWriter:
                     stream.close()
             except OSError as err:
                 commit, failure = False, failure or os_error(err, self.what)
-        for tmp in self._tmp:
-            if commit and tmp.exists():
-                os.replace(tmp, tmp.with_name(tmp.name[1:-len(".tmp")]))
-            else:
-                tmp.unlink(missing_ok=True)
-        if not commit and self._created and self.dir.is_dir() and not any(self.dir.iterdir()):
-            self.dir.rmdir()
+        if commit:
+            self._staged.commit()
+        else:
+            self._staged.abort()
         if failure:
             raise failure
 

@@ -27,11 +27,13 @@ from exportkit.sources.kerases import prepare_process
 from exportkit.sources.load import detect_format, load_source, sha256_of
 from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs, parse_input_spec
 from exportkit.spec import ExportOptions, export_options
-from exportkit.tfenv import import_tf, tensorflow_version
-from exportkit.verify.compare import Tolerance, compare_batches, compare_with_default_tolerances, default_tolerance
+from exportkit.tfenv import import_tf, tensorflow_version, toolchain
+from exportkit.verify.compare import compare_batches, compare_with_default_tolerances
+from exportkit.verify.tolerances import Tolerance, default_tolerance
 from exportkit.batches import InputSpec, IntRanges, generate_batches
 from exportkit.tfexample import ExampleFeature, apply_feature_spec, derive_features, encode_examples, to_manifest
 
+SCHEMA_VERSION = 1  # of the `export --json` summary (docs/report-schema.md)
 GOLDEN_SAMPLES = 8
 GOLDEN_SEED = 0
 
@@ -67,6 +69,27 @@ class ExportResult:
     findings: list[Finding] = field(default_factory=list)  # custom-object contracts (warnings, infos)
     reference: dict | None = None  # the manifest's "reference" entry when a training-time reference was used
     signatures: list[dict] = field(default_factory=list)  # per signature: name, method, inputs, outputs
+
+    exit_code = 0  # an export that fails raises (the version is not written)
+
+    @property
+    def version_dir(self) -> Path:
+        return Path(self.path)
+
+    def to_dict(self) -> dict:
+        """The JSON summary, as `export --json` writes it."""
+        return summary_json(self)
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "ExportResult":
+        """The result back from `export --json`'s document (the Python API runs the export in a child process)."""
+        return cls(path=Path(doc["path"]), version=doc["version"], signature_name=doc["signature_name"],
+                   inputs=[InputSpec(key, spec["dtype"], spec["shape"]) for key, spec in doc["inputs"].items()],
+                   outputs={key: spec["dtype"] for key, spec in doc["outputs"].items()}, policy=doc["dtype_policy"],
+                   source_format=doc["source_format"], checked=doc["self_check"] == "passed",
+                   checked_how=doc["self_check_how"] or "", stage_seconds=dict(doc["stage_seconds"]),
+                   findings=[Finding(**f) for f in doc["findings"]], reference=doc["reference"],
+                   signatures=doc["signatures"])
 
 
 def _tolerance_dtype(policy: str, raw_dtype: str) -> str:
@@ -332,19 +355,21 @@ def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, reference: d
             r.plan.classes_file.name for r in golden.signatures if r.plan.classes_file is not None])),
         "custom_objects": sorted(loaded.custom_objects),
         "reference": reference,  # a training-time reference was used (exportkit.record_reference), or null
+        # Python, TensorFlow's build (CUDA/cuDNN) and the Keras package that loaded the source
+        "toolchain": toolchain(loaded.keras.package),
     }
 
 
 def _write_version(staging: Path, archive, loaded, golden: GoldenRecord, options: ExportOptions,
                    model_name: str, manifest: dict, reference=None) -> None:
-    from exportkit.serving.warmup import warmup_records, write_warmup_file
+    from exportkit.serving.warmup import resized_batches, warmup_records, write_warmup_file
 
     loaded.keras.write_archive(archive, str(staging))
     writer.set_method_names(staging, {r.plan.name: r.plan.method_name for r in golden.signatures})
     records = []
-    for record in golden.signatures:
-        records += warmup_records(model_name, record.plan.name, record.inputs[:golden.generated],
-                                  method=record.plan.method)
+    for record in golden.signatures:  # with --batching-parameters: a record of every allowed batch size too
+        batches = resized_batches(record.inputs[:golden.generated], manifest.get("warmup_batch_sizes", []))
+        records += warmup_records(model_name, record.plan.name, batches, method=record.plan.method)
     write_warmup_file(str(staging), records)
     for record, entry in zip(golden.signatures, manifest["signatures"].values()):
         layout.write_golden(staging, record.inputs, record.outputs, entry["golden"])
@@ -365,7 +390,11 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
     writer.choose_version(base, options.version)
     overrides = [parse_input_spec(text) for text in options.input_specs]
     assets = writer.check_assets(options.assets)
-    prepare_process(options.source, detect_format(options.source.src, options.source.format))  # before TensorFlow is imported: which Keras `tf.keras` means
+    from exportkit.serving.warmup import warmup_batch_sizes
+
+    warmup_sizes = warmup_batch_sizes(options.batching_parameters)  # a bad file fails before anything is loaded
+    # before TensorFlow is imported: which Keras `tf.keras` means in the user's modules
+    prepare_process(options.source, detect_format(options.source.src, options.source.format))
 
     # The version is reserved (and BASE_DIR proven writable) before the long stages.
     with writer.staged_version_dir(base, options.version) as staging:
@@ -404,7 +433,10 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
             progress.stage("trace", f"signature{'s' if len(names) > 1 else ''} {', '.join(repr(n) for n in names)}")
 
             manifest = _manifest(loaded, golden, options, reference_entry)
+            if warmup_sizes:
+                manifest["warmup_batch_sizes"] = warmup_sizes  # --batching-parameters' allowed_batch_sizes
             _write_version(staging, archive, loaded, golden, options, base.resolve().name, manifest, reference)
+            selfcheck.external_files_check(staging)  # static, so even with --no-verify
             progress.stage("write", f"{base / str(version)}")
             if options.verify:
                 del archive  # the traced functions hold the model's variables too
@@ -421,7 +453,7 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
                                         + (f" ({len(names)} signatures)" if len(names) > 1 else ""))
                 if reference_entry is not None:
                     reference_entry["links"][refs.LINKS[1]] = "passed"
-                    layout.write_manifest(staging, _manifest(loaded, golden, options, reference_entry))
+                    layout.write_manifest(staging, {**manifest, "reference": reference_entry})  # the model is gone
         finally:
             if session is not None:
                 session.close()
@@ -493,7 +525,7 @@ def export_verdict(result: ExportResult) -> str:
 
 
 def summary_json(result: ExportResult) -> dict:
-    return {"path": str(result.path), "version": result.version, "signature_name": result.signature_name,
+    return {"schema_version": SCHEMA_VERSION, "path": str(result.path), "version": result.version, "signature_name": result.signature_name,
             "inputs": {s.key: {"dtype": s.dtype, "shape": s.shape} for s in result.inputs},
             "outputs": {k: {"dtype": d} for k, d in result.outputs.items()}, "dtype_policy": result.policy,
             "source_format": result.source_format, "self_check": "passed" if result.checked else "skipped",

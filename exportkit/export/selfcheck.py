@@ -55,6 +55,18 @@ def static_check(path: str | Path, version: str) -> None:
                           "--no-verify, or replace the op with stock TensorFlow ops")
 
 
+def external_files_check(path: str | Path) -> None:
+    """Refuse a SavedModel that reads files from outside it (exportkit.deployment): it works on this machine only."""
+    from exportkit.deployment import EXTERNAL_FILE_FIX, file_reads
+
+    outside = [r for r in file_reads(select_meta_graph(read_saved_model_proto(path))) if r.outside]
+    if outside:
+        listed = "; ".join(f"'{r.path}' ({r.op} at {'load time' if r.when == 'load' else 'each request'}, captured by "
+                           f"{r.owner or r.node})" for r in outside)
+        raise CheckFailed(f"the SavedModel reads files from outside it: {listed}; TF Serving in a container or on "
+                          f"another host does not have them", REFUSED + EXTERNAL_FILE_FIX.removeprefix("fix: "))
+
+
 class InProcessSession:
     """Tf1SavedModel behind the calls `_self_check` makes of the session runtime: load, use_signature, run, close.
     Load and run failures are the model's (CheckFailed), as the session worker reports them."""

@@ -19,6 +19,7 @@ from typing import Callable
 
 from exportkit.errors import InfraError, UsageError
 from exportkit.processes import pid_alive
+from exportkit.log import log
 
 STAGING_PREFIX = ".exportkit-"
 # .exportkit-<version>-<owner pid>-<random>: the version it reserves and the process that owns it.
@@ -126,7 +127,7 @@ def staged_version_dir(base: Path, version: int | None = None, notice: Callable[
     `base` is writable. Version directories get the mode a plain mkdir gives (0755 under umask 022), so a server
     running as another user can read them. Stale staging directories of dead exports are removed here.
     """
-    notice = notice or (lambda line: print(line, file=sys.stderr, flush=True))
+    notice = notice or log.warning
     staging: Path | None = None
     created_base = not base.exists()  # decided before anything is created, so an interrupt cannot lose track
     try:

@@ -11,8 +11,11 @@ from exportkit.runtimes import Runtime
 
 
 def require_gpu() -> None:
-    from exportkit.tfenv import import_tf
+    """A visible GPU, taking its memory as needed (memory growth, before anything initializes it): the GPU worker or
+    server of the same run shares it."""
+    from exportkit.tfenv import gpu_memory_growth, import_tf
 
+    gpu_memory_growth()
     if not import_tf().config.list_logical_devices("GPU"):
         raise InfraError("--device gpu, but TensorFlow sees no GPU",
                          "run on a machine with a GPU and `pip install 'exportkit[gpu]'`, or use --device cpu")
@@ -142,6 +145,11 @@ class KerasRuntime(Runtime):
 
         self._model = load_source(self.source_options).model
         self.loaded = True
+
+    @property
+    def keras_package(self) -> str | None:
+        """The Keras that loaded the source ("keras" or "tf_keras"), once loaded."""
+        return type(self._model).__module__.split(".")[0] if self._model is not None else None
 
     def input_specs(self):
         """The model's inputs (after load), for callers that must build them, e.g. from tf.Example records."""

@@ -63,13 +63,25 @@ class ServingRuntime(Runtime):
         if self._pending is not None or self._handle is not None:
             return
         embedded = self.mode == "embedded" or (self.mode == "auto" and not find_binary(self.binary))
-        if embedded and self.worker is not None:
+        if embedded and self.worker is not None and not self._xla_disabled_here():
             self.worker.start()  # its TensorFlow import overlaps the other runtimes' work
-            self._pending = _serve_in_worker(self.worker, self.model_name, self.rest, self._device)
+            self._pending = _serve_in_worker(self.worker, self.model_name, self.rest, self._device, self.launch)
             return
         self._pending = start(self.mode, self.path, model_name=self.model_name, model_version=self.model_version,
                               binary=self.binary, device=self._device, load_timeout=self.load_timeout, rest=self.rest,
                               launch=self.launch)
+
+    def _xla_disabled_here(self) -> bool:
+        """The server must refuse XLA (stock flags) and the model has functions that need it: an `exportkit serve`
+        process of its own, which disables XLA as tensorflow_model_server does, not the worker, whose session runtime
+        and loaders would be disabled with it (DisableXlaCompilation is process-wide)."""
+        from exportkit.deployment import xla_functions
+        from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+
+        flags = getattr(self.launch, "server_flags", None)
+        if self.path is None or (flags is not None and flags.xla_enabled):
+            return False
+        return bool(xla_functions(select_meta_graph(read_saved_model_proto(self.path))))
 
     def load(self) -> None:
         """Wait for a server with the model AVAILABLE (CheckFailed if it fails to load, InfraError if no server)."""
@@ -234,10 +246,11 @@ def regress_shaped(values: np.ndarray, signature: dict, predict) -> np.ndarray:
     return values.reshape(-1, 1) if len(shape) == 2 else values
 
 
-def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str):
+def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str, launch=None):
     """The embedded server inside the TensorFlow worker: TF Serving's APIs over the session loader's graph and
     session, started (warm-up replayed first) when waited for, so `session` runs before the warm-up, as a fresh
-    TF Serving load would answer them."""
+    TF Serving load would answer them. `batching`: a BatchingParameters file, served with TF Serving's batching."""
+    from exportkit.serving.launcher import batching_file
     from exportkit.version import __version__
     from exportkit.savedmodel import resolve_model_path
     from exportkit.serving.launcher import PendingServer, ServerHandle
@@ -245,7 +258,10 @@ def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str):
     name = model_name or resolve_model_path(worker.path).default_name
 
     def finish() -> ServerHandle:
-        reply = worker.request(op="serve", path=worker.path, model_name=name, rest=rest, device=device)
+        flags = getattr(launch, "server_flags", None)
+        reply = worker.request(op="serve", path=worker.path, model_name=name, rest=rest, device=device,
+                               method_name_check=bool(flags and flags.enable_signature_method_name_check),
+                               batching=batching_file(launch))
         if not reply.get("ok"):
             error = InfraError if reply.get("kind") == "infra" else CheckFailed
             raise error(f"embedded server: {reply.get('message', '')}",

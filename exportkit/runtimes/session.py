@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from exportkit.batches import load_batches, save_batches
-from exportkit.errors import CheckFailed, InfraError
+from exportkit.errors import CheckFailed, InfraError, MissingModule
 from exportkit.runtimes import Runtime
 from exportkit.savedmodel import DEFAULT_SIGNATURE
 from exportkit.tf1_loader import loader_failure
@@ -117,7 +117,11 @@ class TfWorker:
         if line is None:
             self._lines.put(None)  # every later read sees the end too
             raise self._died()
-        return json.loads(line)
+        reply = json.loads(line)
+        if reply.get("missing_module"):  # the worker's Python lacks a package: infrastructure, with the pip command
+            missing = MissingModule(reply["missing_module"], self._command[0])
+            reply.update(kind="infra", message=missing.message, remedy=missing.remedy)
+        return reply
 
     def _died(self) -> InfraError:
         """The worker's death as an infrastructure failure naming it, how it ended and the end of its log."""
@@ -144,17 +148,30 @@ class TfWorker:
         try:
             self._requests.sendall((json.dumps(payload) + "\n").encode(), getattr(socket, "MSG_NOSIGNAL", 0))
         except OSError as err:  # EPIPE, ECONNRESET: it died
+            self._await_ready()  # (having said why, if it could not start)
             raise self._died() from err
         self._pending.append(self._next_id)
         return self._next_id
 
+    def _await_ready(self) -> None:
+        """Read the "ready" line, sent once TensorFlow is imported; one that says numpy/TensorFlow do not import
+        there (the worker then exits) is an InfraError saying what is wrong with that Python."""
+        if self._ready:
+            return
+        ready = self._read_reply()
+        if not ready.get("ok"):
+            self._lines.put(None)
+            if ready.get("missing_module"):
+                raise InfraError(ready["message"], ready["remedy"])
+            raise InfraError(f"the TensorFlow worker's Python ({self._command[0]}) {ready.get('message')}",
+                             self._broken_remedy)
+        self.tf_version = ready.get("tf")
+        self._ready = True
+
     def wait(self, request_id: int) -> dict:
         """The reply to `request_id`. Replies without an id (a standalone worker answering in order) go to the oldest
         request still waiting."""
-        if not self._ready:
-            ready = self._read_reply()  # the "ready" line, sent once TensorFlow is imported
-            self.tf_version = ready.get("tf")
-            self._ready = True
+        self._await_ready()
         while request_id not in self._replies:
             reply = self._read_reply()
             answered = reply.get("id", self._pending[0] if self._pending else None)

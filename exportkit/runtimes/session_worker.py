@@ -14,7 +14,8 @@ Every reply carries the request's "id" (when it had one):
         TF Serving's gRPC (and REST) API over the session loader's graph and session, after replaying the warm-up
         records as TF Serving does before AVAILABLE. So `session` answers by a direct Session.run on the state
         before warm-up, and the server through its request handling: one load, two different paths.
-    failures -> {"ok": false, "kind": "model"|"infra", "message": ..., "remedy": ...}
+    failures -> {"ok": false, "kind": "model"|"infra", "message": ..., "remedy": ...}; a module this Python lacks
+        -> {"ok": false, "kind": "infra", "missing_module": NAME} (also on the ready line, then the worker exits)
 
 "loader" defaults to "session" (the protocol of exportkit/compat/worker.py for other TensorFlow versions).
 """
@@ -46,7 +47,9 @@ class Worker:
     def fail(self, request: dict, err: BaseException) -> None:
         from exportkit.errors import ExportkitError, InfraError
 
-        if isinstance(err, ExportkitError):
+        if isinstance(err, ModuleNotFoundError) and err.name:  # e.g. the server's h11: this Python's fault
+            self.reply(request, ok=False, kind="infra", missing_module=err.name, message=f"no module {err.name!r}")
+        elif isinstance(err, ExportkitError):
             self.reply(request, ok=False, kind="infra" if isinstance(err, InfraError) else "model",
                        message=err.message, remedy=err.remedy)
         else:
@@ -128,7 +131,13 @@ class Worker:
 
         model = self._start_load("session", dict(request, signature=request.get("signature", ""))).result()
         location = resolve_model_path(request["path"])
-        served = ServedModel(location, request["model_name"], request.get("device") or "cpu")
+        batching = None
+        if request.get("batching"):  # --batching-parameters: TF Serving's batching session over the same load
+            from exportkit.serving.config import read_batching_parameters
+
+            batching = read_batching_parameters(request["batching"])
+        served = ServedModel(location, request["model_name"], request.get("device") or "cpu",
+                             method_name_check=bool(request.get("method_name_check")), batching=batching)
         served.load(model)
         if served.state != "AVAILABLE":
             raise CheckFailed(f"model '{served.name}' version {served.version} failed to load: {served.error[1]}",
@@ -151,6 +160,10 @@ def _load(loader: str, request: dict):
     from exportkit.tfenv import import_tf
 
     tf = import_tf()
+    if request.get("device") == "gpu":
+        from exportkit.tfenv import gpu_memory_growth
+
+        gpu_memory_growth()  # the in-process Keras run (and a server) use the same GPU
     from exportkit.compat.oplibs import load_for_worker
 
     load_for_worker(request["path"])  # TF Text / TF-DF ops, as the stock server links them; --op-library
@@ -175,8 +188,13 @@ def main() -> int:
     sys.stdout = sys.stderr
     from exportkit.tfenv import import_tf
 
-    tf = import_tf()
     worker = Worker(channel)
+    try:
+        tf = import_tf()
+    except ModuleNotFoundError as err:  # said on the ready line: the caller makes it exit 3 with the pip command
+        worker.reply({}, ok=False, ready=True, kind="infra", missing_module=err.name or "tensorflow",
+                     message=f"no module {err.name!r}")
+        return 1
     worker.reply({}, ok=True, ready=True, tf=tf.__version__)
     ops = {"load": worker.load, "run": worker.run, "serve": worker.serve}
     for line in sys.stdin:

@@ -52,6 +52,10 @@ def image_for(serving: str, device: str = "cpu") -> str:
     return f"{IMAGE_REPO}:{tag}"
 
 
+def moving_tag(image: str) -> bool:
+    """tensorflow/serving:latest[-gpu] (or no tag): a different server with every release."""
+    tag = image.rpartition(":")[2] if ":" in image.rpartition("/")[2] else "latest"
+    return tag in ("latest", "latest-gpu")
 
 
 class ContainerCli:
@@ -146,6 +150,11 @@ def remove_stale(cli: ContainerCli) -> list[str]:
     return removed
 
 
+# A server exportkit launches serves one complete version: a failed load is the answer at once, not after TF Serving's
+# default 5 retries a minute apart (model_servers/server.h, core/loader_harness.cc).
+NO_LOAD_RETRIES = ["--max_num_load_retries=0"]
+
+
 def batching_flags(path: str | None) -> list[str]:
     """The server flags that turn on TF Serving's batching with a parameters file at `path` (as the server sees it)."""
     return ["--enable_batching=true", f"--batching_parameters_file={path}"] if path else []
@@ -159,7 +168,7 @@ class Container:
 
     @classmethod
     def run(cls, cli: ContainerCli, image: str, *, model_name: str, version_dir: str, version: int, grpc_port: int,
-            rest_port: int, gpu: bool, batching_parameters: str | None) -> "Container":
+            rest_port: int, gpu: bool, batching_parameters: str | None, server_args: list[str] = ()) -> "Container":
         """Detached, labelled with this run, ports published on 127.0.0.1 only, the version dir read-only."""
         name = f"exportkit-{os.getpid()}-{secrets.token_hex(3)}"
         args = ["run", "-d", "--name", name, "--label", f"{LABEL}={_owner()}",
@@ -173,7 +182,7 @@ class Container:
             inside = f"{CONFIG_DIR}/batching_parameters.txt"
             args += ["-v", f"{os.path.abspath(batching_parameters)}:{inside}:ro"]
         try:
-            proc = cli.run(*args, image, *batching_flags(inside), check=False)
+            proc = cli.run(*args, image, *NO_LOAD_RETRIES, *batching_flags(inside), *server_args, check=False)
         except BaseException:  # interrupted while `run` was creating it: remove it by the name we gave it
             cli.run("rm", "-f", name, check=False)
             raise

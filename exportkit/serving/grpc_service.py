@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from concurrent import futures
 
 import grpc
@@ -17,28 +18,39 @@ from exportkit.serving.model_status import get_model_status
 from exportkit.serving.multi_inference import multi_inference
 from exportkit.serving.predict import predict
 from exportkit.serving.regressor import regress
+from exportkit.serving.scope import request_scope
 from exportkit.serving.server_core import ServerCore
 from exportkit.serving.status import RpcError
 
 log = logging.getLogger("exportkit.serve")
 
 
+# prediction_service_impl.cc records request_count/request_latency for these three only
+COUNTED_APIS = ("Predict", "Classify", "Regress")
+
+
 def _unary(api: str, method):
-    """Turn RpcError into the gRPC status; anything unexpected into INTERNAL with its type. Counted and timed
-    in the core's metrics when monitoring is on."""
+    """Turn RpcError into the gRPC status; anything unexpected into INTERNAL with its type. The client's deadline
+    becomes the RunOptions timeout of every Session.run (prediction_service_impl.cc, enforce_session_run_timeout on
+    by default); versions the request uses stay loaded until it answers. Counted in the core's metrics."""
 
     def handler(self, request, context):
-        metrics = self.core.metrics
+        started = time.monotonic()
+        status = "OK"
         try:
-            if metrics is None:
-                return method(self, request)
-            with metrics.request(_model_name(request), api, "GRPC"):
+            with request_scope(context.time_remaining()):
                 return method(self, request)
         except RpcError as err:
+            status = err.code.name
             context.abort(err.code, err.message)
         except Exception as err:  # noqa: BLE001
+            status = "INTERNAL"
             log.exception("internal error in %s", api)
             context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
+        finally:
+            if self.core.metrics is not None and api in COUNTED_APIS:
+                self.core.metrics.request(_model_name(request), api, "GRPC", status,
+                                          (time.monotonic() - started) * 1e6)
 
     handler.__name__ = api
     return handler

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import urllib.parse
 from dataclasses import dataclass
 from typing import Callable
@@ -25,6 +26,7 @@ from exportkit.serving.metadata import get_model_metadata
 from exportkit.serving.model_status import get_model_status
 from exportkit.serving.predict import run_predict
 from exportkit.serving.regressor import regress
+from exportkit.serving.scope import request_scope
 from exportkit.serving.status import RpcError, invalid_argument
 
 log = logging.getLogger("exportkit.serve")
@@ -79,15 +81,28 @@ def _model_spec(spec, info: ModelInfo) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the handler
-def handle(core, method: str, path: str, body: bytes) -> tuple[int, str]:
-    """(HTTP status, JSON body) for one request, like HttpRestApiHandler::ProcessRequest."""
+def handle(core, method: str, path: str, body: bytes, timeout_in_ms: int = 0) -> tuple[int, str]:
+    """(HTTP status, JSON body) for one request, like HttpRestApiHandler::ProcessRequest. `timeout_in_ms`
+    (--rest_api_timeout_in_ms) is every Session.run's RunOptions timeout (http_rest_api_handler.cc). Counted as
+    http_server.cc does: the URL's model name and verb ("" for GET), entrypoint REST."""
+    started = time.monotonic()
+    model_name = verb = ""
+    status = "OK"
     try:
-        return 200, _dispatch(core, parse_model_info(method, path), method, body)
+        info = parse_model_info(method, path)
+        model_name, verb = info.name, info.verb if method == "POST" else ""
+        with request_scope(timeout_in_ms / 1000):
+            return 200, _dispatch(core, info, method, body)
     except RpcError as err:
+        status = err.code.name
         return HTTP_STATUS.get(err.code.name, 500), error_json(err.message)
     except Exception as err:  # noqa: BLE001 — never a traceback to the client
+        status = "INTERNAL"
         log.exception("internal error in REST %s %s", method, path)
         return 500, error_json(f"{type(err).__name__}: {err}")
+    finally:
+        if core.metrics is not None:
+            core.metrics.request(model_name, verb, "REST", status, (time.monotonic() - started) * 1e6)
 
 
 def _dispatch(core, info: ModelInfo, method: str, body: bytes) -> str:
@@ -163,9 +178,10 @@ class RestApiHandler:
     """http_server.cc RestApiRequestDispatcher: exact paths registered in `routes` first (TF Serving's Prometheus
     page), then every path under /v1/ to the REST API; anything else is 404."""
 
-    def __init__(self, core, routes: dict[str, Callable[[Request], Response]] | None = None):
+    def __init__(self, core, routes: dict[str, Callable[[Request], Response]] | None = None, timeout_in_ms: int = 0):
         self.core = core
         self.routes = dict(routes or {})
+        self.timeout_in_ms = timeout_in_ms
 
     def check(self, method: str, target: str) -> Response | None:
         path = urllib.parse.urlsplit(target).path
@@ -192,19 +208,20 @@ class RestApiHandler:
                 return Response(200, b"", None)
             return error_response(HTTP_STATUS[grpc.StatusCode.FAILED_PRECONDITION.name],
                                   "Origin header is missing in CORS preflight")
-        status, text = handle(self.core, request.method, path, request.body)
+        status, text = handle(self.core, request.method, path, request.body, self.timeout_in_ms)
         # surrogateescape: string outputs that are not UTF-8 go out as their raw bytes, as TF Serving sends them.
         return Response(status, text.encode("utf-8", "surrogateescape"))
 
 
 def start_rest(core, port: int, routes: dict[str, Callable[[Request], Response]] | None = None,
-               limits: Limits = Limits()) -> tuple[HttpServer, int]:
+               limits: Limits = Limits(), timeout_in_ms: int = 0) -> tuple[HttpServer, int]:
     """Serve the REST API for `core` on 127.0.0.1:port (0 = a free port) in a daemon thread. `routes`: extra exact
-    paths (e.g. a monitoring page) answered before the API. The server has `shutdown()` and `server_close()`."""
+    paths (e.g. a monitoring page) answered before the API; `timeout_in_ms`: --rest_api_timeout_in_ms (0 = none).
+    The server has `shutdown()` and `server_close()`."""
     from exportkit.errors import InfraError
 
     try:
-        server = serve_in_thread(RestApiHandler(core, routes), port, limits)
+        server = serve_in_thread(RestApiHandler(core, routes, timeout_in_ms), port, limits)
     except OSError as err:
         raise InfraError(f"cannot listen on 127.0.0.1:{port} for REST ({err.strerror})",
                          "pass another --rest-port, or 0 for none") from None

@@ -5,8 +5,9 @@ slow or hostile clients and hands each one to the REST handler.
   abc, 1e13), or one next to Transfer-Encoding, is an error, never the start of a second request; chunked bodies
   are read; the header block is bounded.
 - Bodies sent with `Content-Encoding: gzip` are uncompressed (TF Serving's default), bounded like any body.
-- One thread per connection with a deadline for the headers and an idle timeout for the body: a stalled client
-  costs a sleeping thread until then and never blocks another; the number of connections is bounded too.
+- One thread per connection with a deadline for the headers, and for the body both an idle timeout and a deadline
+  for the whole of it (a client trickling a byte a second is cut off too): a stalled client costs a sleeping
+  thread until then and never blocks another; the number of connections is bounded too.
 - Answers go out with MSG_NOSIGNAL: a client that left gets no SIGPIPE sent to the server (the CLI restores
   SIGPIPE's default action for `| head`, under which an ordinary write to a dead socket kills the process).
 """
@@ -32,6 +33,7 @@ log = logging.getLogger("exportkit.serve")
 class Limits:
     header_seconds: float = 30.0  # from the connection's (or the previous answer's) end to the last header byte
     body_idle_seconds: float = 60.0  # longest wait for the next body bytes
+    body_seconds: float = 300.0  # from the last header byte to the last body byte, however the bytes trickle
     send_seconds: float = 60.0  # longest wait for a client to take the next bytes of an answer
     max_header_bytes: int = 64 * 1024
     max_body_bytes: int = 256 * 1024 * 1024
@@ -151,7 +153,8 @@ class HttpServer:
     def _one_exchange(self, client: socket.socket, conn: h11.Connection) -> bool:
         """Read one request and answer it; True if the connection can carry another."""
         try:
-            head = self._next_event(client, conn, time.monotonic() + self.limits.header_seconds, "headers")
+            head = self._next_event(client, conn, time.monotonic() + self.limits.header_seconds,
+                                    self.limits.header_seconds, "headers")
             if isinstance(head, h11.ConnectionClosed):
                 return False
             if sum(len(name) + len(value) for name, value in head.headers) > self.limits.max_header_bytes:
@@ -186,8 +189,10 @@ class HttpServer:
         if conn.they_are_waiting_for_100_continue:
             self._send_bytes(client, conn.send(h11.InformationalResponse(status_code=100, headers=[])))
         chunks, size = [], 0
+        deadline = time.monotonic() + self.limits.body_seconds
         while True:
-            event = self._next_event(client, conn, None, "body")
+            event = self._next_event(client, conn, deadline, self.limits.body_idle_seconds, "body",
+                                     self.limits.body_seconds)
             if isinstance(event, h11.EndOfMessage):
                 break
             if isinstance(event, h11.ConnectionClosed):
@@ -212,20 +217,24 @@ class HttpServer:
             raise _Refused(413, f"Request body uncompresses to more than the limit of {most} bytes")
         return out
 
-    def _next_event(self, client: socket.socket, conn: h11.Connection, deadline: float | None, part: str):
+    def _next_event(self, client: socket.socket, conn: h11.Connection, deadline: float, idle: float, part: str,
+                    whole: float | None = None):
+        """The next h11 event, reading as needed: 408 once `deadline` passes (the whole `part` took longer than
+        `whole` seconds) or no byte came for `idle` seconds."""
         while True:
             event = conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            limit = self.limits.body_idle_seconds if deadline is None else self.limits.header_seconds
-            wait = limit if deadline is None else deadline - time.monotonic()
+            left = deadline - time.monotonic()
             try:
-                if wait <= 0:
+                if left <= 0:
                     raise TimeoutError
-                client.settimeout(wait)
+                client.settimeout(min(idle, left))
                 data = client.recv(1 << 20)
             except TimeoutError:
-                raise _Refused(408, f"Request {part} not received within {limit:g} s") from None
+                if whole is not None and deadline - time.monotonic() <= 0:
+                    raise _Refused(408, f"Request {part} not received whole within {whole:g} s") from None
+                raise _Refused(408, f"Request {part} not received within {idle:g} s") from None
             except OSError:
                 raise _ClientGone() from None
             conn.receive_data(data)  # b"" = the client closed its side

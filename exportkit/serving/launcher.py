@@ -25,10 +25,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from exportkit.errors import CheckFailed, InfraError, UsageError
+from exportkit.errors import EXIT_INFRA, CheckFailed, InfraError, UsageError
 from exportkit.savedmodel import list_versions, resolve_model_path
-from exportkit.serving.container import batching_flags, is_container_mode
+from exportkit.serving.container import NO_LOAD_RETRIES, batching_flags, is_container_mode
+from exportkit.serverflags import STOCK, ServerFlags
 from exportkit.tfenv import child_env
+from exportkit.log import log
 
 BINARY_NAME = "tensorflow_model_server"
 BINARY_ENV = "EXPORTKIT_MODEL_SERVER"
@@ -195,6 +197,11 @@ def _died(child: "_Child", what: str) -> Exception:
     log = f"\nserver log (last {LOG_TAIL_LINES} lines):\n{tail}" if tail.strip() else ""
     if "Address already in use" in tail:  # lost the free-port race: not the model's fault
         return InfraError(f"{what} could not bind its port{log}", "run the check again")
+    if child.label == "embedded server" and code == EXIT_INFRA:  # `exportkit serve` said its environment failed
+        said = {ln.strip().partition(": ")[0]: ln.strip().partition(": ")[2] for ln in tail.splitlines()
+                if ln.strip().startswith(("error: ", "fix: "))}
+        return InfraError(f"{what}: {said.get('error') or _last_line(tail)}{log}",
+                          said.get("fix") or "the server log says what is missing; run the check again once it is fixed")
     if code is not None and code < 0:
         try:
             name = signal.Signals(-code).name
@@ -210,18 +217,29 @@ def _died(child: "_Child", what: str) -> Exception:
 @dataclass(frozen=True)
 class LaunchOptions:
     """How a launched server is run: the container CLI (docker, podman or a path) and whether a missing image may
-    be pulled (docker mode), and a TF Serving BatchingParameters text proto to serve with `--enable_batching`."""
+    be pulled (docker mode), a TF Serving BatchingParameters text proto to serve with `--enable_batching`, and the
+    tensorflow_model_server flags the deployment runs with (exportkit.serverflags; every kind of server gets them)."""
 
     container_cli: str = "docker"
     pull: bool = False
     batching_parameters: str | None = None
+    server_flags: ServerFlags = STOCK
 
 
 def _model_name(path: str, model_name: str | None) -> str:
     return model_name or resolve_model_path(path).default_name
 
 
-def _batching_file(options: LaunchOptions | None) -> str | None:
+def _flags(options: LaunchOptions | None) -> ServerFlags:
+    return options.server_flags if options else STOCK
+
+
+def _flags_entry(flags: ServerFlags) -> dict:
+    """The server description's `server_flags` entry: the flags that differ from the stock server's, if any."""
+    return {"server_flags": flags.argv()} if flags.changed() else {}
+
+
+def batching_file(options: LaunchOptions | None) -> str | None:
     path = options.batching_parameters if options else None
     if path and not os.path.isfile(path):
         raise UsageError(f"--batching-parameters {path}: no such file",
@@ -328,8 +346,8 @@ def start_binary(path: str, model_name: str | None = None, binary: str | None = 
         port = free_port()
         rest_port = free_port() if rest else 0
         argv = [found, f"--port={port}", f"--rest_api_port={rest_port}", f"--model_name={name}",
-                f"--model_base_path={os.path.abspath(base_dir)}"]
-        argv += batching_flags(_batching_file(launch))
+                f"--model_base_path={os.path.abspath(base_dir)}", *NO_LOAD_RETRIES]
+        argv += batching_flags(batching_file(launch)) + _flags(launch).argv()
         child = _Child(argv, child_env(device), label="binary")
     except BaseException:
         clean()
@@ -346,7 +364,8 @@ def start_binary(path: str, model_name: str | None = None, binary: str | None = 
         with ServingClient(address, name, version) as client:
             _wait(child, client, load_timeout, f"{BINARY_NAME} ({found})")
         description = {"kind": "binary", "version": binary_version(found), "address": address,
-                       "binary": found, "model_name": name, "model_version": version}
+                       "binary": found, "model_name": name, "model_version": version,
+                       **_flags_entry(_flags(launch))}
         handle = ServerHandle(address, description, name, version, stop, child.proc, child.tail,
                               rest_address=f"127.0.0.1:{rest_port}" if rest_port else None)
         _live.add(handle)
@@ -369,18 +388,19 @@ def start_container(serving: str, path: str, model_name: str | None = None, devi
 
     options = options or LaunchOptions()
     image = containers.image_for(serving, device)
-    _batching_file(options)
+    batching_file(options)
     cli = containers.ContainerCli(options.container_cli)
     removed = containers.remove_stale(cli)
     for stale in removed:
-        print(f"note: removed container {stale}, left behind by an exportkit run that was killed", file=sys.stderr)
+        log.warning(f"note: removed container {stale}, left behind by an exportkit run that was killed")
     image_id, digest = containers.image_identity(cli, image, options.pull)
     loc = resolve_model_path(path)
     name = model_name or loc.default_name
     grpc_port, rest_port = free_port(), free_port()
     container = containers.Container.run(cli, image, model_name=name, version_dir=str(loc.version_dir),
                                          version=loc.version, grpc_port=grpc_port, rest_port=rest_port,
-                                         gpu=device == "gpu", batching_parameters=options.batching_parameters)
+                                         gpu=device == "gpu", batching_parameters=options.batching_parameters,
+                                         server_args=options.server_flags.argv())
     address = f"127.0.0.1:{grpc_port}"
     what = f"TF Serving in {image} (container {container.name})"
     log = f"container log (last {containers.LOG_TAIL_LINES} lines)"
@@ -406,9 +426,14 @@ def start_container(serving: str, path: str, model_name: str | None = None, devi
         description = {"kind": "docker", "version": containers.server_version(cli, image), "address": address,
                        "binary": None, "image": image, "image_id": image_id, "digest": digest,
                        "container": container.name, "cli": cli.name, "model_name": name,
-                       "model_version": loc.version}
+                       "model_version": loc.version, **_flags_entry(options.server_flags)}
         if removed:
             description["removed_stale"] = removed
+        if containers.moving_tag(image):
+            print(f"warning: {image} moves with every TF Serving release; this run used TF Serving "
+                  f"{description['version']} ({digest or image_id}): pin it with --serving "
+                  f"docker:{description['version']}{'-gpu' if device == 'gpu' else ''} to run the same server again",
+                  file=sys.stderr)
         handle = ServerHandle(address, description, name, loc.version, container.remove, None, container.tail,
                               rest_address=f"127.0.0.1:{rest_port}")
         _live.add(handle)
@@ -445,8 +470,9 @@ def _read_line(child: _Child, deadline: float, pattern: re.Pattern) -> str | Non
 
 
 def start_embedded(path: str, model_name: str | None = None, device: str = "cpu",
-                   load_timeout: float = 120.0, rest: bool = False) -> PendingServer:
-    """Spawn `python -I -m exportkit serve PATH --port 0`: isolated from cwd/PYTHONPATH, so no user code."""
+                   load_timeout: float = 120.0, rest: bool = False, launch: LaunchOptions | None = None) -> PendingServer:
+    """Spawn `python -I -m exportkit serve PATH --port 0`: isolated from cwd/PYTHONPATH, so no user code.
+    `launch.batching_parameters`: served with TF Serving's batching (--enable_batching), as binary and docker."""
     from exportkit.serving.model_server import WATCH_STDIN_ENV
 
     loc = resolve_model_path(path)
@@ -457,6 +483,7 @@ def start_embedded(path: str, model_name: str | None = None, device: str = "cpu"
             "--model-name", name, "--device", device]
     if rest:
         argv += ["--rest-port", str(free_port())]
+    argv += batching_flags(batching_file(launch)) + _flags(launch).argv()
     workdir = tempfile.mkdtemp(prefix="exportkit-serve-cwd-")  # nothing importable in the child's cwd
     try:
         child = _Child(argv, env, stdout=subprocess.PIPE, stdin=subprocess.PIPE, cwd=workdir, label="embedded server")
@@ -498,9 +525,6 @@ def _finish_embedded(child: _Child, name: str, deadline: float, load_timeout: fl
         if "No module named exportkit" in tail:
             raise InfraError(f"{what} cannot import exportkit in isolated mode (python -I)",
                              f"install exportkit into {sys.executable} (pip install -e .)")
-        if child.proc.returncode == 3:
-            raise InfraError(f"{what} could not start: {_last_line(tail)}\n{tail}",
-                             "the server log says what is missing; run the check again once it is fixed")
         raise _died(child, what)
     address = match.group("address")
     version = int(match.group("version"))
@@ -592,7 +616,7 @@ def start(serving: str, path: str | None = None, *, model_name: str | None = Non
     if serving == "binary":
         return start_binary(path, model_name, binary, device, load_timeout, rest, launch)
     if serving == "embedded":
-        return start_embedded(path, model_name, device, load_timeout, rest)
+        return start_embedded(path, model_name, device, load_timeout, rest, launch)
     if is_container_mode(serving):
         return start_container(serving, path, model_name, device, load_timeout, launch)
     address = serving[len("remote:"):] if serving.startswith("remote:") else serving

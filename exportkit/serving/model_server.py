@@ -5,12 +5,13 @@ For machines without the `tensorflow_model_server` binary. It loads the SavedMod
 answers with TF Serving's status codes, so a client or a check that passes here behaves the same against the
 real server. It is a stand-in, not TF Serving: reports must say which server answered.
 
-Two spellings of one command. `exportkit serve PATH [--port N] [--rest-port N] [--model-name M]` binds 127.0.0.1
-first (status LOADING), loads + warms up, then prints exactly one line (`ADDRESS_LINE`) on stdout. With
-`tensorflow_model_server`'s flags (`--model_base_path`, `--model_config_file`, ... see FLAGS) it does what server.cc
-does: load every model of the config, then open the ports; poll the config file and the file system if asked.
-A load failure logs the error and exits 1. SIGINT/SIGTERM (or, when EXPORTKIT_SERVE_WATCH_STDIN=1, EOF on stdin:
-the launcher died) stop the server with exit 0.
+Two spellings of one command. `exportkit serve PATH [--port N] [--rest-port N] [--model-name M]` serves exactly
+that version; `tensorflow_model_server`'s flags (`--model_base_path`, `--model_config_file`, ... see FLAGS) serve
+what the config says, polling the config file and the file system if asked. Both do what server.cc does: load
+every model (retrying a failed load `--max_num_load_retries` times; none for PATH, whose version is complete), then
+open the ports, then print exactly one line (`ADDRESS_LINE`) on stdout; a stdout nobody reads any more does not
+end the server. A load failure logs the error and exits 1. SIGINT/SIGTERM (or, when EXPORTKIT_SERVE_WATCH_STDIN=1,
+EOF on stdin: the launcher died) stop the server with exit 0.
 """
 from __future__ import annotations
 
@@ -25,10 +26,11 @@ from dataclasses import dataclass
 
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.savedmodel import resolve_model_path
+from exportkit.serverflags import check_fraction
 from exportkit.serving.config import (SPECIFIC, ModelConfig, model_configs, read_batching_parameters,
                                       read_model_server_config, read_monitoring_config)
 from exportkit.serving.grpc_service import channel_arguments, start_grpc
-from exportkit.serving.server_core import ServerCore
+from exportkit.serving.server_core import NO_RETRIES, LoadRetries, ServerCore
 from exportkit.serving.status import RpcError
 from exportkit.tfenv import quiet_env
 
@@ -78,10 +80,15 @@ class ServerOptions:
     enable_batching: bool = False
     batching_parameters_file: str | None = None
     rest_api_timeout_in_ms: int = 30000
+    max_num_load_retries: int | None = None  # None: TF Serving's 5 with its flags, 0 for exportkit's PATH
+    load_retry_interval_micros: int = LoadRetries.load_retry_interval_micros
     grpc_channel_arguments: str = ""
     tensorflow_intra_op_parallelism: int = 0
     tensorflow_inter_op_parallelism: int = 0
     enable_signature_method_name_check: bool = False
+    xla_cpu_compilation_enabled: bool = False  # off: DisableXlaCompilation(), as main.cc does
+    xla_gpu_compilation_enabled: bool = False
+    per_process_gpu_memory_fraction: float = 0.0  # server.cc: the session config's GPUOptions
     device: str = "cpu"
     debug: bool = False
 
@@ -124,12 +131,24 @@ def parse_flags(argv: list[str]) -> ServerOptions:
     p.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=False,
                    help="merge concurrent requests into one Session.run")
     p.add_argument("--batching_parameters_file", help="a BatchingParameters text proto")
-    p.add_argument("--rest_api_timeout_in_ms", type=int, default=30000, help="REST request timeout")
+    p.add_argument("--rest_api_timeout_in_ms", type=int, default=30000,
+                   help="each REST request's Session.run timeout (DEADLINE_EXCEEDED, HTTP 504); 0 = none")
+    p.add_argument("--max_num_load_retries", type=int, default=None,
+                   help="retries of a failed version load (TF Serving's default 5; PATH form: 0)")
+    p.add_argument("--load_retry_interval_micros", type=int, default=LoadRetries.load_retry_interval_micros,
+                   help="wait between load retries (default one minute; negative = no wait)")
     p.add_argument("--grpc_channel_arguments", default="", help="k=v,k2=v2 gRPC server arguments")
     p.add_argument("--tensorflow_intra_op_parallelism", type=int, default=0, help="threads per op (0 = TF's choice)")
     p.add_argument("--tensorflow_inter_op_parallelism", type=int, default=0, help="ops at once (0 = TF's choice)")
     p.add_argument("--enable_signature_method_name_check", type=_bool, nargs="?", const=True, default=False,
                    help="Classify/Regress/Predict check the signature's method_name (TF Serving's default: off)")
+    p.add_argument("--xla_cpu_compilation_enabled", type=_bool, nargs="?", const=True, default=False,
+                   help="compile jit_compile=True functions with XLA (TF Serving's default: off, and such functions "
+                        "fail with 'XLA compilation disabled')")
+    p.add_argument("--xla_gpu_compilation_enabled", type=_bool, nargs="?", const=True, default=False,
+                   help="XLA on CPU and GPU (TF Serving's default: off)")
+    p.add_argument("--per_process_gpu_memory_fraction", type=float, default=0.0,
+                   help="share of each GPU's memory the server takes at start (0.0: TensorFlow's choice)")
     p.add_argument("--prefer_tflite_model", type=_bool, nargs="?", const=True, default=False,
                    help="not supported: exportkit serve serves SavedModels only")
     p.add_argument("--device", default="cpu", help="cpu | gpu")
@@ -150,6 +169,7 @@ def parse_flags(argv: list[str]) -> ServerOptions:
     for flag, value in (("--port", options.port), ("--rest_api_port", options.rest_api_port)):
         if not 0 <= value <= 65535:
             raise UsageError(f"{flag} must be 0..65535, got {value}", f"pass {flag} 8500, or 0 for a free one")
+    check_fraction(options.per_process_gpu_memory_fraction)
     if options.batching_parameters_file and not options.enable_batching:
         raise UsageError("--batching_parameters_file needs --enable_batching", "add --enable_batching")
     return options
@@ -168,16 +188,30 @@ def initial_configs(options: ServerOptions) -> list[ModelConfig]:
 
 
 def _session_config(options: ServerOptions):
-    if not (options.tensorflow_intra_op_parallelism or options.tensorflow_inter_op_parallelism):
+    gpu_fraction = options.per_process_gpu_memory_fraction if options.device == "gpu" else 0.0
+    if not (options.tensorflow_intra_op_parallelism or options.tensorflow_inter_op_parallelism or gpu_fraction):
         return None
     from exportkit.tfenv import import_tf
 
     tf = import_tf()
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=options.tensorflow_intra_op_parallelism,
                                       inter_op_parallelism_threads=options.tensorflow_inter_op_parallelism)
+    if gpu_fraction:
+        config.gpu_options.per_process_gpu_memory_fraction = gpu_fraction  # server.cc sets it on every session
     if options.device == "cpu":
         config.device_count["GPU"] = 0
     return config
+
+
+def _xla_as_tf_serving(options: ServerOptions) -> None:
+    """main.cc: `if (!xla_cpu_compilation_enabled && !xla_gpu_compilation_enabled) DisableXlaCompilation();`"""
+    if options.xla_cpu_compilation_enabled or options.xla_gpu_compilation_enabled:
+        return
+    from exportkit.tfenv import disable_xla_compilation
+
+    if not disable_xla_compilation():
+        log.warning("this TensorFlow build does not export DisableXlaCompilation: jit_compile=True functions compile "
+                    "here, where the stock tensorflow_model_server refuses them")
 
 
 def _metrics(options: ServerOptions):
@@ -186,14 +220,17 @@ def _metrics(options: ServerOptions):
     prometheus = read_monitoring_config(options.monitoring_config_file).prometheus_config
     if not prometheus.enable:
         return None
-    import importlib.util
-
-    if importlib.util.find_spec("prometheus_client") is None:
-        raise UsageError("--monitoring_config_file needs prometheus-client (Prometheus' text format)",
-                         "pip install 'exportkit[serve]' (or prometheus-client)")
     from exportkit.serving.monitoring import Metrics
 
     return Metrics(prometheus.path or "/monitoring/prometheus/metrics")
+
+
+def _retries(options: ServerOptions) -> LoadRetries:
+    if options.max_num_load_retries is None and options.path is not None:
+        return NO_RETRIES
+    default = LoadRetries.max_num_load_retries
+    return LoadRetries(default if options.max_num_load_retries is None else options.max_num_load_retries,
+                       options.load_retry_interval_micros)
 
 
 def _poll(stop: threading.Event, seconds: int, action, what: str) -> None:
@@ -226,8 +263,9 @@ def serve(options: ServerOptions) -> int:
     metrics = _metrics(options)
     exportkit_form = options.path is not None
     core = ServerCore(device=options.device, session_config=_session_config(options), batching=batching,
-                      metrics=metrics, method_name_check=options.enable_signature_method_name_check)
-    core.plan(configs)  # versions registered (LOADING) before any port opens: GetModelStatus sees them at once
+                      metrics=metrics, method_name_check=options.enable_signature_method_name_check,
+                      retries=_retries(options))
+    core.plan(configs)
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -236,27 +274,25 @@ def serve(options: ServerOptions) -> int:
 
     def load() -> None:
         try:
+            _xla_as_tf_serving(options)
             core.load_pending()
         except RpcError as err:
             load_error.append(err)
 
     loader = threading.Thread(target=load, daemon=True, name="load")
-    if not exportkit_form:
-        # server.cc opens its ports once the initial models are loaded. Here they open at once (TensorFlow's import
-        # alone can outlast a client's patience on a busy machine) and every request waits until the initial load
-        # is done, so no client ever sees the half-loaded server either way.
-        core.ready.clear()
     try:
-        line = _start_servers(core, options, grpc_options, metrics, servers)
         if os.environ.get(WATCH_STDIN_ENV) == "1":
             threading.Thread(target=_watch_stdin, args=(stop,), daemon=True, name="stdin-watch").start()
+        log.info("loading %s", ", ".join(core.model_names()))
         loader.start()
         while loader.is_alive():
             if stop.wait(0.05):
                 log.info("stopping")
                 return 0
         _raise_load_failure(core, load_error)
-        core.ready.set()
+        # server.cc BuildAndStart: the ports open once ServerCore::Create has loaded the initial models, so a
+        # client sees a refused connection (gRPC UNAVAILABLE) until then, never a half-loaded server.
+        line = _start_servers(core, options, grpc_options, metrics, servers)
         if not exportkit_form:
             if options.file_system_poll_wait_seconds > 0:
                 threading.Thread(target=_poll, args=(stop, options.file_system_poll_wait_seconds,
@@ -267,13 +303,12 @@ def serve(options: ServerOptions) -> int:
                                                      lambda: _reload_config_file(core, options.model_config_file),
                                                      "model config reload"),
                                  daemon=True, name="config-poll").start()
-        line = _address_line(core, line)
-        print(line, flush=True)
+        _announce(_address_line(core, line))
         stop.wait()
         log.info("stopping")
         return 0
     finally:
-        core.ready.set()  # requests still waiting for the initial load get their answer (NOT_FOUND) and finish
+        core.stop_retries()  # a load waiting to retry gives up
         for server in reversed(servers):
             if hasattr(server, "server_close"):
                 server.shutdown()
@@ -289,6 +324,20 @@ def serve(options: ServerOptions) -> int:
             sys.stderr.flush()
             os._exit(0 if stop.is_set() else 1)
         core.close()
+
+
+def _announce(line: str) -> None:
+    """The readiness line on stdout. A reader that has gone (EPIPE: `| head -1`, a launcher that read it and
+    closed) or a full device must not end the server: it is logged, later output goes to /dev/null."""
+    try:
+        print(line, flush=True)
+    except Exception as err:  # noqa: BLE001 — OSError, or the CLI's OutputFault around it
+        log.warning("cannot write the readiness line to stdout (%s); serving on", getattr(err, "err", err))
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+            sys.stdout.flush()  # what stayed in the buffer goes to /dev/null now, not to a later flush's error
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _raise_load_failure(core: ServerCore, load_error: list) -> None:
@@ -307,12 +356,12 @@ def _start_servers(core: ServerCore, options: ServerOptions, grpc_options, metri
     servers.append(server)
     address = f"127.0.0.1:{bound}"
     line = f"{address}"
-    log.info("listening on %s%s; loading %s", address,  # the line tests and users wait for
-             f" and unix:{options.grpc_socket_path}" if options.grpc_socket_path else "", ", ".join(core.model_names()))
+    log.info("listening on %s%s", address, f" and unix:{options.grpc_socket_path}" if options.grpc_socket_path else "")
     if options.rest_api_port:
         from exportkit.serving.http_handler import start_rest
 
-        rest, rest_bound = start_rest(core, options.rest_api_port, routes=_metrics_route(metrics))
+        rest, rest_bound = start_rest(core, options.rest_api_port, routes=_metrics_route(metrics),
+                                      timeout_in_ms=options.rest_api_timeout_in_ms)
         servers.append(rest)
         line += REST_SUFFIX.format(rest_address=f"127.0.0.1:{rest_bound}")  # completed by _address_line
         log.info("REST API on 127.0.0.1:%d", rest_bound)
@@ -335,4 +384,4 @@ def _metrics_route(metrics) -> dict:
 
     if metrics is None:
         return {}
-    return {metrics.path: lambda request: Response(200, metrics.render(), "text/plain; version=0.0.4")}
+    return {metrics.path: lambda request: Response(200, metrics.render(), "text/plain")}  # ProcessPrometheusRequest

@@ -7,7 +7,7 @@ import numpy as np
 from exportkit.savedmodel import (CLASSIFY_METHOD, DEFAULT_SIGNATURE, PREDICT_METHOD, REGRESS_METHOD,
                                   signature_names)
 from exportkit.serving.status import RpcError
-from exportkit.serving.util import fill_model_spec
+from exportkit.serving.util import fill_model_spec, timed_run
 
 
 def predict(core, request):
@@ -69,7 +69,8 @@ def run_predict(servable, request):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"duplicate output tensor alias: {dup}")
     keys = keys or list(signature.outputs)
-    values = servable.run(feed_names, arrays, [signature.outputs[k].name for k in keys])
+    values = timed_run(servable, request.model_spec.name, "Predict", feed_names, arrays,
+                       [signature.outputs[k].name for k in keys])
 
     response = predict_pb2.PredictResponse()
     fill_model_spec(response.model_spec, servable, signature_name, name=request.model_spec.name)

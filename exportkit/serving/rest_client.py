@@ -8,6 +8,7 @@ import urllib.parse
 import urllib.request
 
 import numpy as np
+import orjson
 
 from exportkit.serving.json_tensor import BYTES_SUFFIX, example_to_json
 
@@ -28,11 +29,12 @@ class RestClient:
             path += f"/versions/{int(self.version)}"
         return f"http://{self.address}{path}{verb}"
 
-    def _call(self, url: str, doc: dict | None = None) -> dict:
+    def _call(self, url: str, doc: dict | None = None, data: bytes | None = None) -> dict:
         from exportkit.serving.client import ServingError
 
-        data = None if doc is None else json.dumps(doc).encode("utf-8")
-        request = urllib.request.Request(url, data=data, method="GET" if doc is None else "POST",
+        if doc is not None:
+            data = json.dumps(doc).encode("utf-8")
+        request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST",
                                          headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
@@ -46,8 +48,7 @@ class RestClient:
             raise ServingError(f"HTTP {err.code}", message, "REST") from None
         except (urllib.error.URLError, OSError) as err:
             raise ServingError("UNAVAILABLE", f"REST {url}: {getattr(err, 'reason', err)}", "REST") from None
-        # A JSON client decodes the body as UTF-8: bytes that are not UTF-8 arrive replaced.
-        return json.loads(raw.decode("utf-8", "replace"))
+        return decode_json(raw)
 
     def status(self) -> dict:
         return self._call(self.url())
@@ -62,6 +63,16 @@ class RestClient:
         arrays = {k: np.asarray(v) for k, v in inputs.items()}
         batch = {a.shape[0] if a.ndim else None for a in arrays.values()}
         row = None not in batch and len(batch) == 1
+        fast = {k: _exact_for_orjson(a) for k, a in arrays.items()}
+        if all(a is not None for a in fast.values()):
+            if row:
+                only = len(fast) == 1
+                doc["instances"] = next(iter(fast.values())) if only else [
+                    {k: a[i] for k, a in fast.items()} for i in range(batch.pop())]
+            else:
+                doc["inputs"] = fast
+            answer = self._call(self.url(":predict"), data=orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY))
+            return outputs_from_json(answer, output_dtypes, row)
         if row:
             n = batch.pop()
             if len(arrays) == 1:
@@ -91,6 +102,30 @@ class RestClient:
         doc = {"signature_name": signature_name or self.signature_name,
                "examples": [example_to_json(bytes(e)) for e in np.asarray(examples, dtype=object).reshape(-1)]}
         return np.array(self._call(self.url(":regress"), doc)["results"], dtype=np.float32)
+
+
+def _exact_for_orjson(arr: np.ndarray) -> np.ndarray | None:
+    """The array as orjson writes the same values json.dumps(arr.tolist()) does, or None (then json.dumps it).
+
+    orjson writes float64 as the shortest text that reads back as itself, the digits Python's repr picks
+    ("0.00001" for "1e-05"), so a float32 widened to float64 reaches the server as exactly itself, as before; it
+    writes NaN and Infinity as null, so arrays with them, bfloat16, strings and objects keep the json path. It
+    encodes a batch of images ~10x faster than tolist + json.dumps, which was most of verify's REST time."""
+    kind = arr.dtype.kind
+    if kind == "f" and arr.dtype.itemsize <= 8 and arr.ndim:  # 0-d arrays: orjson writes no ndarray of rank 0
+        return np.ascontiguousarray(arr, dtype=np.float64) if np.isfinite(arr).all() else None
+    if kind in "biu" and arr.ndim:
+        return np.ascontiguousarray(arr, dtype=bool if kind == "b" else np.int64 if kind == "i" else np.uint64)
+    return None
+
+
+def decode_json(raw: bytes):
+    """A JSON answer as json.loads reads it, parsed by orjson when it can (not NaN/Infinity, which TF Serving writes,
+    nor bytes that are not UTF-8, which a JSON client decodes replaced)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw.decode("utf-8", "replace"))
 
 
 def to_json_value(value):

@@ -34,9 +34,10 @@ class ServedModel:
     """One model version and its state: LOADING -> AVAILABLE, or END with `error` (tf error code, message)."""
 
     def __init__(self, location, name: str, device: str = "cpu", session_config=None, batching=None,
-                 method_name_check: bool = False):
+                 method_name_check: bool = False, metrics=None):
         """`location`: the version's ModelLocation (savedmodel.resolve_model_path). `method_name_check`:
-        --enable_signature_method_name_check (off in TF Serving by default: the signature's structure decides)."""
+        --enable_signature_method_name_check (off in TF Serving by default: the signature's structure decides).
+        `metrics`: monitoring.Metrics, or None."""
         self.location = location
         self.version_dir = location.version_dir
         self.name = name
@@ -45,12 +46,17 @@ class ServedModel:
         self.session_config = session_config
         self.batching = batching  # BatchingParameters, or None for no batching
         self.method_name_check = method_name_check
+        self.metrics = metrics
         self.state = "LOADING"
         self.error: tuple[int, str] | None = None
+        self.attempts = 0  # loads tried (a retried load counts each)
         self.model = None
+        self._owns_model = True
         self._batcher = None
-        self._callables: dict[tuple, object] = {}
+        self._tensors: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
+        self._holders = 0  # requests holding this version (ServableHandles): it unloads once none is left
+        self._unheld = threading.Condition(self._lock)
 
     @property
     def signatures(self) -> dict:
@@ -63,12 +69,15 @@ class ServedModel:
 
         tf = import_tf()
         started = time.monotonic()
+        self.state, self.error = "LOADING", None  # a retry starts afresh
+        self.attempts += 1
         try:
             if model is None:
                 from exportkit.compat.oplibs import load_for_worker
 
                 self._refuse_other_formats()
                 load_for_worker(self.version_dir)  # the ops the stock server links; --op-library
+            self._owns_model = model is None
             self.model = model or Tf1SavedModel(self.version_dir, device=self.device, config=self.session_config)
             if self.batching is not None:
                 from exportkit.serving.batching import Batcher
@@ -76,14 +85,16 @@ class ServedModel:
                 self._batcher = Batcher(self.batching, self._session_run)
             count = self._warm_up()
         except RpcError as err:
-            self._fail(err.code.value[0], err.message)
+            self._fail(err.code.value[0], err.message, started)
             return
         except tf.errors.OpError as err:
-            self._fail(err.error_code, f"{type(err).__name__}: {err.message}")
+            self._fail(err.error_code, f"{type(err).__name__}: {err.message}", started)
             return
         except Exception as err:  # noqa: BLE001 — anything else is a load failure too, reported with its type
-            self._fail(2, f"{type(err).__name__}: {err}")
+            self._fail(2, f"{type(err).__name__}: {err}", started)
             return
+        if self.metrics is not None:
+            self.metrics.load(self.version_dir, True, (time.monotonic() - started) * 1e6)
         self.state = "AVAILABLE"
         log.info("model '%s' version %d loaded in %.2fs (%d warm-up record(s) replayed)",
                  self.name, self.version, time.monotonic() - started, count)
@@ -99,10 +110,37 @@ class ServedModel:
             raise RpcError(grpc.StatusCode.UNIMPLEMENTED,
                            f"{self.version_dir} holds a TFLite model (model.tflite): exportkit serve does not serve "
                            "TFLite (TF Serving does only with --prefer_tflite_model=true)")
+        # TF's cc/saved_model/reader.cc, what TF Serving reports for a version still being copied (then retried)
+        raise RpcError(grpc.StatusCode.NOT_FOUND,
+                       f"Could not find SavedModel .pb or .pbtxt at supplied export directory path: {self.version_dir}"
+                       ". Check that the directory exists and that you have the right permissions for accessing it.")
 
-    def _fail(self, code: int, message: str) -> None:
+    def _fail(self, code: int, message: str, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.load(self.version_dir, False, (time.monotonic() - started) * 1e6)
+        if self._batcher is not None:
+            self._batcher.close()
+        if self.model is not None and self._owns_model:  # what the failed attempt opened; a retry loads anew
+            self.model.close()
+        self.model = self._batcher = None
         self.error = (code, message)
         self.state = "END"
+
+    # -- handles (basic_manager.cc ServingMap: a version stays loaded while a request holds it) ------------------
+    def acquire(self) -> None:
+        with self._lock:
+            self._holders += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if not self._holders:
+                self._unheld.notify_all()
+
+    def wait_unheld(self) -> None:
+        """Block until no request holds this version (FastReadDynamicPtr::Update waits so for the old map)."""
+        with self._lock:
+            self._unheld.wait_for(lambda: not self._holders)
 
     def _warm_up(self) -> int:
         """Replay the warm-up records like TF Serving, each through its own API; returns how many."""
@@ -112,10 +150,24 @@ class ServedModel:
         path = warmup_path(self.version_dir)
         if not os.path.exists(path):
             return 0
+        started = time.monotonic()
         try:
-            requests = read_warmup_records(path)
+            count = self._replay(path, read_warmup_records(path))
         except ValueError as err:
-            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"invalid warm-up file: {err}") from None
+            err = RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"invalid warm-up file: {err}")
+            self._warmup_metric(f"{err.code.name}: {err.message}", started)
+            raise err from None
+        except RpcError as err:
+            self._warmup_metric(f"{err.code.name}: {err.message}", started)
+            raise
+        self._warmup_metric("OK", started)
+        return count
+
+    def _warmup_metric(self, status: str, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.warmup(self.version_dir, status, (time.monotonic() - started) * 1e6)
+
+    def _replay(self, path: str, requests: list) -> int:
         for i, request in enumerate(requests):
             kind = type(request).__name__
             api = WARMUP_APIS.get(kind)
@@ -129,31 +181,58 @@ class ServedModel:
 
     # -- running the session -------------------------------------------------------------------------------------
     def run(self, feed_names: list[str], arrays: list, fetch_names: list[str]) -> list:
-        """Session::Run on tensor names; TF errors become their gRPC status."""
+        """Session::Run on tensor names, with the request's deadline (scope.py); TF errors become their status."""
+        from exportkit.serving.scope import timeout_in_ms
+
         if self._batcher is not None:
-            return self._batcher.run(feed_names, arrays, fetch_names)
-        return self._session_run(feed_names, arrays, fetch_names)
+            return self._batcher.run(feed_names, arrays, fetch_names, timeout_in_ms())
+        return self._session_run(feed_names, arrays, fetch_names, timeout_in_ms())
 
-    def _session_run(self, feed_names: list[str], arrays: list, fetch_names: list[str]) -> list:
+    def _session_run(self, feed_names: list[str], arrays: list, fetch_names: list[str], timeout_ms: int = 0) -> list:
+        """Session::Run (TF_SessionRun: TensorFlow's C++ checks only, no Python-side shape check, as in TF Serving)
+        with RunOptions.timeout_in_ms when the request has a deadline: DEADLINE_EXCEEDED once it passes."""
         tf = import_tf()
-        key = (tuple(feed_names), tuple(fetch_names))
-        with self._lock:
-            call = self._callables.get(key)
-            if call is None:
-                # A callable runs through TF_SessionRunCallable: TensorFlow's C++ checks only, as in TF Serving.
-                from tensorflow.core.protobuf import config_pb2
+        feeds, fetches = self._tensors_for(tuple(feed_names), tuple(fetch_names))
+        options = None
+        if timeout_ms > 0:
+            from tensorflow.core.protobuf import config_pb2
+            from tensorflow.python.client import pywrap_tf_session
 
-                options = config_pb2.CallableOptions(feed=list(feed_names), fetch=list(fetch_names))
-                try:
-                    call = self._callables[key] = self.model.session._make_callable_from_options(options)
-                except tf.errors.OpError as err:
-                    raise RpcError(grpc_code(err.error_code), err.message) from None
+            options = pywrap_tf_session.TF_NewBufferFromString(
+                config_pb2.RunOptions(timeout_in_ms=timeout_ms).SerializeToString())
         try:
-            return list(call(*arrays))
+            return list(self.model.session._call_tf_sessionrun(  # noqa: SLF001 — what Session.run calls, unchecked
+                options, dict(zip(feeds, arrays)), fetches, [], None))
         except tf.errors.OpError as err:
             raise RpcError(grpc_code(err.error_code), err.message) from None
         except (TypeError, ValueError) as err:  # numpy could not make a tensor of what was sent
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"{type(err).__name__}: {err}") from None
+        finally:
+            if options is not None:
+                pywrap_tf_session.TF_DeleteBuffer(options)
+
+    def _tensors_for(self, feed_names: tuple, fetch_names: tuple) -> tuple[list, list]:
+        """The graph's TF_Outputs for these names (cached); a name the graph lacks gets TF's own error."""
+        tf = import_tf()
+        key = (feed_names, fetch_names)
+        with self._lock:
+            found = self._tensors.get(key)
+            if found is None:
+                graph = self.model.graph
+                try:
+                    found = ([graph.get_tensor_by_name(n)._as_tf_output() for n in feed_names],  # noqa: SLF001
+                             [graph.get_tensor_by_name(n)._as_tf_output() for n in fetch_names])  # noqa: SLF001
+                except (KeyError, ValueError):
+                    from tensorflow.core.protobuf import config_pb2
+
+                    options = config_pb2.CallableOptions(feed=list(feed_names), fetch=list(fetch_names))
+                    try:  # what the C++ session says of a tensor that is not in the graph
+                        self.model.session._make_callable_from_options(options)  # noqa: SLF001
+                    except tf.errors.OpError as err:
+                        raise RpcError(grpc_code(err.error_code), err.message) from None
+                    raise
+                self._tensors[key] = found
+        return found
 
     def close(self) -> None:
         if self._batcher is not None:

@@ -3,51 +3,85 @@ which servable answers a ModelSpec, and which versions are loaded as the config 
 
 Every API (gRPC and REST) asks the core for its servable: `servable(name, version=None, label=None)` or
 `servable_for(model_spec)` (both raise the RpcError TF Serving answers); `versions(name)` lists every version of a
-model whatever its state (GetModelStatus).
+model whatever its state (GetModelStatus). Inside a request scope (scope.py) the version handed out stays loaded
+until the request ends, as a ServableHandle keeps it.
+
+Versions move as the manager moves them: AvailabilityPreservingPolicy picks one action at a time (`next_action`:
+unload an unaspired version only once an aspired one serves, then load the highest new one), a load is retried
+`max_num_load_retries` times `load_retry_interval_micros` apart (loader_harness.cc, util/retrier.cc), and an
+unload waits until no request holds the version (basic_manager.cc ExecuteUnload).
 """
 from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 
 import grpc
 
 from exportkit.savedmodel import ModelLocation
 from exportkit.serving.config import ModelConfig
+from exportkit.serving.scope import current
 from exportkit.serving.servable import ServedModel
 from exportkit.serving.status import RpcError
 
 log = logging.getLogger("exportkit.serve")
 
 
+@dataclass(frozen=True)
+class LoadRetries:
+    """--max_num_load_retries / --load_retry_interval_micros (model_servers/server.h: 5 and one minute)."""
+
+    max_num_load_retries: int = 5
+    load_retry_interval_micros: int = 60 * 1000 * 1000
+
+
+NO_RETRIES = LoadRetries(0, 0)
+
+
+def next_action(versions: list[tuple[int, bool, str]]) -> tuple[str, int] | None:
+    """AvailabilityPreservingPolicy::GetNextAction over (version, is_aspired, state) with state "new", "ready" or
+    anything else (loading, unloading, ended): ("unload"|"load", version) or None.
+
+    An unaspired ready version is unloaded (the lowest first) when no version is aspired, when an aspired one is
+    ready, or while more than one unaspired version is ready; otherwise the highest new aspired version loads.
+    So a new version that fails to load leaves the old one serving."""
+    has_aspired = any(aspired for _, aspired, _ in versions)
+    has_aspired_serving = any(aspired and state == "ready" for _, aspired, state in versions)
+    unaspired_serving = [v for v, aspired, state in versions if not aspired and state == "ready"]
+    if unaspired_serving and (not has_aspired or has_aspired_serving or len(unaspired_serving) > 1):
+        return "unload", min(unaspired_serving)
+    new = [v for v, aspired, state in versions if aspired and state == "new"]
+    return ("load", max(new)) if new else None
+
+
 class ServerCore:
     def __init__(self, servables: list[ServedModel] = (), device: str = "cpu", session_config=None, batching=None,
-                 metrics=None, method_name_check: bool = False):
+                 metrics=None, method_name_check: bool = False, retries: LoadRetries = NO_RETRIES):
         self.device = device
         self.method_name_check = method_name_check
         self.session_config = session_config
         self.batching = batching
         self.metrics = metrics  # monitoring.Metrics or None
+        self.retries = retries
         self._configs: dict[str, ModelConfig] = {}
         self._servables: dict[str, dict[int, ServedModel]] = {}
         self._labels: dict[str, dict[str, int]] = {}
         self._wanted: dict[str, set[int]] = {}  # versions the policy aspires to, per model
-        self.ready = threading.Event()  # cleared while the initial load runs: requests wait for it (see serve())
-        self.ready.set()
-        self._lock = threading.Lock()  # guards the maps; loading happens outside it
+        self._lock = threading.Lock()  # guards the maps and the versions' states; loading happens outside it
         self._reload = threading.Lock()  # one reload / poll at a time
+        self._stopping = threading.Event()  # ends a retry's wait
         for servable in servables:
             self._servables.setdefault(servable.name, {})[servable.version] = servable
 
     # -- lookups ----------------------------------------------------------------------------------------------
     def versions(self, name: str) -> list[ServedModel]:
         """Every version of `name` the server knows, highest first (ServableStateMonitor's order)."""
-        self.ready.wait()
-        return self._versions(name)
-
-    def _versions(self, name: str) -> list[ServedModel]:
         with self._lock:
-            return sorted(self._servables.get(name, {}).values(), key=lambda s: -s.version)
+            return self._sorted(name)
+
+    def _sorted(self, name: str) -> list[ServedModel]:
+        return sorted(self._servables.get(name, {}).values(), key=lambda s: -s.version)
 
     def servable_for(self, spec) -> ServedModel:
         """ServableRequestFromModelSpec + GetServableHandle."""
@@ -56,22 +90,25 @@ class ServerCore:
                              label=spec.version_label if choice == "version_label" else None)
 
     def servable(self, name: str, version: int | None = None, label: str | None = None) -> ServedModel:
+        """The AVAILABLE version asked for; inside a request scope it is held until the request ends."""
         if not name:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "ModelSpec has no name specified.")
-        if label is not None:
-            with self._lock:
+        with self._lock:
+            if label is not None:
                 version = self._labels.get(name, {}).get(label)
-            if version is None:
-                raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
-        available = [s for s in self.versions(name) if s.state == "AVAILABLE"]
-        if version is None:
-            if available:
-                return available[0]
-            raise RpcError(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Latest({name})")
-        for servable in available:
-            if servable.version == version:
-                return servable
-        raise RpcError(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Specific({name}, {version})")
+                if version is None:
+                    raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
+            available = [s for s in self._sorted(name) if s.state == "AVAILABLE"]
+            chosen = available[0] if available and version is None else \
+                next((s for s in available if s.version == version), None)
+            if chosen is None:
+                what = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+                raise RpcError(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: {what}")
+            scope = current()
+            if scope is not None:  # taken under the lock that _unload takes to retire it: never a closed one
+                chosen.acquire()
+                scope.held.append(chosen)
+            return chosen
 
     # -- config and versions ----------------------------------------------------------------------------------
     def reload_config(self, configs: list[ModelConfig]) -> None:
@@ -85,10 +122,11 @@ class ServerCore:
         """Take the config and register the versions to load (state LOADING) without loading them yet."""
         with self._lock:
             self._configs = {c.name: c for c in configs}
-        for name in list(self._servables):
-            if name not in self._configs:
-                for servable in self._versions(name):
-                    self._unload(servable)
+            for name, versions in self._servables.items():
+                if name not in self._configs:
+                    self._wanted[name] = set()  # a model left the config: every version unloads
+                    for version in [v for v, known in versions.items() if _policy_state(known) == "new"]:
+                        del versions[version]
         for config in configs:
             self._aspire(config)
 
@@ -114,51 +152,88 @@ class ServerCore:
     def _aspire(self, config: ModelConfig) -> None:
         aspired = config.aspired(config.versions_on_disk())
         with self._lock:
-            current = self._servables.setdefault(config.name, {})
+            current_versions = self._servables.setdefault(config.name, {})
             for version, directory in aspired.items():
-                known = current.get(version)
+                known = current_versions.get(version)
                 if known is None or (known.state == "END" and known.error is None):  # new, or unloaded earlier
                     location = ModelLocation(config.base_path, directory, version, config.name)
-                    current[version] = ServedModel(location, config.name, self.device, self.session_config,
-                                                   self.batching, self.method_name_check)
+                    current_versions[version] = ServedModel(location, config.name, self.device, self.session_config,
+                                                            self.batching, self.method_name_check, self.metrics)
+            for version, known in list(current_versions.items()):
+                if version not in aspired and _policy_state(known) == "new":
+                    del current_versions[version]  # no longer aspired before it was loaded: never loads
             self._wanted[config.name] = set(aspired)
 
     def _sync_versions(self) -> None:
-        """Load what is LOADING, then unload what is no longer aspired (AvailabilityPreservingPolicy: new first)."""
+        """Apply the policy's actions, one at a time, until it has none left (AspiredVersionsManager's loop)."""
         for name in list(self._servables):
-            for servable in sorted(self._versions(name), key=lambda s: s.version):
-                if servable.state == "LOADING" and servable.model is None:
-                    log.info("loading model '%s' version %d from %s", name, servable.version, servable.version_dir)
-                    servable.load()
-                    if servable.state == "END":
-                        log.error("model '%s' version %d failed to load: %s", name, servable.version,
-                                  servable.error[1])
-            wanted = self._wanted.get(name)
-            if wanted is None:
+            if name not in self._wanted:  # servables handed in ready-made (verify's worker): not the policy's
                 continue
-            for servable in self._versions(name):
-                if servable.version not in wanted and servable.state == "AVAILABLE":
+            while True:
+                with self._lock:
+                    wanted = self._wanted[name]
+                    snapshot = [(s.version, s.version in wanted, _policy_state(s)) for s in self._sorted(name)]
+                    action = next_action(snapshot)
+                    servable = self._servables[name][action[1]] if action else None
+                if action is None:
+                    break
+                if action[0] == "load":
+                    self._load(servable)
+                else:
                     self._unload(servable)
 
+    def _load(self, servable: ServedModel) -> None:
+        """LoaderHarness::LoadApproved + Load: up to max_num_load_retries more attempts while still aspired."""
+        attempts = 1 + max(0, self.retries.max_num_load_retries)
+        for attempt in range(attempts):
+            if attempt:
+                log.info("Retrying of Loading servable: {name: %s version: %d} retry: %d",
+                         servable.name, servable.version, attempt)
+            else:
+                log.info("loading model '%s' version %d from %s", servable.name, servable.version,
+                         servable.version_dir)
+            servable.load()
+            if servable.state == "AVAILABLE":
+                return
+            log.error("model '%s' version %d failed to load: %s", servable.name, servable.version, servable.error[1])
+            if attempt + 1 == attempts or not self._still_aspired(servable):
+                return
+            failed = servable.error
+            with self._lock:  # GetModelStatus says LOADING (status OK) while the retry waits, as TF Serving does
+                servable.state, servable.error = "LOADING", None
+            if self._stopping.wait(max(0, self.retries.load_retry_interval_micros) / 1e6):
+                with self._lock:
+                    servable.state, servable.error = "END", failed
+                return
+
+    def _still_aspired(self, servable: ServedModel) -> bool:
+        """AspiredVersionsManager cancels a load's retries once the version is no longer aspired."""
+        with self._lock:
+            return servable.version in self._wanted.get(servable.name, set())
+
     def _unload(self, servable: ServedModel) -> None:
+        """BasicManager::ExecuteUnload: out of the serving map first, then unloaded once no request holds it."""
         log.info("unloading model '%s' version %d", servable.name, servable.version)
-        servable.state = "END"
+        with self._lock:
+            servable.state = "UNLOADING"
+        servable.wait_unheld()
         servable.close()
+        with self._lock:
+            servable.state = "END"
 
     def _update_labels(self) -> None:
         """UpdateModelVersionLabelMap: a label may only point at an AVAILABLE version."""
         labels: dict[str, dict[str, int]] = {}
         with self._lock:
             configs = list(self._configs.values())
-        for config in configs:
-            available = {s.version for s in self._versions(config.name) if s.state == "AVAILABLE"}
-            for label, version in config.labels.items():
-                if version not in available:
-                    raise RpcError(grpc.StatusCode.FAILED_PRECONDITION,
-                                   f"Request to assign label to version {version} of model {config.name}, which is "
-                                   "not currently available for inference")
-                labels.setdefault(config.name, {})[label] = version
-        with self._lock:
+            for config in configs:
+                available = {s.version for s in self._sorted(config.name) if s.state == "AVAILABLE"}
+                for label, version in config.labels.items():
+                    if version not in available:
+                        raise RpcError(grpc.StatusCode.FAILED_PRECONDITION,
+                                       f"Request to assign label to version {version} of model {config.name}, "
+                                       "which is not currently available for inference")
+                    labels.setdefault(config.name, {})[label] = version
             self._labels = labels
 
     def failures(self) -> list[ServedModel]:
@@ -166,11 +241,24 @@ class ServerCore:
         with self._lock:
             return [s for versions in self._servables.values() for s in versions.values() if s.error]
 
+    def stop_retries(self) -> None:
+        self._stopping.set()
+
     def close(self) -> None:
+        self._stopping.set()
         for name in list(self._servables):
-            for servable in self._versions(name):
+            for servable in self.versions(name):
                 servable.close()
 
     def model_names(self) -> list[str]:
         with self._lock:
             return list(self._configs) or list(self._servables)
+
+
+def _policy_state(servable: ServedModel) -> str:
+    """The LoaderHarness state AvailabilityPreservingPolicy looks at: kNew ("new"), kReady ("ready"), or other."""
+    if servable.state == "AVAILABLE":
+        return "ready"
+    if servable.state == "LOADING" and not servable.attempts:
+        return "new"
+    return servable.state.lower()

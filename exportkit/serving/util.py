@@ -2,6 +2,8 @@
 Session.run over it, the response's ModelSpec, and the type/shape spellings TF Serving's messages use."""
 from __future__ import annotations
 
+import time
+
 import grpc
 import numpy as np
 
@@ -27,10 +29,21 @@ def serialized_examples(input_proto) -> np.ndarray:
     return out
 
 
-def run_examples(servable, input_proto, input_tensors: list[str], output_names: list[str]) -> tuple[int, dict]:
+def timed_run(servable, model_name: str, api: str, feed_names: list[str], arrays: list, fetch_names: list[str]):
+    """servable.run, recorded as RecordRuntimeLatency(model, api, "TF1") when monitoring is on (predict_util.cc)."""
+    started = time.monotonic()
+    values = servable.run(feed_names, arrays, fetch_names)
+    if getattr(servable, "metrics", None) is not None:
+        servable.metrics.runtime(model_name, api, (time.monotonic() - started) * 1e6)
+    return values
+
+
+def run_examples(servable, input_proto, input_tensors: list[str], output_names: list[str],
+                 model_name: str = "", api: str = "") -> tuple[int, dict]:
     """Feed the serialized Examples to every input tensor; fetch `output_names` (tensor names)."""
     examples = serialized_examples(input_proto)
-    values = servable.run(list(input_tensors), [examples] * len(input_tensors), list(output_names))
+    values = timed_run(servable, model_name, api, list(input_tensors), [examples] * len(input_tensors),
+                       list(output_names))
     return len(examples), dict(zip(output_names, values))
 
 
@@ -67,7 +80,8 @@ def run_example_method(servable, request, response, method: str, preprocess, out
         raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
                        f"Expected {what} signature method_name to be {method}. Was: {signature.method_name}")
     preprocess(signature)  # TF Serving's default: no method-name check, the structural one instead
-    n, values = run_examples(servable, request.input, [signature.inputs[input_key].name], output_names(signature))
+    n, values = run_examples(servable, request.input, [signature.inputs[input_key].name], output_names(signature),
+                             request.model_spec.name, "Classify" if method == CLASSIFY_METHOD else "Regress")
     fill_model_spec(response.model_spec, servable, request.model_spec.signature_name)
     postprocess(signature, n, values, response.result)
     return response

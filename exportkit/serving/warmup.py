@@ -92,6 +92,45 @@ def warmup_records(model_name: str, signature_name: str, batches: list[dict[str,
     return records
 
 
+def warmup_batch_sizes(batching_parameters: str | None) -> list[int]:
+    """The batch sizes TF Serving runs a model at under these BatchingParameters: `allowed_batch_sizes`.
+
+    With batching on, the session is wrapped (saved_model_bundle_factory.cc WrapSessionForBatching) before the
+    warm-up is replayed through it (saved_model_bundle_source_adapter.cc RunSavedModelWarmup), and each merged
+    batch is padded up to the lowest allowed size >= its size (batching_session.cc MergeInputTensors,
+    batching_util.cc RoundToLowestAllowedBatchSize): every allowed size is its own Session::Run shape, compiled
+    on first use. A record replays at its own size (saved_model_warmup_util.cc), so only a record of each
+    allowed size warms each one (`enable_all_batch_sizes_warmup` does it only for in-graph batch ops)."""
+    if not batching_parameters:
+        return []
+    from exportkit.errors import UsageError
+    from exportkit.serving.config import read_batching_parameters
+
+    parameters = read_batching_parameters(batching_parameters)
+    allowed = list(parameters.allowed_batch_sizes)
+    if allowed != sorted(set(allowed)) or (allowed and allowed[0] < 1):
+        raise UsageError(f"--batching-parameters {batching_parameters}: allowed_batch_sizes {allowed} must be "
+                         f"positive and increasing (batching_session.cc refuses it)", "list them in increasing order")
+    if allowed and parameters.HasField("max_batch_size") and allowed[-1] != parameters.max_batch_size.value:
+        raise UsageError(f"--batching-parameters {batching_parameters}: Last entry in allowed_batch_sizes must match "
+                         f"max_batch_size; last entry was {allowed[-1]}; expected {parameters.max_batch_size.value}",
+                         "make the last allowed_batch_sizes entry max_batch_size (TF Serving refuses the model)")
+    return allowed
+
+
+def resized_batches(batches: list[dict], sizes: list[int]) -> list[dict]:
+    """`batches` plus one batch of each size in `sizes` they lack: the rows of the largest, repeated in turn."""
+    def rows(batch):
+        return len(np.asarray(next(iter(batch.values())))) if batch else 0
+
+    have = {rows(b) for b in batches}
+    largest = max(batches, key=rows)
+    n = rows(largest)
+    extra = [{k: np.take(np.asarray(v), np.arange(size) % n, axis=0) for k, v in largest.items()}
+             for size in sizes if size not in have and n]
+    return list(batches) + extra
+
+
 def _example_log(model_name: str, signature_name: str, method: str, serialized: np.ndarray) -> bytes:
     from tensorflow.core.example import example_pb2
     from tensorflow_serving.apis import classification_pb2, prediction_log_pb2, regression_pb2

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from exportkit.errors import UsageError
-from exportkit.files import write_atomic
+from exportkit.files import append_whole, write_atomic
 
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
@@ -94,9 +94,7 @@ def write_summary(path: str | None, render: Callable[[], str], append_step_summa
     step = os.environ.get(STEP_SUMMARY)
     if append_step_summary and step and (not path or Path(step).resolve() != Path(path).resolve()):
         try:
-            text = render()
-            with open(step, "a", encoding="utf-8") as fh:
-                fh.write(text + "\n")
+            append_whole(step, render() + "\n", f"${STEP_SUMMARY} ({step})")
         except Exception as err:  # noqa: BLE001
-            print(f"warning: could not append to ${STEP_SUMMARY} ({step}): {type(err).__name__}: {err}",
-                  file=sys.stderr)
+            message = getattr(err, "message", None) or f"{type(err).__name__}: {err}"
+            print(f"warning: nothing appended to ${STEP_SUMMARY}: {message}", file=sys.stderr)

@@ -3,7 +3,10 @@ server reports with the SavedModel's (one comparison: a served signature must no
 
 A signature is `{"inputs": {KEY: {"dtype": "float32", "shape": [-1, 3]}}, "outputs": {...}}`, the form of
 `exportkit inspect --json` signatures (extra fields are ignored; `shape: null` = unknown rank; a dim of
-`null` or any negative number = unknown).
+`null` or any negative number = unknown; `defaults`: the input keys the SignatureDef has defaults for).
+
+`compare_signature_sets(old, new)` is the one public comparison of two signature maps (verify's baseline,
+`exportkit diff`); `compare_signatures` compares one signature.
 
 The question is: will every request that worked against the old model work against the new one, and will
 clients find what they read? Findings (severity, code):
@@ -12,7 +15,9 @@ error   baseline-removed-input       an old input is gone (old requests send it;
 error   baseline-removed-output      an old output is gone (clients read it)
 error   baseline-renamed-input       exactly one input removed and one added with the same dtype and shape
 error   baseline-renamed-output      same for outputs
-error   baseline-added-input         a new input (signatures have no optional inputs: old requests lack it)
+error   baseline-added-input         a new required input (old requests lack it; TF Serving's Predict refuses a request
+                                     with fewer inputs than the signature unless it has `defaults`, predict_util.cc)
+info    baseline-added-optional-input a new input with a default in the SignatureDef's `defaults` (compatible)
 error   baseline-dtype-changed       an input's or output's dtype changed
 error   baseline-input-shape-changed the new input shape rejects requests the old one accepted: rank changed,
                                      an unknown dim became fixed, a fixed dim changed, unknown rank became known
@@ -113,7 +118,7 @@ def _same_type(a: dict, b: dict) -> bool:
     return _dtype(a) == _dtype(b) and _shape(a) == _shape(b)
 
 
-def _compare_side(side: str, old: dict, new: dict) -> list[Finding]:
+def _compare_side(side: str, old: dict, new: dict, optional: set[str] = frozenset()) -> list[Finding]:
     noun = side[:-1]  # "input" | "output"
     findings: list[Finding] = []
     removed = sorted(k for k in old if k not in new)
@@ -128,10 +133,14 @@ def _compare_side(side: str, old: dict, new: dict) -> list[Finding]:
                                 f"{noun} '{k}' ({_dtype(old[k])} {_fmt(_shape(old[k]))}) was removed; "
                                 f"{'requests send it' if noun == 'input' else 'clients read it'}"))
     for k in added:
-        if noun == "input":
+        if noun == "input" and k in optional:
+            findings.append(Finding("info", "baseline-added-optional-input",
+                                    f"new input '{k}' ({_dtype(new[k])} {_fmt(_shape(new[k]))}) has a default in the "
+                                    f"signature: requests without it still work (compatible)"))
+        elif noun == "input":
             findings.append(Finding("error", "baseline-added-input",
                                     f"new input '{k}' ({_dtype(new[k])} {_fmt(_shape(new[k]))}): requests made for "
-                                    f"the released model lack it; signature inputs cannot be optional"))
+                                    f"the released model lack it, and the signature has no default for it"))
         else:
             findings.append(Finding("info", "baseline-added-output",
                                     f"new output '{k}' ({_dtype(new[k])} {_fmt(_shape(new[k]))}) (compatible)"))
@@ -158,7 +167,7 @@ def served_signature_findings(name: str, expected: dict, served: dict[str, dict]
 
 def compare_signatures(old: dict, new: dict) -> list[Finding]:
     """Findings for the changes from the released signature `old` to `new` (inputs first, then outputs)."""
-    return (_compare_side("inputs", old.get("inputs") or {}, new.get("inputs") or {})
+    return (_compare_side("inputs", old.get("inputs") or {}, new.get("inputs") or {}, set(new.get("defaults") or ()))
             + _compare_side("outputs", old.get("outputs") or {}, new.get("outputs") or {}))
 
 

@@ -1,15 +1,18 @@
 """verify's checks beyond "the runtimes agree": each returns findings (or report rows) for the report.
 
 Before anything starts (static, no TensorFlow): lint, assets, the I/O-op refusal, --baseline.
-While the runtimes are up: the served signatures and warm-up replay (`serving_checks`), generated inputs rejected.
+While the runtimes are up: the served signatures and warm-up replay (`serving_checks`), generated inputs rejected,
+open dims at other sizes (`dynamic_dims`, pure part in verify/shapes.py).
 From the outputs: batch independence, determinism and REST = gRPC (`behaviours`, pure functions in
-verify/behaviours.py), and the training-time reference chain (`reference_chain`).
+verify/behaviours.py), NaN/Inf (`non_finite`, verify/finite.py), and the training-time reference chain
+(`reference_chain`).
 A new check goes here (its pure part beside it, like behaviours.py and baseline.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from exportkit.batches import DEFAULT_UNKNOWN_DIM
 from exportkit.errors import InfraError, UsageError
 from exportkit.findings import Finding
 from exportkit.spec import VerifyOptions
@@ -25,12 +28,15 @@ def static_findings(o: VerifyOptions, proto, version_dir):
     """(findings, the io-op findings that refuse execution): lint and assets, read from the files only."""
     from exportkit.compat.oplibs import env_op_libraries
     from exportkit.compat.registry import installed
+    from exportkit.deployment import deployment_findings
     from exportkit.lint import IO_OP_REFUSAL, asset_findings, lint_saved_model
+    from exportkit.savedmodel import select_meta_graph
     from exportkit.tfenv import tensorflow_version
 
     server_registry = installed(tensorflow_version())  # the ops the stock TF Serving of this TF links
     findings = lint_saved_model(proto, o.signature_name, server_registry=server_registry,
                                 op_libraries=env_op_libraries()) + asset_findings(version_dir)
+    findings += deployment_findings(select_meta_graph(proto), o.server_flags, directory=version_dir)
     refused = [f for f in findings if f.code == "io-op" and f.severity == "error"]
     if refused and o.allow_io_ops:
         findings = [Finding("warning", f.code, f.message.replace(IO_OP_REFUSAL, " Executed anyway (--allow-io-ops)."))
@@ -39,18 +45,89 @@ def static_findings(o: VerifyOptions, proto, version_dir):
     return findings, refused
 
 
-def baseline_findings(o: VerifyOptions, signatures: dict, selected: list[str]) -> list[Finding]:
-    """Every released signature against its new self: a removed signature is breaking, an added one is not."""
+def baseline_findings(o: VerifyOptions, signatures: dict, selected: list[str],
+                      version_dir=None) -> tuple[list[Finding], dict]:
+    """Every released signature against its new self: a removed signature is breaking, an added one is not.
+
+    (findings, the report's `baseline`: what was compared with what). The released signatures are --baseline's,
+    else the deployed model's (--serving HOST:PORT: GetModelMetadata of the version clients get), else those of
+    the newest lower version in the base directory (what TF Serving served before this one); --no-baseline: none."""
     from exportkit.verify.baseline import compare_signature_sets
 
-    _, _, old = read_model(o.baseline)
+    compared = {"new": str(version_dir) if version_dir is not None else o.path}
+    if o.no_baseline:
+        return [], {**compared, "source": "none", "old": None, "why": "--no-baseline"}
+    if o.baseline:
+        old_dir, _, old = read_model(o.baseline)
+        compared.update(source="--baseline", old=str(old_dir))
+    else:
+        found = _deployed(o, version_dir) if _remote(o.serving) else _previous_version(version_dir)
+        if found is None:
+            why = ("the server serves no version of this model" if _remote(o.serving)
+                   else "no lower version in the base directory" if version_dir is None or version_dir.name.isdigit()
+                   else "not a numbered version directory")
+            return [], {**compared, "source": "none", "old": None, "why": why}
+        source, where, old = found
+        compared.update(source=source, old=where)
     if o.signature_name is not None:
         if o.signature_name not in old:
-            raise UsageError(f"baseline {o.baseline} has no signature '{o.signature_name}'",
-                             "pass the previous release's SavedModel")
+            if o.baseline:
+                raise UsageError(f"baseline {o.baseline} has no signature '{o.signature_name}'",
+                                 "pass the previous release's SavedModel")
+            return [Finding("info", "baseline-added-signature", f"new signature '{o.signature_name}' (not in "
+                                                                f"{compared['old']}: compatible)")], compared
         old = {o.signature_name: old[o.signature_name]}
         signatures = {k: v for k, v in signatures.items() if k in selected}
-    return compare_signature_sets(old, signatures)
+    found = compare_signature_sets(old, signatures)
+    return [Finding(f.severity, f.code, f"{f.message} (compared with {compared['old']})") if f.severity == "error"
+            else f for f in found], compared
+
+
+def _remote(serving: str) -> bool:
+    from exportkit.serving.container import is_container_mode
+
+    return serving not in ("auto", "binary", "embedded", "none") and not is_container_mode(serving)
+
+
+def _previous_version(version_dir):
+    """("previous-version", its path, its signatures) of the newest version below `version_dir` in its base
+    directory, or None (not a numbered version, or the first one)."""
+    from exportkit.savedmodel import list_versions
+
+    if version_dir is None or not version_dir.name.isdigit():
+        return None
+    lower = [v for v in list_versions(version_dir.parent) if v < int(version_dir.name)]
+    if not lower:
+        return None
+    old_dir = next(c for c in version_dir.parent.iterdir() if c.name.isdigit() and int(c.name) == lower[-1])
+    _, _, old = read_model(str(old_dir))
+    return "previous-version", str(old_dir), old
+
+
+def _deployed(o: VerifyOptions, version_dir):
+    """("serving", "HOST:PORT model M version V", its signatures): GetModelMetadata of the version a client that
+    names no version gets (TF Serving's default: the newest available), or None when the server has no such model."""
+    from exportkit.savedmodel import resolve_model_path, tensor_info_dict
+    from exportkit.serving.client import ServingClient, ServingError, as_exportkit_error
+
+    address = o.serving[len("remote:"):] if o.serving.startswith("remote:") else o.serving
+    name = o.model_name or resolve_model_path(o.path).default_name  # the name the serving runtime asks for
+    with ServingClient(address, name, timeout=min(o.load_timeout, 30.0)) as client:
+        try:
+            metadata = client.metadata()
+            versions = [v.version for v in client.status().model_version_status]
+        except ServingError as err:
+            if err.code == "NOT_FOUND":
+                return None
+            raise as_exportkit_error(err, f"GetModelMetadata of model '{name}' at {address} (the baseline)",
+                                     "check the address and --model-name, or pass --no-baseline") from None
+    old = {key: {"method": sig.method_name,
+                 "inputs": {k: tensor_info_dict(v) for k, v in sig.inputs.items()},
+                 "outputs": {k: tensor_info_dict(v) for k, v in sig.outputs.items()},
+                 "defaults": sorted(getattr(sig, "defaults", None) or ())}
+           for key, sig in metadata.items() if key != "__saved_model_init_op"}
+    version = f" version {max(versions)}" if versions else ""
+    return "serving", f"model '{name}'{version} served at {address}", old
 
 
 def serving_checks(runtimes_: list[Labeled], signatures, selected, version_dir, results, report,
@@ -78,6 +155,41 @@ def serving_checks(runtimes_: list[Labeled], signatures, selected, version_dir, 
                     if r.name == item.label:
                         r.status, r.error = "error", error_text(err)
             infra.append(err)
+
+
+PROBE_RUNTIMES = ("session", "saved_model")  # the serving-equivalent one first: what TF Serving would do
+
+
+def dynamic_dims(o: VerifyOptions, checks, runtimes_: list[Labeled], results, report, int_range,
+                 infra: list | None = None) -> None:
+    """Open non-batch dims at sizes 1 and long (verify/shapes.py), one row each, on the serving-equivalent runtime
+    (one that answered the signature's ordinary batches); a failure is a finding naming the input, dim and size."""
+    from exportkit.verify.shapes import dim_failure, probe_batch, probe_sizes
+
+    tried = {}
+    for check in checks:
+        sizes = [] if check.examples_input else probe_sizes(check.specs)
+        ok = {r.name for r in results.get(check.name, []) if r.status == "ok"}
+        item = next((i for name in PROBE_RUNTIMES for i in runtimes_
+                     if i.label.split("@")[0] == name and i.label in ok), None)
+        if not sizes or item is None or getattr(item.runtime, "rejected_generated", None):
+            continue  # (generated inputs it rejects at the default size say nothing about other sizes)
+        item.runtime.use_signature(check.name, {s.key: s.dtype for s in check.specs})
+        for size in sizes:
+            try:
+                item.runtime.run(probe_batch(check.specs, size, o.seed, int_range))
+            except InfraError as err:
+                if infra is None:
+                    raise
+                infra.append(err)
+                return
+            except Exception as err:  # the model's failure at a size its signature allows
+                text = " ".join(str(getattr(err, "message", None) or err).split())
+                report.findings.append(dim_failure(check.name, check.specs, size, item.label,
+                                                   text[:300] + ("..." if len(text) > 300 else "")))
+        tried[check.name] = sorted({*sizes, DEFAULT_UNKNOWN_DIM})
+    if tried:
+        report.inputs["open_dim_sizes"] = tried
 
 
 def rejected_inputs_findings(runtimes_: list[Labeled]) -> list[Finding]:
@@ -124,6 +236,13 @@ def behaviours(report: VerifyReport, outputs: dict[str, list], batches, toleranc
         found = [Finding(f.severity, f.code, f"signature '{signature}': {f.message}") for f in found]
     report.findings += found
     return noisy
+
+
+def non_finite(report: VerifyReport, outputs: dict[str, list], signature: str | None = None) -> None:
+    """NaN/Inf in the outputs: a warning, an error where the reference was finite (verify/finite.py)."""
+    from exportkit.verify.finite import non_finite_findings
+
+    report.findings += non_finite_findings(outputs, signature)
 
 
 def drop_outputs(outputs: dict[str, list], keys: set[str]) -> None:

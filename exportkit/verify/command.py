@@ -20,12 +20,14 @@ from exportkit.layout import read_manifest
 from exportkit.runtimes import RUNTIME_KINDS
 from exportkit.runtimes.verdicts import signature_state, tf2_only_failures
 from exportkit.spec import VerifyOptions
+from exportkit.tfenv import toolchain
 from exportkit.verify import checks
 from exportkit.verify.artifacts import check_report_options
-from exportkit.verify.compare import parse_tol
+from exportkit.verify.tolerances import parse_tol
 from exportkit.verify.dataset import verify_data
 from exportkit.verify.execute import Execution, run_plan, started, versioned_pythons
 from exportkit.verify.inputs import rows
+from exportkit.verify.latency import latency_findings
 from exportkit.verify.output import finish, save
 from exportkit.verify.pairs import agreement, compare_all
 from exportkit.verify.plan import (Model, Plan, check_tol_keys, devices_of, make_plan, protocol_of, read_model,
@@ -35,46 +37,69 @@ from exportkit.version import __version__
 
 
 def verify_command(o: VerifyOptions) -> int:
+    """The CLI's verify: the report rendered where the flags say; then a refusal to execute, or an infrastructure
+    failure, is raised so that the CLI says why (exit 1 or 3)."""
     check_report_options(o.html, o.summary)
+    report = run_verify(o)
+    code = finish(report, o)
+    if report.stopped is not None:
+        raise report.stopped
+    return code
+
+
+def run_verify(o: VerifyOptions) -> VerifyReport:
+    """Every check of verify, rendered nowhere: the Python API's `exportkit.verify` and the CLI both call it. A
+    model that fails is a report that did not pass; bad usage raises UsageError; `report.stopped` holds why the
+    run stopped early (a graph verify refuses to execute, or an infrastructure failure)."""
     devices, names, per_output = _options(o)
     model, report, refused = _read(o, devices, per_output)
     if not model.selected:
-        return finish(report, o)
+        return report
     if refused:  # static findings come first: nothing was started, nothing runs
-        _refuse(o, report, names, model.manifest)
+        return _refuse(o, report, names, model.manifest)
     # Managed TF X.Y environments next (after the static verdict): a missing one is installed (or exit 3) before
     # any process starts.
     pythons = versioned_pythons(o.tf_versions)
     if o.data:
-        return verify_data(o, report, model, names, devices, per_output)
+        verify_data(o, report, model, names, devices, per_output)
+        return report
 
     plan = make_plan(o, model, names, devices, per_output, pythons)
     report.inputs = _inputs_summary(o, plan)
     if o.save_inputs:
-        for c in plan.checks:
-            save(o.save_inputs, "inputs" if len(plan.checks) == 1 else f"inputs.{c.name}", [b for _, b in c.batches])
+        save(o.save_inputs, "--save-inputs", {"inputs" if len(plan.checks) == 1 else f"inputs.{c.name}":
+                                              [b for _, b in c.batches] for c in plan.checks})
     report.tf32 = o.allow_tf32 if "gpu" in devices else None
     with started(o, plan) as runtimes_:  # the worker first: it imports TensorFlow while we work here
         execution = run_plan(o, plan, runtimes_)
         checks.serving_checks(runtimes_, model.signatures, model.selected, model.version_dir, execution.results,
                               report, execution.infra)
         report.findings += checks.rejected_inputs_findings(runtimes_)
+        checks.dynamic_dims(o, plan.checks, runtimes_, execution.results, report, model.int_range, execution.infra)
         report.findings += tf2_only_failures([r for per in execution.results.values() for r in per])
+        loaded_by = next((p for item in runtimes_ if (p := getattr(item.runtime, "keras_package", None))), None)
+        if loaded_by:  # the report names the Keras that rebuilt the training source
+            report.toolchain = toolchain(loaded_by)
     _judge(o, plan, execution, report, model)
+    report.findings += latency_findings(report.runtimes, o.max_latency_ms)
     if o.save_outputs:
-        for c in plan.checks:
-            for label, per_batch in execution.outputs[c.name].items():
-                save(o.save_outputs, label if len(plan.checks) == 1 else f"{label}.{c.name}",
-                     [out for out in per_batch if out is not None])
-    code = finish(report, o)
-    if execution.infra:  # the report above shows what did run; the infrastructure failure decides the exit code
-        raise execution.infra[0]
-    return code
+        save(o.save_outputs, "--save-outputs", {label if len(plan.checks) == 1 else f"{label}.{c.name}":
+                                                [out for out in per_batch if out is not None]
+                                                for c in plan.checks
+                                                for label, per_batch in execution.outputs[c.name].items()})
+    if execution.infra:  # the report shows what did run; the infrastructure failure decides the exit code
+        report.stopped = execution.infra[0]
+    return report
 
 
 def _options(o: VerifyOptions):
     """(devices, runtime names, per-output tolerances): the flags that need no model, checked first."""
     devices = devices_of(o.device)
+    if o.baseline and o.no_baseline:
+        raise UsageError("--baseline and --no-baseline contradict each other", "pass one of them")
+    if o.max_latency_ms is not None and not o.max_latency_ms > 0:
+        raise UsageError(f"--max-latency-ms {o.max_latency_ms:g} must be a positive number of milliseconds",
+                         "pass --max-latency-ms 50 (for example)")
     if o.data and o.tf_versions:
         raise UsageError("--tf runs on the generated/golden batches, not on --data records (not supported yet)",
                          "run `exportkit verify PATH --tf X.Y` and `exportkit verify PATH --data GLOB` separately")
@@ -108,16 +133,17 @@ def _read(o: VerifyOptions, devices: list[str], per_output: dict):
     findings += manifest_findings
     # the ranges the model was exported with fit its integer inputs (e.g. vocabularies); --int-range over them
     lo_hi = recorded_int_ranges(int_range, manifest, signatures)
-    if o.baseline:
-        findings += checks.baseline_findings(o, signatures, selected)
+    baseline_found, baseline = checks.baseline_findings(o, signatures, selected, version_dir)
+    findings += baseline_found
     report = VerifyReport(path=str(version_dir), signature=", ".join(selected) or (o.signature_name or ""),
                           reference="", runtimes=[], findings=list(findings), inputs={}, tf32=None,
-                          exportkit_version=__version__, signatures=list(selected))
+                          exportkit_version=__version__, signatures=list(selected),
+                          toolchain=toolchain(), server_flags=o.server_flags.argv(), baseline=baseline)
     return Model(version_dir, proto, signatures, selected, manifest, lo_hi), report, refused
 
 
-def _refuse(o: VerifyOptions, report: VerifyReport, names: list[str], manifest) -> None:
-    """The graph reaches I/O ops: the report lists every runtime as not run, then exit 1."""
+def _refuse(o: VerifyOptions, report: VerifyReport, names: list[str], manifest) -> VerifyReport:
+    """The graph reaches I/O ops: the report lists every runtime as not run, and says why it stopped (exit 1)."""
     report.inputs = {"source": "none (not run)"}
     maybe_reference = o.reference or (manifest or {}).get("reference") or o.against
     for name in names:
@@ -125,10 +151,11 @@ def _refuse(o: VerifyOptions, report: VerifyReport, names: list[str], manifest) 
             continue  # nothing recorded to look for (dropped the same way in plan.make_plan)
         report.runtimes.append(RuntimeResult(name=name, kind=RUNTIME_KINDS[name], status="skipped",
                                              error="not run: the graph reaches I/O ops (see findings)"))
-    finish(report, o)
-    raise CheckFailed("verify did not execute the model: its signatures reach ops that touch files, the network "
-                      "or the console (finding io-op)",
-                      "pass --allow-io-ops to execute it anyway, if you trust the model and where it came from")
+    report.stopped = CheckFailed("verify did not execute the model: its signatures reach ops that touch files, the "
+                                 "network or the console (finding io-op)",
+                                 "pass --allow-io-ops to execute it anyway, if you trust the model and where it "
+                                 "came from")
+    return report
 
 
 def _inputs_summary(o: VerifyOptions, plan: Plan) -> dict:
@@ -172,6 +199,7 @@ def _judge(o: VerifyOptions, plan: Plan, execution: Execution, report: VerifyRep
             report.findings.append(state.finding)
         if noisy and (o.allow_nondeterministic or state is not None):
             checks.drop_outputs(outputs, noisy)
+        checks.non_finite(report, outputs, c.name if len(plan.checks) > 1 else None)
         compare_all(sub, outputs, c.batches, c.tolerance, plan.devices, plan.pairs_of(c, "reference")
                     + plan.pairs_of(c, "device"))
         for result in sub.runtimes:

@@ -28,14 +28,8 @@ Statistics:
   smallest rtol with which every element passes at the given atol. Both are checked against the very same
   float64 formula, so using them passes, and anything smaller fails.
 
-Fixed-size summaries for reports that show *where* outputs disagree (never the whole arrays):
-
-* `abs_err_histogram` / `rel_err_histogram`: counts of the finite errors in log-spaced bins
-  (`SHOWN_BINS_PER_DECADE` per decade, cut to the occupied range), `over` counting the elements of each bin that
-  fail the tolerance, and `zeros` the exact matches;
-* `worst_elements`: the `WORST_ELEMENTS` elements furthest beyond their allowance, with their indices;
-* `sample_pairs`: at most `SAMPLE_PAIRS` (expected, actual) pairs of finite elements, evenly spaced over the
-  output, for a reference-vs-runtime scatter (float outputs only).
+The tolerances are in verify/tolerances.py, the fixed-size error summaries (histograms, worst elements,
+sampled pairs) in verify/error_summaries.py.
 """
 from __future__ import annotations
 
@@ -45,93 +39,10 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from exportkit.data.stats import (BINS_PER_DECADE, LOG_HI, LOG_LO, LogHistogram, category_of, element_errors,
-                                  scalar_value, to_bytes)
-from exportkit.dtypes import canonical, is_float, name_of_array
-from exportkit.errors import UsageError
-
-# --------------------------------------------------------------------------------------------- tolerances
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    atol: float
-    rtol: float
-
-    def __str__(self) -> str:
-        if self.atol == 0 and self.rtol == 0:
-            return "exact"
-        return f"atol={_g(self.atol)} rtol={_g(self.rtol)}"
-
-
-# Defaults per output dtype. Reasoning (eps = machine epsilon of the type):
-# * float32 (eps 1.2e-7): 1e-5/1e-5 is ~80 ulps. Reloaded graphs on CPU are usually bit-exact, but eager Keras
-#   vs a TF1 session or TF Serving may pick other kernels (oneDNN fusions, different reduction order), which
-#   moves results by a few ulps per op and accumulates through a network; 1e-5 absorbs that while still
-#   catching real bugs (a wrong weight, a dropped layer, float16 sneaking in, all >= 1e-3). TF32 on Ampere GPUs
-#   moves results by ~1e-3 relative, which this deliberately does NOT hide.
-# * float64 (eps 2.2e-16): 1e-10/1e-10 is ~450k ulps: generous for reordering, yet tight enough to catch a
-#   silent float32 computation inside a float64 model (errors around 1e-7).
-# * float16 (eps 9.8e-4): 1e-2/1e-2 is ~10 ulps; fp16 rounding differences between kernels are a few ulps.
-# * bfloat16 (eps 7.8e-3, 8 significant bits): 5e-2/5e-2 is ~6 ulps.
-# * float8 types: 0.25/0.25 (2-3 significant bits; only a sanity check).
-# * integers, bools, strings: exact.
-_DEFAULTS = {
-    "float64": Tolerance(1e-10, 1e-10),
-    "complex128": Tolerance(1e-10, 1e-10),
-    "float32": Tolerance(1e-5, 1e-5),
-    "complex64": Tolerance(1e-5, 1e-5),
-    "float16": Tolerance(1e-2, 1e-2),
-    "bfloat16": Tolerance(5e-2, 5e-2),
-}
-EXACT = Tolerance(0.0, 0.0)
-
-def default_tolerance(dtype_name: str) -> Tolerance:
-    """The default tolerance for an output of this dtype (see the table above)."""
-    name = canonical(dtype_name)
-    if name in _DEFAULTS:
-        return _DEFAULTS[name]
-    if name.startswith(("float8_", "float6_", "float4_")):
-        return Tolerance(0.25, 0.25)
-    if name in ("float128", "longdouble", "complex256"):
-        return _DEFAULTS["float64"]
-    return EXACT
-
-
-def parse_tol(spec: str) -> tuple[str, Tolerance]:
-    """Parse `KEY=ATOL,RTOL` (the `--tol` option), e.g. `score=1e-4,1e-3`."""
-    form = "expected KEY=ATOL,RTOL with two non-negative numbers, e.g. --tol score=1e-4,1e-3"
-    key, sep, values = spec.rpartition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise UsageError(f"bad --tol {spec!r}", form)
-    parts = [p.strip() for p in values.split(",")]
-    if len(parts) != 2:
-        raise UsageError(f"bad --tol {spec!r}", form)
-    try:
-        atol, rtol = (float(p) for p in parts)
-    except ValueError:
-        raise UsageError(f"bad --tol {spec!r}: not a number", form) from None
-    if not (math.isfinite(atol) and math.isfinite(rtol)) or atol < 0 or rtol < 0:
-        raise UsageError(f"bad --tol {spec!r}: tolerances must be finite and >= 0", form)
-    return key, Tolerance(atol, rtol)
-
-
-def resolve_tolerance(key: str, dtype_name: str, atol: float | None = None, rtol: float | None = None,
-                      per_output: dict[str, Tolerance] | None = None) -> Tolerance:
-    """Per-output tolerance (`--tol KEY=..`) beats the global `--atol/--rtol` flags beats the dtype default.
-
-    The global flags apply to floating outputs only: integer outputs stay exact unless named with `--tol`, and
-    bools/strings are always compared exactly (a tolerance means nothing for them). A global flag given alone
-    keeps the dtype default for the other one.
-    """
-    if per_output and key in per_output:
-        return per_output[key]
-    base = default_tolerance(dtype_name)
-    if is_float(dtype_name) and (atol is not None or rtol is not None):
-        return Tolerance(base.atol if atol is None else float(atol), base.rtol if rtol is None else float(rtol))
-    return base
-
+from exportkit.data.stats import category_of, element_errors, scalar_value, to_bytes
+from exportkit.dtypes import name_of_array
+from exportkit.verify.error_summaries import error_histogram, merge_summaries, sample_pairs, worst_elements
+from exportkit.verify.tolerances import Tolerance, default_tolerance
 
 # --------------------------------------------------------------------------------------------- results
 
@@ -220,131 +131,8 @@ def to_jsonable(v: Any) -> Any:
     return str(v)
 
 
-# --------------------------------------------------------------------------------------------- dtypes
-
-
-
-
 def _category(arr: np.ndarray) -> str:
     return category_of(name_of_array(arr))
-
-
-def _g(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.3g}"
-
-
-# --------------------------------------------------------------------------------------------- summaries
-
-SHOWN_BINS_PER_DECADE = 10  # histogram bins shown per decade (data.stats counts 100 per decade)
-WORST_ELEMENTS = 10
-SAMPLE_PAIRS = 256
-
-
-def error_histogram(values: np.ndarray, over: np.ndarray | None = None) -> dict | None:
-    """Non-negative errors in log bins; `over` marks the values whose element fails the tolerance.
-
-    The bins are those of `histogram_summary` (data.stats' grid, coarsened), computed here in one pass."""
-    values = np.asarray(values, dtype=np.float64).ravel()
-    if not values.size:
-        return None
-    tiny = values < 10.0 ** LOG_LO  # zeros (and below 1e-30), as data.stats counts them
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bins = np.floor(np.log10(values[~tiny]) * SHOWN_BINS_PER_DECADE)
-    lo_bin, hi_bin = LOG_LO * SHOWN_BINS_PER_DECADE, LOG_HI * SHOWN_BINS_PER_DECADE - 1
-    bins = np.clip(bins, lo_bin, hi_bin).astype(np.int64)  # inf (an overflowing error) into the last bin
-    hist = {"start": None, "bins_per_decade": SHOWN_BINS_PER_DECADE, "counts": [],
-            "over": None if over is None else [], "zeros": int(tiny.sum())}
-    if bins.size:
-        first = int(bins.min())
-        hist["start"] = first / SHOWN_BINS_PER_DECADE
-        hist["counts"] = np.bincount(bins - first).tolist()
-        if over is not None:
-            hist["over"] = np.bincount(bins[over.ravel()[~tiny]] - first, minlength=len(hist["counts"])).tolist()
-    return hist
-
-
-def histogram_summary(hist: LogHistogram) -> dict | None:
-    """A data.stats LogHistogram (--data's streamed errors) coarsened to SHOWN_BINS_PER_DECADE and cut to its
-    occupied bins; `over` is None (the stream counts errors, not which of them fail).
-
-    Bin i covers [10**(start + i/bins_per_decade), 10**(start + (i+1)/bins_per_decade)); `zeros` counts exact
-    matches (and errors below 1e-30); errors of 1e30 and more are counted in the last bin."""
-    if not hist.total:
-        return None
-    counts = hist.counts[1:-1].reshape(-1, BINS_PER_DECADE // SHOWN_BINS_PER_DECADE).sum(axis=1)
-    counts[-1] += hist.counts[-1]
-    occupied = np.flatnonzero(counts)
-    lo, hi = (int(occupied[0]), int(occupied[-1]) + 1) if occupied.size else (0, 0)
-    return {"start": LOG_LO + lo / SHOWN_BINS_PER_DECADE if occupied.size else None,
-            "bins_per_decade": SHOWN_BINS_PER_DECADE, "counts": counts[lo:hi].tolist(), "over": None,
-            "zeros": int(hist.counts[0])}
-
-
-def merge_histograms(histograms: Iterable[dict | None]) -> dict | None:
-    """Histograms of `error_histogram`/`histogram_summary` added up (their bins lie on one fixed grid)."""
-    present = [h for h in histograms if h]
-    if not present:
-        return None
-    step = SHOWN_BINS_PER_DECADE
-    spans = [(round((h["start"] - LOG_LO) * step), h) for h in present if h["counts"]]
-    lo = min((k for k, _ in spans), default=0)
-    hi = max((k + len(h["counts"]) for k, h in spans), default=0)
-    counts = np.zeros(hi - lo, dtype=np.int64)
-    over = None if any(h["over"] is None for h in present) else np.zeros(hi - lo, dtype=np.int64)
-    for k, h in spans:
-        counts[k - lo:k - lo + len(h["counts"])] += h["counts"]
-        if over is not None:
-            over[k - lo:k - lo + len(h["over"])] += h["over"]
-    return {"start": LOG_LO + lo / step if spans else None, "bins_per_decade": step, "counts": counts.tolist(),
-            "over": None if over is None else over.tolist(), "zeros": sum(h["zeros"] for h in present)}
-
-
-def _worst_elements(e: np.ndarray, a: np.ndarray, excess: np.ndarray, ce: str, ca: str,
-                    diff: np.ndarray | None = None) -> list[dict]:
-    """The WORST_ELEMENTS elements with the largest excess (ties: first position first); -inf never counts."""
-    flat = np.asarray(excess, dtype=np.float64).ravel()
-    k = min(WORST_ELEMENTS, flat.size)
-    if not k:
-        return []
-    top = np.argpartition(flat, flat.size - k)[flat.size - k:] if flat.size > k else np.arange(flat.size)
-    top = top[flat[top] > -np.inf]
-    top = top[np.lexsort((top, -flat[top]))]
-    out = []
-    for f in top:
-        idx = tuple(int(i) for i in np.unravel_index(int(f), e.shape))
-        abs_err = None if diff is None or not math.isfinite(flat[f]) else float(diff[idx])
-        out.append({"index": list(idx), "expected": scalar_value(e, idx, ce), "actual": scalar_value(a, idx, ca),
-                    "abs_err": abs_err, "excess": float(flat[f])})
-    return out
-
-
-def _sample_pairs(e: np.ndarray, a: np.ndarray, finite: np.ndarray) -> dict | None:
-    """At most SAMPLE_PAIRS finite (expected, actual) pairs, evenly spaced over the elements."""
-    if np.iscomplexobj(e) or np.iscomplexobj(a):
-        return None
-    where = np.flatnonzero(finite.ravel())
-    if where.size > SAMPLE_PAIRS:
-        where = where[np.linspace(0, where.size - 1, SAMPLE_PAIRS).round().astype(np.int64)]
-    return {"expected": e.ravel()[where].astype(np.float64).tolist(),
-            "actual": a.ravel()[where].astype(np.float64).tolist()}
-
-
-def _merge_summaries(res: OutputComparison, items: list[tuple[int, OutputComparison]]) -> None:
-    """The fixed-size summaries of several batches as one: worst elements get their batch number first."""
-    res.abs_err_histogram = merge_histograms(c.abs_err_histogram for _, c in items)
-    res.rel_err_histogram = merge_histograms(c.rel_err_histogram for _, c in items)
-    worst = [{**w, "index": [b, *w["index"]]} for b, c in items for w in (c.worst_elements or [])]
-    if any(c.worst_elements is not None for _, c in items):
-        worst.sort(key=lambda w: (-w["excess"], w["index"]))
-        res.worst_elements = worst[:WORST_ELEMENTS]
-    pairs = [c.sample_pairs for _, c in items if c.sample_pairs]
-    if pairs:
-        expected = [x for p in pairs for x in p["expected"]]
-        actual = [x for p in pairs for x in p["actual"]]
-        keep = np.linspace(0, len(expected) - 1, min(SAMPLE_PAIRS, len(expected))).round().astype(np.int64)
-        res.sample_pairs = {"expected": [expected[i] for i in keep], "actual": [actual[i] for i in keep]}
 
 
 # --------------------------------------------------------------------------------------------- compare
@@ -413,7 +201,7 @@ def _compare_exact(res: OutputComparison, e: np.ndarray, a: np.ndarray, cat: str
     else:
         diff = np.array([not (x == y) for x, y in zip(e.flat, a.flat)], dtype=bool).reshape(e.shape)
     m = int(diff.sum())
-    res.worst_elements = _worst_elements(e, a, np.where(diff, np.inf, -np.inf), cat, cat)
+    res.worst_elements = worst_elements(e, a, np.where(diff, np.inf, -np.inf), cat, cat)
     res.mismatched, res.nonfinite_mismatched = m, 0
     res.mismatch_fraction = m / n if n else 0.0
     if m:
@@ -468,11 +256,12 @@ def _compare_numeric(res: OutputComparison, e: np.ndarray, a: np.ndarray, ce: st
 
     excess = np.where(finite, diff - allowed, -np.inf)
     excess[nonfinite_bad] = np.inf
-    res.abs_err_histogram = error_histogram(fin_diff, over[finite])
-    res.rel_err_histogram = error_histogram(rel, over[nz])
-    res.worst_elements = _worst_elements(e, a, excess, ce, ca, diff)
+    failing = m > nf  # any finite element over tolerance
+    res.abs_err_histogram = error_histogram(fin_diff, _selected(over, finite, fin_diff.size, failing))
+    res.rel_err_histogram = error_histogram(rel, _selected(over, nz, rel.size, failing))
+    res.worst_elements = worst_elements(e, a, excess, ce, ca, diff)
     if "float" in (ce, ca):
-        res.sample_pairs = _sample_pairs(e, a, finite)
+        res.sample_pairs = sample_pairs(e, a, finite)
 
     # worst element
     if n:
@@ -491,6 +280,13 @@ def _compare_numeric(res: OutputComparison, e: np.ndarray, a: np.ndarray, ce: st
     res.passed = not reasons
     res.reason = "; ".join(reasons) or None
     return res
+
+
+def _selected(mask: np.ndarray, where: np.ndarray, size: int, any_set: bool) -> np.ndarray:
+    """mask[where] (`size` elements), without the copy when `where` selects all or `mask` has nothing set."""
+    if not any_set:
+        return np.broadcast_to(False, (size,))
+    return mask.ravel() if size == mask.size else mask[where]
 
 
 def _structural(key: str, reason: str, arr: np.ndarray, side: str, tol: Tolerance) -> OutputComparison:
@@ -574,7 +370,8 @@ def merge_comparisons(per_batch: list[OutputComparison], batch_numbers: list[int
     if best is not None:
         res.worst_index = (best_b, *best.worst_index)
         res.worst_expected, res.worst_actual, res.worst_excess = best.worst_expected, best.worst_actual, best.worst_excess
-    _merge_summaries(res, items)
+    for name, value in merge_summaries(items).items():
+        setattr(res, name, value)
     if res.passed:
         return res
     # reason

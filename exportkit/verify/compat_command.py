@@ -12,26 +12,50 @@ from __future__ import annotations
 import sys
 
 from exportkit.errors import UsageError
+from exportkit.serverflags import STOCK
 from exportkit.verify.matrix import CompatReport, VersionRow, render_text
 
 PARALLEL_VERSIONS = 2
 
 
-def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="serving_default", samples=8, seed=0,
-                   int_range=None, atol=None, rtol=None, tol=None, json_out=None, html=None, summary=None,
-                   serving=None, launch=None, load_timeout=120.0, server="stock") -> int:
-    """`serving`: None, or docker[:TAG] to observe each version on TF Serving's own image (`launch`: its
-    LaunchOptions). `server`: stock (TF X.Y and the op libraries tensorflow_model_server links) or tf-only."""
+def compat_command(*, json_out=None, html=None, summary=None, **options) -> int:
+    """The CLI's compat: run_compat, rendered where the flags say."""
+    from exportkit.files import print_report
+    from exportkit.verify.artifacts import check_report_options, write_compat
+
+    check_report_options(html, summary)
+    report = run_compat(**options)
+    print_report(render_text(report, report.run), report.to_json(), json_out)
+    sys.stdout.flush()
+    write_compat(report, html, summary, other_device_rows(report) if html else None)
+    return report.exit_code
+
+
+def other_device_rows(report: CompatReport) -> list[VersionRow]:
+    """The static forecast of the other device (cheap: no TensorFlow), so the HTML shows a version x device matrix."""
+    from exportkit.compat import analysis
+    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+
+    other = "gpu" if report.device == "cpu" else "cpu"
+    meta_graph = select_meta_graph(read_saved_model_proto(report.path))
+    return [VersionRow(r.tf, r.predicted, findings=r.findings)
+            for r in analysis.analyze(meta_graph, [v.tf for v in report.versions], other, report.server,
+                                      report.flags or STOCK)]
+
+
+def run_compat(*, path, tf=None, device="cpu", run=False, signature_name="serving_default", samples=8, seed=0,
+               int_range=None, atol=None, rtol=None, tol=None, serving=None, launch=None, load_timeout=120.0,
+               server="stock") -> CompatReport:
+    """The compat matrix, rendered nowhere (the Python API's `exportkit.compat` and the CLI call it). `serving`:
+    None, or docker[:TAG] to observe each version on TF Serving's own image (`launch`: its LaunchOptions).
+    `server`: stock (TF X.Y and the op libraries tensorflow_model_server links) or tf-only."""
     from exportkit.compat import analysis, parse_versions
     from exportkit.compat.registry import SERVERS
-    from exportkit.files import print_report
     from exportkit.savedmodel import select_meta_graph
     from exportkit.spec import check_tolerances
-    from exportkit.verify.artifacts import check_report_options, write_compat
     from exportkit.verify.plan import read_model
 
     check_tolerances(atol, rtol)
-    check_report_options(html, summary)
     versions = parse_versions(tf)
     if server not in SERVERS:
         raise UsageError(f"--server {server!r} is not one of {', '.join(SERVERS)}",
@@ -46,7 +70,8 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
     version_dir, proto, signatures = read_model(path)
     signature = signatures.get(signature_name)
     meta_graph = select_meta_graph(proto)
-    predicted = analysis.analyze(meta_graph, versions, device, server)
+    flags = launch.server_flags if launch else STOCK  # compat --server-flag: how the servers are started
+    predicted = analysis.analyze(meta_graph, versions, device, server, flags)
     rows = [VersionRow(r.tf, r.predicted, findings=r.findings) for r in predicted]
     if run or serving:
         if signature is None:
@@ -55,15 +80,7 @@ def compat_command(*, path, tf=None, device="cpu", run=False, signature_name="se
         servers = _servers(serving, [r.tf for r in rows], device, launch) if serving else {}
         _observe(rows, version_dir, signature_name, signature, samples, seed, int_range, atol, rtol, tol,
                  run=run, servers=servers, device=device, launch=launch, load_timeout=load_timeout)
-    report = CompatReport(path=str(version_dir), device=device, versions=rows)
-    print_report(render_text(report, run), report.to_json(), json_out)
-    sys.stdout.flush()
-    # the HTML shows the static forecast of the other device too (cheap: no TensorFlow), as a version x device matrix
-    other = "gpu" if device == "cpu" else "cpu"
-    other_rows = [VersionRow(r.tf, r.predicted, findings=r.findings)
-                  for r in analysis.analyze(meta_graph, versions, other)] if html else None
-    write_compat(report, html, summary, other_rows)
-    return 0 if report.passed else 1
+    return CompatReport(path=str(version_dir), device=device, versions=rows, run=run, server=server, flags=flags)
 
 
 def _check_server_choice(serving: str, versions: list[str]) -> None:
@@ -94,7 +111,7 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
     from exportkit.batches import parse_int_range_flags, recorded_int_ranges
     from exportkit.layout import read_manifest
     from exportkit.spec import VerifyOptions
-    from exportkit.verify.compare import parse_tol
+    from exportkit.verify.tolerances import parse_tol
     from exportkit.verify.report import VerifyReport
     from exportkit.verify.execute import build_runtimes, close_all, run_signature, started, versioned_pythons
     from exportkit.verify.pairs import compare_all

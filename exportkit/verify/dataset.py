@@ -18,11 +18,14 @@ from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.layout import signature_entries
 from exportkit.spec import VerifyOptions
 from exportkit.verify.checks import serving_checks
-from exportkit.verify.compare import OutputComparison, histogram_summary, value_reasons
+from exportkit.verify.compare import OutputComparison, value_reasons
+from exportkit.verify.error_summaries import histogram_summary
 from exportkit.verify.execute import started
-from exportkit.verify.output import finish
+from exportkit.verify.finite import NonFiniteCounter
+from exportkit.verify.latency import latency_findings, latency_summary
 from exportkit.verify.plan import Model, Plan, SignatureCheck, plan_runtimes, tolerances_for
 from exportkit.verify.report import RuntimeResult, VerifyReport
+from exportkit.log import log
 
 PROGRESS_EVERY = 5.0  # seconds between progress lines on stderr (a short run prints none)
 SHOWN_WORST = 5
@@ -44,8 +47,9 @@ def check_data_options(o: VerifyOptions, devices: list[str]) -> None:
                          "re-run the worst records (listed with their file and index) in-process with --save-failures")
 
 
-def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, devices, per_output) -> int:
-    """--data streams records of one signature's inputs: --signature NAME, else serving_default (or the only one)."""
+def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, devices, per_output) -> None:
+    """--data streams records of one signature's inputs (--signature NAME, else serving_default or the only one)
+    into `report`."""
     import dataclasses
 
     from exportkit.examples import input_specs
@@ -80,7 +84,7 @@ def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, dev
     report.runtimes = results
     report.inputs["records"] = records
     _attach(report, stats, source)
-    return finish(report, o)
+    report.findings += latency_findings(report.runtimes, o.max_latency_ms)
 
 
 def _tol(t) -> tuple[float, float]:
@@ -107,6 +111,8 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
     results = {item.label: RuntimeResult(name=item.label, kind=item.runtime.kind, device=item.runtime.device)
                for item in runtimes_}
     stats: dict[tuple[str, str], OutputStats] = {}
+    nonfinite = NonFiniteCounter()
+    timings: dict[str, list[float]] = {}  # seconds per batch, per runtime (verify/latency.py)
     records, completed = 0, False
     try:
         live = [item for item in runtimes_ if _timed(results[item.label], lambda: item.runtime.load() or True)]
@@ -117,11 +123,14 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
                 runtime.name_record = lambda row, b=batch: source.where(b.file_nos[row], int(b.indices[row]))
             outputs = {}
             for item in list(live):
+                began = time.perf_counter()
                 out = _timed(results[item.label], lambda: item.runtime.run(inputs))
                 if out is None:
                     live.remove(item)
                 else:
+                    timings.setdefault(item.label, []).append(time.perf_counter() - began)
                     outputs[item.label] = out
+                    nonfinite.add(item.label, out, records)
             if not live or live[0].label not in outputs:
                 break  # no reference left
             reference = live[0].label
@@ -135,6 +144,7 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
             records += len(batch)
             progress.update(records)
         progress.done(records)
+        report.findings += nonfinite.findings()
         if not records:
             raise UsageError(f"--data {o.data!r}: no records" + (" were sampled" if o.sample else ""),
                              "pass TFRecord files of tf.Example or .npz shards that hold records")
@@ -144,6 +154,7 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
         for item in runtimes_:
             result = results[item.label]
             result.server, result.device = item.runtime.server, item.runtime.placed_on or item.runtime.device
+            result.latency = latency_summary(timings.get(item.label, []))
         ordered = [results[item.label] for item in runtimes_]
         report.runtimes = ordered
         serving_checks(runtimes_, {o.signature_name: signature}, [o.signature_name], version_dir,
@@ -192,14 +203,13 @@ class _Progress:
         done = records / self.limit if self.limit else self.source.bytes_read / max(self.total_bytes, 1)
         eta = (now - self.began) * (1 - done) / done if done > 0 else math.inf
         eta_text = "?" if math.isinf(eta) else f"{int(eta // 60)}:{int(eta % 60):02d}"
-        print(f"verify --data: {records} records, {rate:.0f} records/s, {100 * min(done, 1):.0f}%, ETA {eta_text}",
-              file=sys.stderr, flush=True)
+        log.info(f"verify --data: {records} records, {rate:.0f} records/s, {100 * min(done, 1):.0f}%, ETA {eta_text}")
         self.printed = True
 
     def done(self, records: int) -> None:
         if self.printed:
             elapsed = time.monotonic() - self.began
-            print(f"verify --data: {records} records in {elapsed:.1f} s", file=sys.stderr, flush=True)
+            log.info(f"verify --data: {records} records in {elapsed:.1f} s")
 
 
 def _run_beam(o, source, version_dir, specs, signature, names, example_key, tolerances, device):

@@ -18,6 +18,7 @@ from exportkit.dtypes import HALF_DTYPES, numpy_dtype
 from exportkit.errors import CheckFailed, InfraError
 from exportkit.spec import VerifyOptions
 from exportkit.verify.inputs import REAL_ORIGINS
+from exportkit.verify.latency import latency_summary
 from exportkit.verify.plan import Plan, PlannedRuntime, SignatureCheck
 from exportkit.verify.report import RuntimeResult
 
@@ -127,8 +128,8 @@ def _versioned_session(plan: Plan, planned: PlannedRuntime):
 
     v = planned.tf_version
     return SessionRuntime(str(plan.version_dir), plan.checks[0].name, device="cpu", python=planned.python,
-                          worker=str(WORKER), broken_remedy=f"the TF {v} environment may be damaged: `exportkit "
-                                                            f"runtimes remove {v}` then `{install_command(v)}`")
+                          worker=str(WORKER), broken_remedy=f"the TF {v} environment may be damaged: rebuild it "
+                                                            f"with `{install_command(v)} --force`")
 
 
 def close_all(runtimes_) -> None:
@@ -216,7 +217,10 @@ def run_signature(item: Labeled, check: SignatureCheck, outputs, infra: list | N
         if skip:
             result.status, result.error = "skipped", skip
         else:
-            outputs[item.label] = _run_all(runtime, check.batches)
+            timings: list[float] = []
+            outputs[item.label] = _run_all(runtime, check.batches, timings)
+            if runtime.kind != "recorded":  # golden/trained replay a record: no latency to speak of
+                result.latency = latency_summary(timings)
     except InputsRejected as err:  # our inputs were wrong: say so instead of blaming the model
         result.status = "error"
         result.error = (f"the generated inputs are not valid for this model ({err}): the inputs were wrong, not "
@@ -247,9 +251,10 @@ def _one_line(err: Exception, limit: int = 300) -> str:
     return (text[:limit] + "...") if len(text) > limit else text or type(err).__name__
 
 
-def _run_all(runtime, batches) -> list:
+def _run_all(runtime, batches, timings: list | None = None) -> list:
     """Outputs per batch. Generated batches the model rejects as invalid arguments are the inputs' fault: they
-    get None (not compared) when real inputs (golden, reference or --inputs) exist, else InputsRejected says so."""
+    get None (not compared) when real inputs (golden, reference or --inputs) exist, else InputsRejected says so.
+    The seconds each answered batch took go to `timings`."""
     if not runtime.loaded:
         runtime.load()
     has_real = any(origin in REAL_ORIGINS for origin, _ in batches)
@@ -257,7 +262,11 @@ def _run_all(runtime, batches) -> list:
     def run(item):
         origin, batch = item
         try:
-            return runtime.run(batch)
+            began = time.perf_counter()
+            out = runtime.run(batch)
+            if timings is not None:
+                timings.append(time.perf_counter() - began)
+            return out
         except InfraError:
             raise
         except Exception as err:
@@ -275,4 +284,5 @@ def _launch_options(o: VerifyOptions):
     """How a server verify launches is run (container CLI, --pull, batching parameters)."""
     from exportkit.serving.launcher import LaunchOptions
 
-    return LaunchOptions(container_cli=o.container_cli, pull=o.pull, batching_parameters=o.batching_parameters)
+    return LaunchOptions(container_cli=o.container_cli, pull=o.pull, batching_parameters=o.batching_parameters,
+                         server_flags=o.server_flags)

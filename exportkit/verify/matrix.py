@@ -5,8 +5,11 @@ as HTML and Markdown by verify/html.py and verify/summary.py. The command is ver
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from exportkit.findings import Finding
+
+SCHEMA_VERSION = 1  # of `compat --json` (docs/report-schema.md)
 
 
 @dataclass
@@ -54,13 +57,28 @@ class CompatReport:
     path: str
     device: str
     versions: list[VersionRow]
+    run: bool = False  # observed with the TF1 loader of each version (--run)
+    server: str = "stock"  # --server: the op set predicted (stock | tf-only)
+    flags: Any = None  # serverflags.ServerFlags the servers are predicted (and started) with; None: stock
 
     @property
     def passed(self) -> bool:
         return not any(v.failed for v in self.versions)
 
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    @property
+    def verdict(self) -> str:
+        return compat_verdict(self)
+
+    def to_dict(self) -> dict:
+        """The JSON matrix, as `compat --json` writes it."""
+        return self.to_json()
+
     def to_json(self) -> dict:
-        return {"path": self.path, "device": self.device, "passed": self.passed,
+        return {"schema_version": SCHEMA_VERSION, "path": self.path, "device": self.device, "passed": self.passed,
                 "versions": [{"tf": v.tf, "predicted": v.predicted, "observed": v.observed,
                               "findings": [{"severity": f.severity, "code": f.code, "op": f.op, "node": f.node,
                                             "message": f.message} for f in v.findings],

@@ -25,8 +25,9 @@ def finish(report: VerifyReport, o: VerifyOptions) -> int:
     return 0 if report.passed else 1
 
 
-def save(directory: str, name: str, batches) -> None:
-    """--save-inputs / --save-outputs: one .npz of batches."""
-    from exportkit.batches import save_batches
+def save(directory: str, flag: str, sets: dict[str, list]) -> None:
+    """--save-inputs / --save-outputs DIR: one .npz per batch, `<name>_batch_<i>.npz` for each name of `sets`,
+    all of them or none."""
+    from exportkit.batches import save_batch_sets
 
-    save_batches(directory, batches, name)
+    save_batch_sets(directory, sets, f"{flag} {directory}")

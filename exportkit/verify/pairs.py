@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from exportkit.tfexample import from_manifest, lossless
-from exportkit.verify.compare import Tolerance, compare_batches
+from exportkit.verify.compare import compare_batches
+from exportkit.verify.tolerances import Tolerance
 from exportkit.verify.plan import Pair, SignatureCheck, pairs_for, tolerances_for
 from exportkit.verify.report import RuntimeResult, VerifyReport
 

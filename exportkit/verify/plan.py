@@ -16,7 +16,7 @@ from exportkit.layout import read_golden, signature_entries
 from exportkit.runtimes import RUNTIME_NAMES
 from exportkit.spec import VerifyOptions
 from exportkit.tfexample import encode_examples, from_manifest
-from exportkit.verify.compare import Tolerance, resolve_tolerance
+from exportkit.verify.tolerances import Tolerance, resolve_tolerance
 from exportkit.verify.inputs import chunks, same, tensor_batches, unrecorded
 
 PROTOCOLS = ("grpc", "rest", "both")

@@ -9,9 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from exportkit.deployment import VERDICTS
 from exportkit.dtypes import name_of_array
 from exportkit.findings import Finding
 from exportkit.verify.compare import OutputComparison, to_jsonable
+from exportkit.verify.latency import latency_text
 from exportkit.version import __version__
 
 SCHEMA_VERSION = 1
@@ -29,6 +31,7 @@ class RuntimeResult:
     is_reference: bool = False
     comparisons: list[OutputComparison] = field(default_factory=list)
     signature: str | None = None  # the signature these outputs answer for
+    latency: dict | None = None  # {"requests", "first_ms", "p50_ms", "p99_ms"} (verify/latency.py); None: not timed
 
     @property
     def passed(self) -> bool:
@@ -51,12 +54,45 @@ class VerifyReport:
     chain: list[dict] = field(default_factory=list)
     signatures: list[str] = field(default_factory=list)  # every signature verified, in order
     references: dict[str, str] = field(default_factory=dict)  # signature -> its reference runtime
+    toolchain: dict = field(default_factory=dict)  # tfenv.toolchain(): Python, TensorFlow + build, Keras
+    server_flags: list[str] = field(default_factory=list)  # --server-flag, as tensorflow_model_server arguments
+    # why the run stopped early: a graph verify refuses to execute (CheckFailed) or an infrastructure failure
+    stopped: Exception | None = field(default=None, repr=False, compare=False)
+    # the signatures compared with the released ones: {"new", "old", "source": previous-version | serving |
+    # --baseline | none, "why"?} (verify/checks.py baseline_findings); None: not compared
+    baseline: dict | None = None
 
     @property
     def passed(self) -> bool:
         """No error finding, no runtime with status error, every comparison passed. Skipped runtimes don't fail."""
         return (not any(f.severity == "error" for f in self.findings)
                 and all(r.passed for r in self.runtimes))
+
+    @property
+    def exit_code(self) -> int:
+        """The CLI's exit code for this report: 0 passed, 1 the model fails a check, 3 infrastructure."""
+        if self.stopped is not None:
+            return getattr(self.stopped, "exit_code", 3)
+        return 0 if self.passed else 1
+
+    @property
+    def verdict(self) -> str:
+        return verdict_line(self)
+
+    @property
+    def outputs(self) -> dict[str, dict[str, OutputComparison]]:
+        """Every comparison: {output key ("SIGNATURE/key" when several signatures were verified): {runtime: it}}."""
+        several = len(self.signatures) > 1
+        table: dict[str, dict[str, OutputComparison]] = {}
+        for r in self.runtimes:
+            for c in r.comparisons:
+                key = f"{r.signature}/{c.key}" if several and r.signature else c.key
+                table.setdefault(key, {})[r.name] = c
+        return table
+
+    def to_dict(self) -> dict:
+        """The JSON report, as `verify --json` writes it (docs/report-schema.md)."""
+        return to_json(self)
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -120,6 +156,16 @@ def _first_line(s: str | None) -> str:
     return s.splitlines()[0] if s else ""
 
 
+def toolchain_text(t: dict) -> str:
+    """`Python 3.11.7, TensorFlow 2.21.0 (CUDA 12.5.1, cuDNN 9), Keras 3.15.1`: one line of tfenv.toolchain()."""
+    build = t.get("tensorflow_build") or {}
+    cuda = f" (CUDA {build.get('cuda_version')}, cuDNN {build.get('cudnn_version')})" if build.get("is_cuda_build") else ""
+    keras = t.get("keras") or {}
+    kerases = (f"{keras['package']} {keras.get('version')}" if "package" in keras else
+               ", ".join(f"{k} {v}" for k, v in keras.items() if k in ("keras", "tf_keras") and v))
+    return f"Python {t.get('python')}, TensorFlow {t.get('tensorflow')}{cuda}" + (f", {kerases}" if kerases else "")
+
+
 def _server_text(server: dict | None) -> str:
     if not server:
         return ""
@@ -152,10 +198,16 @@ def failures(report: VerifyReport) -> list[str]:
     """One short sentence per reason the report fails, in report order (the whole reasons are in the sections
     above the verdict). Runtimes that failed the same way, or on the same output, share one sentence."""
     out = []
-    errors = [f.code for f in report.findings if f.severity == "error"]
+    breaking = [f.message.split(";")[0].split(" (compared with")[0] for f in report.findings
+                if f.severity == "error" and f.code.startswith("baseline-")]
+    if breaking:
+        old = (report.baseline or {}).get("old") or "the released version"
+        out.append(shorten(f"breaks clients of {old}: {'; '.join(breaking)}", 150))
+    errors = [f.code for f in report.findings if f.severity == "error" and not f.code.startswith("baseline-")]
     if errors:
         codes = ", ".join(dict.fromkeys(errors))
         out.append(f"lint: {len(errors)} error{'s' if len(errors) != 1 else ''} ({codes})")
+        out += [VERDICTS[code] for code in dict.fromkeys(errors) if code in VERDICTS]
     broken = {}
     for c in report.chain:
         if c["passed"] is False:
@@ -239,7 +291,23 @@ def verdict_line(report: VerifyReport) -> str:
                 f"output{'s' if len(keys) != 1 else ''} (reference: {report.reference})")
     if skipped:
         line += "; skipped: " + ", ".join(skipped)
-    return line
+    return line + verdict_notes(report)
+
+
+_NON_FINITE = re.compile(r"output '([^']+)' is (\S+) in")
+
+
+_OPEN_DIM = re.compile(r"(input '[^']+' dims? [\d, ]+) \(.*?\) set to (\d+)")
+
+
+def verdict_notes(report: VerifyReport) -> str:
+    """'; but output 'y' holds NaN' for a passing verdict: runtimes agreeing on NaN, or a model that fails at a
+    size its signature allows, are no passes to be quiet about."""
+    notes = [f"output '{m.group(1)}' holds {m.group(2)}" for f in report.findings
+             if f.code == "non-finite-output" and f.severity == "warning" for m in [_NON_FINITE.search(f.message)] if m]
+    notes += [f"{m.group(1)} fails at {m.group(2)}" for f in report.findings
+              if f.code == "dynamic-dim-fails" and f.severity == "warning" for m in [_OPEN_DIM.search(f.message)] if m]
+    return "; but " + ", ".join(notes) + " (see findings)" if notes else ""
 
 
 def tensors_of(batch: dict) -> dict:
@@ -251,7 +319,7 @@ def tensors_of(batch: dict) -> dict:
 # --------------------------------------------------------------------------------------------- text
 
 _HEADERS = ("RUNTIME", "DEVICE", "OUTPUT", "RESULT", "MAX ABS ERR", "MAX REL ERR", "OVER TOL", "TOLERANCE", "TIME",
-            "NOTE")
+            "FIRST/P50/P99 MS", "NOTE")
 
 
 def _rows(report: VerifyReport) -> list[tuple[str, ...]]:
@@ -264,15 +332,15 @@ def _rows(report: VerifyReport) -> list[tuple[str, ...]]:
 
 def _runtime_rows(r: RuntimeResult) -> list[tuple[str, ...]]:
     dev = r.device or "-"
-    t = f"{r.seconds:.2f}s"
+    t, ms = f"{r.seconds:.2f}s", latency_text(r.latency)
     if r.status == "error":
-        return [(r.name, dev, "-", "ERROR", "-", "-", "-", "-", t, _first_line(r.error))]
+        return [(r.name, dev, "-", "ERROR", "-", "-", "-", "-", t, ms, _first_line(r.error))]
     if r.status == "skipped":
-        return [(r.name, dev, "-", "SKIP", "-", "-", "-", "-", t, _first_line(r.error))]
+        return [(r.name, dev, "-", "SKIP", "-", "-", "-", "-", t, ms, _first_line(r.error))]
     if r.is_reference and not r.comparisons:
-        return [(r.name, dev, "*", "REF", "-", "-", "-", "-", t, "reference")]
+        return [(r.name, dev, "*", "REF", "-", "-", "-", "-", t, ms, "reference")]
     if not r.comparisons:
-        return [(r.name, dev, "-", "PASS", "-", "-", "-", "-", t, "no outputs compared")]
+        return [(r.name, dev, "-", "PASS", "-", "-", "-", "-", t, ms, "no outputs compared")]
     rows = []
     for i, c in enumerate(r.comparisons):
         note = "" if c.passed else c.reason or ""
@@ -281,7 +349,7 @@ def _runtime_rows(r: RuntimeResult) -> list[tuple[str, ...]]:
             note = f"{note}; {n}" if note else n
         rows.append((r.name if i == 0 else "", dev if i == 0 else "", c.key, "PASS" if c.passed else "FAIL",
                      _g(c.max_abs_err), _g(c.max_rel_err), _pct(c.mismatch_fraction), _tol(c),
-                     t if i == 0 else "", note))
+                     t if i == 0 else "", ms if i == 0 else "", note))
     return rows
 
 
@@ -346,6 +414,17 @@ def batch_sizes_text(sizes: list[int], limit: int = 8) -> str:
     return ", ".join(parts)
 
 
+BASELINE_SOURCES = {"previous-version": "the version TF Serving served before", "serving": "what clients get now",
+                    "--baseline": "--baseline"}
+
+
+def baseline_text(baseline: dict) -> str:
+    """'baseline: signatures compared with models/m/1 (the version TF Serving served before)'."""
+    if baseline.get("old") is None:
+        return f"baseline: none ({baseline.get('why') or 'not compared'})"
+    return f"baseline: signatures compared with {baseline['old']} ({BASELINE_SOURCES.get(baseline['source'], '')})"
+
+
 def render_text(report: VerifyReport) -> str:
     """Plain text (no ANSI codes): header, table runtime x output, servers, findings, one verdict line."""
     inp = report.inputs or {}
@@ -364,6 +443,10 @@ def render_text(report: VerifyReport) -> str:
                     + (f", {inp['runner']} runner" if inp.get("runner") else ""))
     tf32 = {None: "n/a", True: "on", False: "off"}[report.tf32]
     head.append(", ".join(desc) + f"; reference: {report.reference}; tf32: {tf32}")
+    if report.toolchain:
+        head.append(toolchain_text(report.toolchain) + "; server flags: " + (" ".join(report.server_flags) or "stock"))
+    if report.baseline:
+        head.append(baseline_text(report.baseline))
     headers = ("SIGNATURE", *_HEADERS) if _several(report) else _HEADERS
     lines = head + [""] + _table(headers, _rows(report))
     if report.chain:
@@ -404,6 +487,7 @@ def runtime_to_dict(r: RuntimeResult) -> dict:
         "name": r.name, "kind": r.kind, "device": r.device, "server": to_jsonable(r.server), "status": r.status,
         "error": None if r.error is None else clean(r.error), "seconds": round(float(r.seconds), 6), "is_reference": bool(r.is_reference),
         "passed": r.passed, "outputs": [c.to_dict() for c in r.comparisons], "signature": r.signature,
+        "latency": r.latency,
     }
 
 
@@ -421,9 +505,12 @@ def to_json(report: VerifyReport) -> dict:
         "inputs": to_jsonable(report.inputs or {}),
         "tf32": report.tf32,
         "exportkit_version": report.exportkit_version,
+        "toolchain": to_jsonable(report.toolchain),
+        "server_flags": list(report.server_flags),
         "runtimes": [runtime_to_dict(r) for r in report.runtimes],
         "findings": [f.to_dict() for f in report.findings],
         "reference_chain": to_jsonable(report.chain),
+        "baseline": to_jsonable(report.baseline),
     }
 
 
@@ -454,6 +541,8 @@ def to_junit_xml(report: VerifyReport) -> str:
     props = ET.SubElement(suite, "properties")
     for k, v in (("path", report.path), ("signature", report.signature), ("reference", report.reference),
                  ("tf32", report.tf32), ("exportkit_version", report.exportkit_version),
+                 ("toolchain", toolchain_text(report.toolchain) if report.toolchain else ""),
+                 ("server_flags", " ".join(report.server_flags) or "stock"),
                  ("inputs", ", ".join(f"{a}={b}" for a, b in (report.inputs or {}).items()))):
         ET.SubElement(props, "property", name=k, value=_x(v))
     for r in report.runtimes:

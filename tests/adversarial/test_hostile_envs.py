@@ -37,6 +37,9 @@ def _fake_env(cache: Path, label: str, tensorflow_init: str, recorded: str | Non
     return directory
 
 
+LOOKS_LIKE_TF = "get_logger = bfloat16 = Graph = compat = None\n"  # what the probe asks of a real TensorFlow
+
+
 def _error(fn):
     from exportkit.errors import ExportkitError
 
@@ -48,14 +51,14 @@ def _error(fn):
 def test_an_environment_is_trusted_only_after_its_tensorflow_is_shown_to_be_x_y(cache, monkeypatch):
     from exportkit.compat import envs
 
-    directory = _fake_env(cache, "2.14", "__version__ = '2.14.1'\n")
+    directory = _fake_env(cache, "2.14", "__version__ = '2.14.1'\n" + LOOKS_LIKE_TF)
     probes = []
     real_probe = envs._probe
     monkeypatch.setattr(envs, "_probe", lambda python, **kw: probes.append(python) or real_probe(python, **kw))
     assert envs.python_for("2.14", install_missing=False) == str(directory / "bin" / "python")
     assert envs.python_for("2.14", install_missing=False) and len(probes) == 1  # stamped: not probed again
     init = next(directory.glob("lib/python*/site-packages")) / "tensorflow" / "__init__.py"
-    init.write_text("__version__ = '2.12.1'\n")  # someone pip-installed another TensorFlow into it
+    init.write_text("__version__ = '2.12.1'\n" + LOOKS_LIKE_TF)  # someone pip-installed another TensorFlow into it
     os.utime(init, ns=(time.time_ns(), time.time_ns() + 10**9))
     err = _error(lambda: envs.python_for("2.14", install_missing=False))
     assert len(probes) == 2 and err.exit_code == 3
@@ -96,6 +99,10 @@ def test_the_next_install_removes_a_killed_installs_build_and_its_processes(cach
     stale = cache / "tf" / f".2.15.building-{dead}"                 # can be reused while other tests spawn)
     (stale / "bin").mkdir(parents=True)
     leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(stale / "bin" / "pip")])
+    for _ in range(100):  # until it has exec'd: before, its command line is still pytest's
+        if str(stale).encode() in Path(f"/proc/{leftover.pid}/cmdline").read_bytes():
+            break
+        time.sleep(0.05)
     envs.root().mkdir(parents=True, exist_ok=True)
     envs._remove_stale_builds()
     assert not stale.exists() and leftover.wait(timeout=10) == -signal.SIGKILL
@@ -118,7 +125,7 @@ envs._pip(sys.argv[1], ["tensorflow-cpu==2.13.*"], "2.13")
 
 
 def test_pip_dies_with_an_install_that_is_sigkilled(tmp_path):
-    """pip runs in its own process group with a parent-death signal: SIGKILL of the install ends it too."""
+    """pip runs in its own process group, whose guard has a parent-death signal: SIGKILL of the install ends it."""
     fake_python = tmp_path / "python"
     pid_file = tmp_path / "pip.pid"
     fake_python.write_text(f"#!/bin/sh\necho $$ > {pid_file}\necho Collecting tensorflow-cpu\nexec sleep 60\n")
@@ -130,7 +137,7 @@ def test_pip_dies_with_an_install_that_is_sigkilled(tmp_path):
             break
         time.sleep(0.1)
     pip_pid = int(pid_file.read_text())
-    assert os.getpgid(pip_pid) == pip_pid  # its own group
+    assert os.getpgid(pip_pid) != os.getpgid(0)  # its own group
     install.kill()
     install.wait()
     install.stderr.close()
@@ -141,3 +148,142 @@ def test_pip_dies_with_an_install_that_is_sigkilled(tmp_path):
     else:
         os.kill(pip_pid, signal.SIGKILL)
         pytest.fail("pip kept running after its install was SIGKILLed")
+
+
+STANDIN_SETUP = """
+import os, time
+from pathlib import Path
+Path(os.environ["STANDIN_PID_FILE"]).write_text(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_a_sigkilled_install_takes_pip_and_the_builds_it_started_with_it(cache, tmp_path):
+    """`exportkit runtimes install` SIGKILLed (a CI step timeout) while pip builds a package: pip and its build
+    subprocess end within seconds. The index is a local directory holding one stand-in sdist whose setup.py
+    waits (no download; the venv is real, made by `python -m venv` with its ensurepip)."""
+    import tarfile
+
+    index, src = tmp_path / "index", tmp_path / "tensorflow_cpu-2.15.0"
+    index.mkdir()
+    src.mkdir()
+    (src / "setup.py").write_text(STANDIN_SETUP)
+    (src / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: tensorflow-cpu\nVersion: 2.15.0\n")
+    with tarfile.open(index / "tensorflow_cpu-2.15.0.tar.gz", "w:gz") as tar:
+        tar.add(src, arcname=src.name)
+    pid_file = tmp_path / "setup.pid"
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index), "STANDIN_PID_FILE": str(pid_file),
+           "PIP_NO_BUILD_ISOLATION": "0"}  # (pip's inverted spelling of --no-build-isolation)
+    install = subprocess.Popen([sys.executable, "-m", "exportkit", "runtimes", "install", "2.15"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(1200):
+        if pid_file.exists() and pid_file.read_text().strip() or install.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert install.poll() is None and pid_file.exists(), "the stand-in build never started"
+    build = int(pid_file.read_text())
+    group = os.getpgid(build)
+    assert group != os.getpgid(0)  # pip's own process group
+    install.kill()
+    install.wait()
+    left = []
+    for _ in range(100):
+        left = [pid for pid in map(int, [p.name for p in Path("/proc").glob("[0-9]*")]) if _in_group(pid, group)]
+        if not left:
+            break
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "pip's processes kept running after the install was SIGKILLed"
+    from exportkit.compat import envs
+
+    envs._remove_stale_builds()  # what the next install does first
+    assert [p.name for p in (cache / "tf").iterdir()] == []
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group and _running(pid)
+    except ProcessLookupError:
+        return False
+
+
+# ------------------------------------------------------------------------------------------ broken environments
+def _worker_error(python: Path, model: Path):
+    """What the standalone TF X.Y worker under `python` answers when asked to load `model`."""
+    from exportkit.compat.envs import WORKER
+    from exportkit.runtimes.session import SessionRuntime
+
+    runtime = SessionRuntime(str(model), python=str(python), worker=str(WORKER), broken_remedy="rebuild it")
+    try:
+        return _error(runtime.load)
+    finally:
+        runtime.close()
+
+
+def test_a_tensorflow_that_is_not_tensorflow_is_one_message_with_the_rebuild_command(cache, tmp_path):
+    """A managed environment whose `tensorflow` has a version and nothing else: refused before it is trusted (the
+    probe), and by the worker itself should it start anyway: one message, no AttributeError."""
+    from exportkit.compat import envs
+
+    directory = _fake_env(cache, "2.14", "__version__ = '2.14.1'\n")
+    err = _error(lambda: envs.python_for("2.14", install_missing=False))
+    assert err.exit_code == 3 and "exportkit runtimes install 2.14 --force" in err.remedy
+    assert "is not TensorFlow" in err.message and "get_logger" in err.message
+    assert "AttributeError" not in err.message and "Traceback" not in err.message
+    err = _worker_error(directory / "bin" / "python", tmp_path)
+    assert err.exit_code == 3 and err.remedy == "rebuild it", err.message
+    assert "is not TensorFlow" in err.message and "AttributeError" not in err.message
+
+
+def test_a_worker_python_without_numpy_is_exit_3_naming_the_package_and_pip(cache, tmp_path):
+    import shutil
+
+    directory = _fake_env(cache, "2.14", "__version__ = '2.14.1'\n")
+    shutil.rmtree(next(directory.glob("lib/python*/site-packages")) / "numpy")
+    python = directory / "bin" / "python"
+    err = _worker_error(python, tmp_path)
+    assert err.exit_code == 3 and "no module 'numpy'" in err.message, err.message
+    assert f"{python} -m pip install numpy" in err.remedy and "Traceback" not in err.message
+
+
+@pytest.fixture(scope="module")
+def python_without_h11(tmp_path_factory) -> Path:
+    """A real venv holding every package of this one but h11 (symlinked, so it costs no copy)."""
+    directory = tmp_path_factory.mktemp("no_h11") / "venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(directory)
+    site = next(directory.glob("lib/python*/site-packages"))
+    ours = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p, "numpy").is_dir()))
+    for entry in ours.iterdir():
+        if entry.name.split("-")[0].split(".")[0].lower() != "h11":
+            (site / entry.name).symlink_to(entry)
+    return directory / "bin" / "python"
+
+
+@pytest.mark.slow
+def test_an_embedded_server_without_h11_is_infrastructure_naming_the_package(python_without_h11, third_party):
+    """The model is fine: the Python lacks a dependency of the server. Exit 3 (not the model's FAILED, exit 1)."""
+    proc = subprocess.run([str(python_without_h11), "-m", "exportkit", "verify", str(third_party["plain"]),
+                           "--serving", "embedded", "--runtimes", "session,serving,rest"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "no module 'h11'" in proc.stderr and f"{python_without_h11} -m pip install h11" in proc.stderr
+    # `exportkit serve` as the launcher runs it in a process of its own: its exit 3 is the launcher's InfraError
+    proc = subprocess.run([str(python_without_h11), "-I", "-c", LAUNCH_EMBEDDED, str(third_party["plain"])],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout)
+    assert said["exit_code"] == 3 and f"{python_without_h11} -m pip install h11" in said["remedy"], said
+    assert "no module 'h11'" in said["message"] and "unexpected" not in said["message"]
+
+
+LAUNCH_EMBEDDED = """
+import json, sys
+from exportkit.errors import ExportkitError
+from exportkit.serving.launcher import start_embedded
+try:
+    start_embedded(sys.argv[1], rest=True).wait().stop()
+except ExportkitError as err:
+    print(json.dumps({"exit_code": err.exit_code, "message": err.message, "remedy": err.remedy}))
+"""

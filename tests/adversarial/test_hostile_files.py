@@ -318,6 +318,18 @@ def test_reports_on_a_full_or_read_only_disk_are_exit_3_or_2_and_leave_nothing(t
         write_atomic("/dev/full", "{}", "--json /dev/full")
 
 
+def test_an_append_to_the_step_summary_on_a_full_disk_is_undone(tiny_fs):
+    from exportkit.errors import InfraError
+    from exportkit.files import append_whole
+
+    full, _ = tiny_fs
+    step = full / "step_summary.md"
+    step.write_text("earlier step\n")
+    with pytest.raises(InfraError) as info:
+        append_whole(step, "x" * (1 << 20), "$GITHUB_STEP_SUMMARY")
+    assert "No space left" in info.value.message and step.read_text() == "earlier step\n"
+
+
 def test_save_outputs_on_a_full_disk_leaves_no_partial_set(tiny_fs):
     from exportkit.batches import save_batches
     from exportkit.errors import InfraError
@@ -325,7 +337,35 @@ def test_save_outputs_on_a_full_disk_leaves_no_partial_set(tiny_fs):
     full, _ = tiny_fs
     with pytest.raises(InfraError):
         save_batches(full / "out", [{"y": np.zeros(1000, np.float32)} for _ in range(10)], "saved_model")
-    assert list((full / "out").iterdir()) == []
+    assert not (full / "out").exists()  # made by save_batches, so removed with the staged files
+
+
+def _fill_leaving(fs: Path, pages: int) -> None:
+    """Fill `fs` with page-sized files, then free `pages` of them: room for that many small files."""
+    filler = fs / "filler"
+    filler.mkdir()
+    n = 0
+    try:
+        while True:
+            (filler / str(n)).write_bytes(b"f" * 4096)
+            n += 1
+    except OSError:
+        (filler / str(n)).unlink(missing_ok=True)
+    for i in range(pages):
+        (filler / str(n - 1 - i)).unlink()
+
+
+@pytest.mark.slow
+def test_verify_save_outputs_on_a_full_disk_leaves_no_runtime_set(third_party, tiny_fs):
+    """Room for one runtime's three batch files, not for the second's: the first set must not stay behind."""
+    full, _ = tiny_fs
+    _fill_leaving(full, 4)
+    out = full / "out"
+    result = invoke("verify", third_party["plain"], "--runtimes", "saved_model,session", "--serving", "none",
+                    "--save-outputs", out)
+    assert result.returncode == 3 and f"--save-outputs {out}" in result.stderr and "No space left" in result.stderr
+    assert not out.exists()
+    assert sorted(p.name for p in full.iterdir()) == ["filler"]
 
 
 def test_save_failures_that_cannot_be_written(tiny_fs, tmp_path):

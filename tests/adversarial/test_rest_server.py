@@ -48,9 +48,10 @@ def served(model_base, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def limited(model_base):
-    """An in-process REST server with small limits: 1 s for the headers, 4 KiB of body, 8 connections."""
+    """An in-process REST server with small limits: 1 s for the headers, 2 s for a body (1 s idle), 4 KiB of body,
+    8 connections."""
     server, port, versions = serve_in_process(model_base, header_seconds=1.0, body_idle_seconds=1.0,
-                                              max_body_bytes=4096, max_connections=8)
+                                              body_seconds=2.0, max_body_bytes=4096, max_connections=8)
     yield port
     server.shutdown()
     server.server_close()
@@ -211,6 +212,25 @@ def test_headers_must_arrive_in_time(limited):
     assert time.monotonic() - started < 5
     with socket.create_connection(("127.0.0.1", limited), timeout=10) as sock:  # an idle connection: just closed
         assert sock.recv(100) == b""
+    _still_serving(limited)
+
+
+def test_a_trickled_body_is_bounded_as_a_whole(limited):
+    """One byte every 0.4 s never trips the 1 s idle timeout; the 2 s deadline for the whole body cuts it off."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", limited), timeout=10) as sock:
+        sock.sendall(f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n".encode())
+        try:
+            for _ in range(20):  # at most 8 s; the server answers after about 2 s
+                sock.sendall(b" ")
+                time.sleep(0.4)
+        except OSError:  # the server answered and closed while we were still sending
+            pass
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    assert _answers(raw) == [(408, {"error": "Request body not received whole within 2 s"})]
+    assert time.monotonic() - started < 6
     _still_serving(limited)
 
 

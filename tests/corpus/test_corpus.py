@@ -119,6 +119,23 @@ def _rows(report, signature):
 
 
 @pytest.mark.slow
+def test_compat_and_inspect_predict_a_missing_signature_tensor_fails_everywhere(corpus):
+    """TF's loader refuses the model on every version ("refers to a Tensor which does not exist"): compat's
+    static prediction says so, naming the tensor, and inspect forecasts no version that serves it."""
+    model = corpus(b.missing_tensor)
+    got = invoke("compat", model.base, "--json", "-")
+    matrix = json.loads(got.stdout)
+    assert got.returncode == 1, got.stdout[-2000:]
+    rows = matrix["versions"]
+    assert rows and all(r["predicted"] == "fails" for r in rows), rows
+    assert all(any(f["code"] == "missing-tensor" and "renamed_y:0" in f["message"] for f in r["findings"])
+               for r in rows)
+    info = json.loads(invoke("inspect", model.base, "--json").stdout)
+    assert info["oldest_tf_serving"] is None
+    assert [f["code"] for f in info["findings"]].count("missing-tensor") == 1
+
+
+@pytest.mark.slow
 def test_half_plus_two_passes_with_the_api_tf_serving_uses(corpus):
     """Classify/Regress on Example signatures; Predict on the classify/regress signatures over a float input,
     which TF Serving's Classify/Regress refuse (the report names the API)."""
