@@ -223,6 +223,17 @@ def test_users_own_legacy_keras_setting_is_honoured(tfk, tmp_path):
 
 
 @pytest.mark.slow  # the tfk fixture builds its files in a subprocess
+def test_hub_layer_missing_names_tensorflow_hub(tfk):
+    from exportkit.errors import UsageError
+    from exportkit.sources.load import load_source
+    from exportkit.spec import source_options
+
+    with pytest.raises(UsageError, match="Unknown layer 'KerasLayer'") as err:
+        load_source(source_options(str(tfk / "hub_model.h5")))
+    assert "--custom-objects tensorflow_hub" in err.value.remedy
+
+
+@pytest.mark.slow  # the tfk fixture builds its files in a subprocess
 def test_plain_savedmodel_is_still_refused(tfk):
     from exportkit.errors import UsageError
     from exportkit.sources.load import detect_format

@@ -247,6 +247,10 @@ def unresolved_classes(config, custom_objects: dict, keras: Keras = KERAS3) -> l
     return sorted(missing.items())
 
 
+# Classes of the TensorFlow ecosystem that legacy .h5 configs name without their module.
+_ECOSYSTEM_CLASSES = {"KerasLayer": "tensorflow_hub"}
+
+
 def _missing_object_error(path: Path, missing: list[tuple[str, str | None]], keras: Keras,
                           other: dict, fmt: str | None = None) -> UsageError:
     """Classes `keras` cannot find. When a --custom-objects module gave them as the other Keras' classes, that is
@@ -257,7 +261,7 @@ def _missing_object_error(path: Path, missing: list[tuple[str, str | None]], ker
         kind = KERASES["3" if keras is TF_KERAS else "2"]
         return UsageError(f"{path.name} is loaded with {keras}, but the custom objects {', '.join(wrong)} are "
                           f"{kind} classes, which {keras} cannot use", mismatch_remedy(keras, fmt))
-    modules = sorted({module for _, module in missing if module})
+    modules = sorted({module or _ECOSYSTEM_CLASSES.get(name) for name, module in missing} - {None})
     hint = (" ".join(f"--custom-objects {m}" for m in modules)
             or f"--custom-objects MODULE (the module that defines {missing[0][0]})")
     return UsageError(f"Unknown layer {names} in {path.name} (looked in {keras}'s registry and the custom objects "
