@@ -35,7 +35,8 @@ compat: the static analysis of all ten TF versions on a 1,000-node graph (benchm
 read cold; < 1 s) and, with a warm environment (`--compat-tf`, default 2.12; installed first if missing, not
 timed), `exportkit verify DIR --runtimes golden --tf X.Y` vs `... --runtimes golden,session` (wall; <= 1.3x),
 plus the wall time of `exportkit compat DIR --tf X.Y --run`; and `verify --data` (benchmarks/data_bench.py;
-<= 1.3x a hand-written loop).
+<= 1.3x a hand-written loop); and `exportkit diff --data` on PredictionLog records (benchmarks/diff_bench.py: ms per
+1,000 records next to a hand-written loop over the two loaded models, peak RSS at N/10 and N records).
 
 Models: samples from `make samples` (samples.json), keras.applications models (seeded random weights,
 `weights=None`) and scale_1gb: the model of issue 12, `Input((16,), int32)` -> `Embedding(2_000_000, 128)` (1 GB of
@@ -718,6 +719,11 @@ def main(argv=None) -> int:
         from data_bench import render_data, run_data
 
         data = run_data(measure, work / "data", cfg["data_records"], log, str(BIN / "exportkit"))
+    diff = {}
+    if cfg["data_records"]:
+        from diff_bench import render_diff, run_diff
+
+        diff = run_diff(measure, work / "diff", cfg["data_records"], log, str(BIN / "exportkit"))
     # The compat rows measure analysis and environment overhead, not model size: never on the 1 GB model.
     compat_model = next((n for n in cfg["models"] if n not in SCALE_MODELS), "")
     compat = run_compat(dirs[compat_model], cfg["compat_tf"], min(cfg["runs"], 3), work, log) if compat_model in dirs else {}
@@ -728,6 +734,8 @@ def main(argv=None) -> int:
     markdown = render(info, profile, rows, predict, scaling, scaling_model, elapsed, compat, compat_model, summaries)
     if data:
         markdown += "\n".join(render_data(data)) + "\n"
+    if diff:
+        markdown += "\n".join(render_diff(diff)) + "\n"
     print(markdown)
     (out / "results.md").write_text(markdown)
     for per_model in raw.values():  # keep results.json readable: stdout of verify/inspect only as a tail
@@ -742,7 +750,8 @@ def main(argv=None) -> int:
         "machine": info, "profile": profile, "config": cfg, "elapsed_seconds": elapsed, "targets": TARGETS,
         "rss_targets": RSS_TARGETS,
         "summary": rows, "predict": predict, "scaling_model": scaling_model,
-        "scaling": {str(k): v for k, v in scaling.items()}, "compat": compat, "runs": raw, "data": _tails(data)},
+        "scaling": {str(k): v for k, v in scaling.items()}, "compat": compat, "runs": raw, "data": _tails(data),
+        "diff": _tails(diff)},
         indent=1,
         default=str) + "\n")
     log(f"wrote {out / 'results.md'} and {out / 'results.json'}")

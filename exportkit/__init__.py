@@ -1,6 +1,6 @@
 """exportkit: export Keras/TensorFlow models for TF Serving and prove they compute what the model computed.
 
-The Python API (docs/python-api.md): `exportkit.export`, `verify`, `inspect`, `compat` and `record_reference`, with
+The Python API (docs/python-api.md): `exportkit.export`, `verify`, `inspect`, `compat`, `diff` and `record_reference`, with
 the CLI's options as keyword arguments, returning the reports the CLI renders; errors are `ExportkitError`s.
 """
 import types as _types
@@ -34,6 +34,13 @@ def inspect(path, **options):
     from exportkit import api
 
     return api.inspect(path, **options)
+
+
+def diff(old, new=None, **options):
+    """What NEW changes for the clients of OLD, as `exportkit diff OLD NEW`. See exportkit.api.diff."""
+    from exportkit import api
+
+    return api.diff(old, new, **options)
 
 
 def record_reference(model, path, inputs=None, samples=8, seed=0, int_range=None):

@@ -4,6 +4,7 @@
     exportkit.verify(path, **options)              -> VerifyReport
     exportkit.inspect(path, **options)             -> Inspection (a SavedModel) or SourceInspection (a source)
     exportkit.compat(path, tf=[...], run=False, **options) -> CompatReport
+    exportkit.diff(old, new, **options)            -> DiffReport
 
 Options are the CLI's flags as keyword arguments (`--custom-objects` is `custom_objects=[...]`, a repeatable flag
 takes a list or one string), with the CLI's defaults. The report files (`--json`, `--html`, `--summary`,
@@ -140,6 +141,28 @@ def _launch_options(container_cli: str, pull: bool, server_flag: list):
 
     return LaunchOptions(container_cli=container_cli, pull=pull,
                          server_flags=parse_server_flags([str(f) for f in server_flag]))
+
+
+# ---------------------------------------------------------------------------------------------------- diff
+
+
+def diff(old, new=None, **options):
+    """What NEW changes for the clients of OLD, as `exportkit diff OLD NEW`: signatures first, then both versions'
+    answers on the same inputs (generated and golden batches, or `data=` records). OLD may be a base directory
+    (its newest two versions, NEW left out), or NEW alone with `serving="HOST:PORT"` for the deployed OLD.
+    Returns the DiffReport (`.passed`, `.exit_code`, `.verdict`, `.outputs`, `.gates`, `.to_dict()`)."""
+    from exportkit.verify.diff import DiffOptions, run_diff
+
+    renames = {"beam_option": "beam_options"}
+    fields = {f.name for f in dataclasses.fields(DiffOptions)} - {"paths", "beam_options", "json_out", "html",
+                                                                  "summary"}
+    _unknown("diff", options, fields | set(renames))
+    values = {renames.get(k, k): v for k, v in options.items()}
+    for name in ("max_abs_change", "beam_options"):
+        if name in values:
+            values[name] = [str(v) for v in _listed(values[name])]
+    paths = [str(old)] + ([str(new)] if new is not None else [])
+    return _as(DiffReport, run_diff(DiffOptions(paths=paths, **values)))
 
 
 # ---------------------------------------------------------------------------------------------------- inspect
@@ -290,6 +313,7 @@ class _op_libraries:
 # the reports in the layers, so the methods are added here.
 
 from exportkit.export.pipeline import ExportResult as _ExportResult  # noqa: E402
+from exportkit.verify.diff_report import DiffReport as _DiffReport  # noqa: E402
 from exportkit.inspection import SavedModelInfo as _SavedModelInfo  # noqa: E402
 from exportkit.verify.matrix import CompatReport as _CompatReport  # noqa: E402
 from exportkit.verify.report import VerifyReport as _VerifyReport  # noqa: E402
@@ -353,6 +377,26 @@ class CompatReport(_CompatReport):
         from exportkit.verify.summary import compat_markdown
 
         return _write(path, compat_markdown(self), "summary")
+
+
+class DiffReport(_DiffReport):
+    """diff's report: `.passed`, `.exit_code`, `.verdict`, `.findings` (signatures), `.outputs` (OutputChange per
+    output: change quantiles, top-1 share, confusion, metrics), `.gates`, `.to_dict()`."""
+
+    def write_json(self, path) -> Path:
+        return _write(path, _json_text(self.to_dict()), "JSON report")
+
+    def write_html(self, path) -> Path:
+        from exportkit.verify.diff_report import diff_html
+        from exportkit.verify.plots import require_matplotlib
+
+        require_matplotlib()
+        return _write(path, diff_html(self), "HTML report")
+
+    def write_summary(self, path) -> Path:
+        from exportkit.verify.diff_report import diff_markdown
+
+        return _write(path, diff_markdown(self), "summary")
 
 
 class ExportResult(_ExportResult):

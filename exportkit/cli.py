@@ -274,7 +274,7 @@ def verify(
     junit: Optional[str] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
     html: Optional[str] = HTML,
     summary: Optional[str] = SUMMARY,
-    data: Optional[str] = typer.Option(None, "--data", help="GLOB of TFRecord files of tf.Example (plain or GZIP) or .npz shards: verify on these records."),
+    data: Optional[str] = typer.Option(None, "--data", help="GLOB of TFRecord files of tf.Example or PredictionLog (plain or GZIP) or .npz shards, or `warmup` (the SavedModel's warm-up file): verify on these records."),
     limit: Optional[int] = typer.Option(None, "--limit", help="--data: at most N records."),
     batch_size: int = typer.Option(256, "--batch-size", help="--data: records per batch."),
     sample: Optional[float] = typer.Option(None, "--sample", help="--data: keep each record with this probability (seeded by --seed)."),
@@ -396,6 +396,49 @@ def compat(
                                                    server_flags=parse_server_flags(server_flag or [])))
 
     _run(_with_op_libraries(go, op_library), debug)
+
+
+@app.command()
+def diff(
+    paths: List[str] = typer.Argument(..., metavar="OLD NEW", help="Two version directories, a model base directory "
+                                      "(its newest two versions), or NEW alone with --serving HOST:PORT (the deployed OLD)."),
+    serving: Optional[str] = typer.Option(None, "--serving", help="HOST:PORT of the deployed OLD version (gRPC)."),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name on the server; PredictionLog records for other names are skipped."),
+    model_version: Optional[int] = typer.Option(None, "--model-version", help="--serving: the version to ask for."),
+    signature_name: Optional[str] = typer.Option(None, "--signature", "--signature-name", help="Signature to compare (default: the logs', else serving_default)."),
+    data: Optional[str] = typer.Option(None, "--data", help="GLOB of TFRecord files (tf.Example or PredictionLog, plain or GZIP) or .npz shards, or `warmup` (NEW's warm-up file); default: golden and generated batches."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="--data: at most N records."),
+    batch_size: int = typer.Option(1024, "--batch-size", help="--data: records per batch (both versions answer the same batches)."),
+    sample: Optional[float] = typer.Option(None, "--sample", help="--data: keep each record with this probability (seeded by --seed)."),
+    seed: int = SEED,
+    samples: int = typer.Option(8, "--samples", help="Without --data: batch size of the generated batch."),
+    label: Optional[str] = typer.Option(None, "--label", metavar="KEY", help="Feature of the records' tf.Examples holding the label: each version's accuracy, AUC or MSE."),
+    max_changed_top1: Optional[str] = typer.Option(None, "--max-changed-top1", help="Gate: fail when more than this share of top-1 answers change (0.5% or 0.005)."),
+    max_abs_change: Optional[List[str]] = typer.Option(None, "--max-abs-change", help="Gate: QUANTILE=VALUE on |new - old| per element, e.g. p99=0.05 (p50, p99, p99.9, max; repeatable)."),
+    min_metric_delta: Optional[float] = typer.Option(None, "--min-metric-delta", help="Gate (with --label): fail when the metric gets worse by more than this, e.g. -0.002."),
+    runner: str = typer.Option("in-process", "--runner", help="--data: in-process | beam (Apache Beam, needs exportkit[beam])."),
+    beam_option: Optional[List[str]] = typer.Option(None, "--beam-option", help="--runner beam: KEY=VALUE pipeline option (repeatable)."),
+    device: str = typer.Option("cpu", "--device", help="cpu | gpu for the two session runtimes."),
+    load_timeout: float = typer.Option(120.0, "--load-timeout", help="--serving: seconds to wait for the model."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout)."),
+    html: Optional[str] = HTML,
+    summary: Optional[str] = SUMMARY,
+    debug: bool = DEBUG,
+):
+    """What NEW changes for the clients of OLD: signatures first, then the answers on the same inputs. Exit 1 when
+    a signature change breaks old clients or a gate fails."""
+
+    def go():
+        from exportkit.verify.diff import DiffOptions, diff_command
+
+        return diff_command(DiffOptions(
+            paths=list(paths), serving=serving, model_name=model_name, model_version=model_version,
+            signature_name=signature_name, data=data, limit=limit, batch_size=batch_size, sample=sample, seed=seed,
+            samples=samples, label=label, max_changed_top1=max_changed_top1, max_abs_change=max_abs_change or [],
+            min_metric_delta=min_metric_delta, runner=runner, beam_options=beam_option or [], device=device,
+            load_timeout=load_timeout, json_out=json_out, html=html, summary=summary))
+
+    _run(go, debug)
 
 
 runtimes_app = typer.Typer(no_args_is_help=True, help="Managed TensorFlow X.Y environments used by compat --run and verify --tf.")

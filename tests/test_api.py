@@ -50,12 +50,12 @@ def result_of(proc: subprocess.CompletedProcess) -> dict:
 def test_import_is_cheap_and_names_are_there():
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import sys, exportkit
-        names = ["export", "verify", "inspect", "compat", "record_reference", "ExportkitError", "UsageError",
-                 "InfraError", "__version__"]
+        names = ["export", "verify", "inspect", "compat", "diff", "record_reference", "ExportkitError",
+                 "UsageError", "InfraError", "__version__"]
         missing = [n for n in names if not hasattr(exportkit, n)]
         heavy = [m for m in ("tensorflow", "keras", "numpy", "typer", "grpc") if m in sys.modules]
         import exportkit.verify.plan, exportkit.export.writer, exportkit.compat.registry  # the subpackages still work
-        print(missing, heavy, all(callable(getattr(exportkit, n)) for n in names[:5]))
+        print(missing, heavy, all(callable(getattr(exportkit, n)) for n in names[:6]))
         """)], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split("\n")[0] == "[] [] True", proc.stdout + proc.stderr
 
@@ -150,6 +150,7 @@ def api_round_trip(sample, tmp_path_factory):
         report = exportkit.verify(result.version_dir, runtimes="golden,saved_model,session,serving,rest")
         matrix = exportkit.compat(result.version_dir, tf=["2.12", "2.21"])
         info = exportkit.inspect(result.version_dir)
+        change = exportkit.diff(result.version_dir, result.version_dir, max_abs_change="p99=0")
         files = [str(report.write_json({str(out / "v.json")!r})), str(report.write_junit({str(out / "v.xml")!r})),
                  str(report.write_summary({str(out / "v.md")!r})), str(matrix.write_summary({str(out / "c.md")!r})),
                  str(result.write_summary({str(out / "e.md")!r}))]
@@ -162,6 +163,7 @@ def api_round_trip(sample, tmp_path_factory):
             "compat": matrix.to_dict(), "compat_exit": matrix.exit_code,
             "versions": [[v.tf, v.predicted] for v in matrix.versions],
             "inspect": info.to_dict(), "inspect_exit": info.exit_code, "files": files, "logged": records,
+            "diff": change.to_dict(), "diff_exit": change.exit_code, "diff_verdict": change.verdict,
         }}, default=str), file=sys.stderr)
         """)
     return result_of(proc), out
@@ -181,6 +183,8 @@ def test_api_release_script_round_trip(api_round_trip):
     assert got["compat_exit"] == 0 and got["versions"] == [["2.12", "ok"], ["2.21", "ok"]]
     assert got["inspect"]["signatures"]["serving_default"]["inputs"].keys() == {"features", "ids"}
     assert got["inspect_exit"] == 0
+    assert got["diff_exit"] == 0 and got["diff"]["passed"] is True and got["diff_verdict"] == got["diff"]["verdict"]
+    assert {o["key"] for o in got["diff"]["outputs"]} >= {"score", "embedding"}
     # progress reached the logger, not stdout (run_script checked stdout is empty)
     assert any("check" in line and "TF1 loader" in line for line in got["logged"]), got["logged"]
     for path in got["files"]:

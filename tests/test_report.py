@@ -85,6 +85,24 @@ def test_failed_by_runtime_error():
     assert verdict_line(r) == "FAILED: serving: error: Model failed to load: Could not find variable dense/kernel"
 
 
+def test_infrastructure_failure_does_not_blame_the_model():
+    """Exit 3 (report.stopped holds an InfraError): the verdict names the environment's failure, not the model's;
+    `passed` stays false, and a real model failure beside it is still listed."""
+    from exportkit.errors import InfraError
+
+    r = _report(serving_error=True, session_bad=True)
+    r.runtimes[-1].error = "the server was killed by SIGKILL\nits log tail\nfix: run it again"
+    r.stopped = InfraError("the server was killed by SIGKILL\nits log tail", "run it again")
+    assert r.exit_code == 3 and not r.passed and to_json(r)["passed"] is False
+    line = verdict_line(r)
+    assert line.startswith("ERROR (infrastructure): serving: the server was killed by SIGKILL; ")
+    assert "FAILED" not in line and "also failed: session: output 'score'" in line
+    assert to_json(r)["verdict"] == line and render_text(r).splitlines()[-1] == line
+    from exportkit.verify.summary import verify_markdown
+
+    heading = verify_markdown(r).splitlines()[0]
+    assert "error (infrastructure)" in heading and "FAILED" not in heading
+
 def test_failed_by_lint_error_only():
     r = _report(lint_error=True)
     assert not r.passed

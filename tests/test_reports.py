@@ -14,6 +14,7 @@ import math
 import re
 import shutil
 import subprocess
+import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -21,6 +22,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, invoke
+from exportkit.verify.latency import latency_text
+from exportkit.verify.report import baseline_text
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SHOTS = REPO / "build" / "reports"
@@ -178,7 +181,7 @@ def _verify(*args) -> tuple[int, dict, str]:
 def test_verify_html_shows_the_outliers_in_the_tail_and_names_the_worst_element(built):
     page = built["root"] / "changed.html"
     code, report, _ = _verify(built["changed"], "--runtimes", "golden,session", "--html", page,
-                              "--summary", built["root"] / "changed.md")
+                              "--summary", built["root"] / "changed.md", "--junit", built["root"] / "changed.xml")
     assert code == 1, report["verdict"]
     session = next(r for r in report["runtimes"] if r["name"] == "session")
     score = session["outputs"][0]
@@ -212,6 +215,19 @@ def test_verify_html_shows_the_outliers_in_the_tail_and_names_the_worst_element(
 
     summary = (built["root"] / "changed.md").read_text()
     assert "| session | score | ❌ FAIL |" in summary and report["verdict"] in summary
+
+    # what the text report says besides the table: the toolchain and server flags, the baseline, the latencies
+    latency = latency_text(session["latency"])
+    assert session["latency"]["requests"] == len(report["inputs"]["batch_sizes"]) and latency != "-"
+    toolchain, baseline = dom.one(id="toolchain")["text"], dom.one(id="baseline")["text"]
+    assert f"TensorFlow {report['toolchain']['tensorflow']}" in toolchain and "server flags: stock" in toolchain
+    assert baseline == baseline_text(report["baseline"]) and baseline.startswith("baseline: ")
+    assert latency in dom.one("td", data_latency="session")["text"]
+    assert dom.one("td", data_latency="golden")["text"] == "-"  # a recorded runtime is not timed
+    assert toolchain in summary and baseline in summary and "first/p50/p99 ms" in summary and latency in summary
+    props = {p.get("name"): p.get("value") for p in ET.parse(built["root"] / "changed.xml").iter("property")}
+    assert props["toolchain"] in toolchain and props["server_flags"] == "stock" and props["baseline"] == baseline
+    assert props["latency.session"].startswith(f"{latency} ms") and "latency.golden" not in props
 
 
 @needs_chromium

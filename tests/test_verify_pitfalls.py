@@ -276,6 +276,12 @@ def test_baseline_choices(models):
     assert findings == [] and compared["old"] is None and "no lower version" in compared["why"]
     findings, compared = _baseline(models / "renamed" / "1", baseline=str(models / "renamed" / "2"))
     assert compared["source"] == "--baseline" and [f.code for f in findings] == ["baseline-renamed-input"]
+    broken = models / "broken"
+    shutil.copytree(models / "renamed" / "2", broken / "2")
+    (broken / "1").mkdir()
+    (broken / "1" / "saved_model.pb").write_bytes(b"not a proto")
+    findings, compared = _baseline(broken / "2")
+    assert [f.code for f in findings] == ["baseline-unreadable"] and compared["old"] is None
     # TF Serving's test models, two versions each: no false error
     findings, compared = _baseline(models / "half_plus")
     assert findings == [] and Path(compared["old"]).name == "1", compared

@@ -16,12 +16,14 @@ import pickle
 import re
 import shutil
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from exportkit.data.predictionlog import LOGGED
 from exportkit.data.records import DataSource, ExampleParsing, Feeder
 from exportkit.data.stats import OutputStats
 from exportkit.errors import CheckFailed, ExportkitError, InfraError, UsageError
@@ -37,6 +39,7 @@ class RuntimeSpec:
     name: str
     args: dict
     parse_examples: str | None = None  # the Example input a tensor-taking model parses itself (keras)
+    top1: dict | None = None  # derived top-1 outputs (data.changes.top1_sources) added to its answers (diff)
 
 
 @dataclass
@@ -45,6 +48,8 @@ class BeamPlan:
     example_key: str | None
     runtimes: list[RuntimeSpec]  # the first is the reference
     tolerances: dict  # output key -> (atol, rtol)
+    replayer: object = None  # predictionlog.LogReplayer for PredictionLog records (adds the runtime `logged`)
+    accumulator: object = None  # (key, atol, rtol) -> the statistics of one output (default stats.OutputStats)
 
 
 def build_runtime(spec: RuntimeSpec):
@@ -59,6 +64,10 @@ def build_runtime(spec: RuntimeSpec):
     else:
         raise UsageError(f"runtime {spec.name!r} cannot run in a Beam worker", "use saved_model, keras, session, serving")
     runtime = cls(**spec.args)
+    if spec.top1:
+        from exportkit.data.changes import Top1Outputs
+
+        runtime = Top1Outputs(runtime, spec.top1)
     return ExampleParsing(runtime, spec.parse_examples) if spec.parse_examples else runtime
 
 
@@ -90,16 +99,21 @@ def run_pipeline(plan: BeamPlan, beam_options: list[str]) -> tuple[dict, int]:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InfraError(f"the Beam pipeline failed: {first}", "re-run with --debug for the traceback") from err
     stats, records = {}, 0
+    skipped: dict = {}
     for match in FileSystems.match([results + "*"])[0].metadata_list:
         with FileSystems.open(match.path) as fh:
             for line in fh.read().splitlines():
                 kind, value = pickle.loads(base64.b64decode(line))
                 if kind == "records":
                     records += value
+                elif kind == "skipped":
+                    skipped = dict(value)
                 else:
                     stats[kind] = value
     if not args.get("temp_location"):
         shutil.rmtree(out_dir, ignore_errors=True)
+    if plan.replayer is not None:
+        plan.replayer.skipped.update(skipped)  # what the workers skipped, counted where the driver reads it
     return stats, records
 
 
@@ -111,17 +125,26 @@ def _build(p, plan: BeamPlan, results: str) -> None:
         batches = (p | "Files" >> beam.Create(list(range(len(source.units))))
                    | "Read" >> beam.FlatMap(_unit_batches, source))
     batches = batches | "Spread" >> beam.Reshuffle()
-    inputs = batches | "Parse" >> beam.ParDo(_Parse(source, plan.example_key))
-    joined = {"positions": batches | "Positions" >> beam.Map(_positions)}
+    parsed = batches | "Parse" >> beam.ParDo(_Parse(source, plan.example_key, plan.replayer)).with_outputs(
+        "skipped", main="fed")
+    fed = parsed.fed | "Rows" >> beam.Filter(_has_rows)
+    inputs = fed | "Inputs" >> beam.Map(_inputs)
+    joined = {"positions": fed | "Positions" >> beam.Map(_positions)}
     for spec in plan.runtimes:
         joined[spec.label] = inputs | f"Run {spec.label}" >> beam.ParDo(_Run(spec))
+    if plan.replayer is not None:
+        joined[LOGGED] = fed | "Logged" >> beam.Map(_logged)
     labels = [spec.label for spec in plan.runtimes]
     stats = (joined | "Join" >> beam.CoGroupByKey()
              | "Pairs" >> beam.FlatMap(_pairs, labels)
-             | "Statistics" >> beam.CombinePerKey(_StatsCombine(plan.tolerances)))
+             | "Statistics" >> beam.CombinePerKey(_StatsCombine(plan.tolerances, plan.accumulator)))
     records = (joined["positions"] | "Count" >> beam.Map(_count)
                | "Records" >> beam.CombineGlobally(sum) | "Label" >> beam.Map(_labelled, "records"))
-    ((stats, records) | beam.Flatten()
+    outputs = [stats, records]
+    if plan.replayer is not None:
+        outputs.append(parsed.skipped | "Skipped" >> beam.CombineGlobally(_add_counts)
+                       | "Label skipped" >> beam.Map(_labelled, "skipped"))
+    (tuple(outputs) | beam.Flatten()
      | "Encode" >> beam.Map(_encode)
      | "Write" >> beam.io.WriteToText(results))
 
@@ -134,8 +157,28 @@ def _unit_batches(unit_no: int, source: DataSource):
     return source.unit_batches(unit_no)
 
 
-def _positions(batch):
-    return batch.key, (batch.file_nos, batch.indices, batch.offsets)
+def _has_rows(keyed) -> bool:
+    return len(keyed[1]) > 0
+
+
+def _inputs(keyed):
+    return keyed[0], keyed[1].inputs
+
+
+def _positions(keyed):
+    fed = keyed[1]
+    return keyed[0], (fed.file_nos, fed.indices, fed.offsets, fed.examples)
+
+
+def _logged(keyed):
+    return keyed[0], (keyed[1].logged, keyed[1].logged_rows)
+
+
+def _add_counts(counts) -> dict:
+    total = Counter()
+    for c in counts:
+        total.update(c)
+    return dict(total)
 
 
 def _count(keyed) -> int:
@@ -151,19 +194,24 @@ def _encode(item) -> str:
 
 
 class _Parse(beam.DoFn):
-    """Records -> the signature's inputs, once per batch for all runtimes (a bad record fails the run)."""
+    """Records -> the signature's inputs (records.Fed), once per batch for all runtimes (a bad record fails the
+    run); the PredictionLog records it skips are counted on the `skipped` output."""
 
-    def __init__(self, source: DataSource, example_key: str | None):
-        self.source, self.example_key = source, example_key
+    def __init__(self, source: DataSource, example_key: str | None, replayer=None):
+        self.source, self.example_key, self.replayer = source, example_key, replayer
 
     def setup(self):
-        self.feed = Feeder(self.source, self.source.specs, self.example_key)
+        self.feed = Feeder(self.source, self.source.specs, self.example_key, self.replayer)
 
     def process(self, batch):
         try:
-            yield batch.key, self.feed(batch)
+            fed = self.feed.fed(batch)
         except ExportkitError as err:
             raise _relay(err) from None
+        if self.replayer is not None and self.replayer.skipped:
+            yield beam.pvalue.TaggedOutput("skipped", dict(self.replayer.skipped))
+            self.replayer.skipped.clear()
+        yield batch.key, fed
 
 
 class _Run(beam.DoFn):
@@ -201,22 +249,32 @@ def _pairs(joined, labels: list[str]):
         outputs = groups[label][0]
         for key in sorted(set(reference) | set(outputs)):
             yield (label, key), (key, reference.get(key), outputs.get(key), positions)
+    for logged, rows in groups.get(LOGGED) or []:
+        if logged is None:
+            continue
+        at = tuple(None if p is None else p[rows] for p in positions)
+        for key in sorted(set(reference) | set(logged)):
+            value = reference.get(key)
+            yield (LOGGED, key), (key, None if value is None else value[rows], logged.get(key), at)
 
 
 class _StatsCombine(beam.CombineFn):
     """stats.OutputStats as the accumulator (None until the first batch, which names the output)."""
 
-    def __init__(self, tolerances: dict):
-        self.tolerances = tolerances
+    def __init__(self, tolerances: dict, accumulator=None):
+        self.tolerances, self.accumulator = tolerances, accumulator or OutputStats
 
     def create_accumulator(self):
         return None
 
     def add_input(self, acc, element):
-        key, expected, actual, (file_nos, indices, offsets) = element
+        key, expected, actual, (file_nos, indices, offsets, examples) = element
         if acc is None:
-            acc = OutputStats(key, *self.tolerances.get(key, (0.0, 0.0)))
-        acc.add(expected, actual, file_nos, indices, offsets)
+            acc = self.accumulator(key, *self.tolerances.get(key, (0.0, 0.0)))
+        if isinstance(acc, OutputStats):
+            acc.add(expected, actual, file_nos, indices, offsets)
+        else:
+            acc.add(expected, actual, file_nos, indices, offsets, examples)
         return acc
 
     def merge_accumulators(self, accs):

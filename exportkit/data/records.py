@@ -347,15 +347,108 @@ class FailureWriter:
             raise failure
 
 
+@dataclass
+class Fed:
+    """One batch as the runtimes get it: the inputs, one position per row (a PredictionLog's request may hold several
+    rows, or none when it is skipped), the logged answers of the rows that carry them, and the serialized tf.Example
+    of each row where the records are Examples (for `diff --label`)."""
+
+    inputs: dict[str, np.ndarray]
+    file_nos: np.ndarray
+    indices: np.ndarray
+    offsets: np.ndarray
+    record_of_row: np.ndarray  # the row's record in its RecordBatch (for --save-failures)
+    logged: dict[str, np.ndarray] | None = None
+    logged_rows: np.ndarray | None = None  # the rows `logged` answers, in order
+    examples: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def records_are_logs(source: DataSource) -> bool:
+    """True if the first TFRecord record of the data is a PredictionLog (then every TFRecord file must hold them)."""
+    from exportkit.data.predictionlog import is_prediction_log
+
+    for path in source.files:
+        if not path.endswith(".npz"):
+            for _, _, data, _ in tfrecord_records(path):
+                return is_prediction_log(data)
+    return False
+
+
+def data_signature(pattern: str | None, signatures: dict, selected: list[str]) -> str:
+    """The signature `--data` records are the inputs of when no --signature is given: the one the first
+    PredictionLog names (TF Serving's default when it names none), else serving_default (or the only one selected)."""
+    from exportkit.data.predictionlog import signature_of
+    from exportkit.savedmodel import DEFAULT_SIGNATURE
+
+    source = DataSource(pattern, []) if pattern else None
+    if source is not None and records_are_logs(source):
+        for path in (f for f in source.files if not f.endswith(".npz")):
+            name = next((signature_of(data) for _, _, data, _ in tfrecord_records(path)), None)
+            if name:
+                return name
+    return DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in signatures or len(selected) != 1 else selected[0]
+
+
 class Feeder:
     """A batch -> the signature's inputs: npz rows as they are, serialized Examples as they are for a signature
-    over tf.Example (`example_key`), else parsed into the inputs."""
+    over tf.Example (`example_key`), PredictionLog requests replayed (`replayer`: predictionlog.LogReplayer), else
+    tf.Examples parsed into the inputs."""
 
-    def __init__(self, source: DataSource, specs: list[InputSpec], example_key: str | None):
-        self.source, self.example_key = source, example_key
+    def __init__(self, source: DataSource, specs: list[InputSpec], example_key: str | None, replayer=None):
+        self.source, self.example_key, self.replayer = source, example_key, replayer
+        self.specs = {s.key: s for s in specs}
         self._examples = next((s.examples for s in specs if s.key == example_key), None)
-        needs_parser = example_key is None and any(not f.endswith(".npz") for f in source.files)
+        needs_parser = example_key is None and replayer is None and any(not f.endswith(".npz") for f in source.files)
         self._parser = ExampleParser(specs) if needs_parser else None
+
+    def fed(self, batch: RecordBatch) -> Fed:
+        """The batch's inputs and the position of each of their rows."""
+        if self.replayer is not None:
+            return self._replayed(batch)
+        examples = np.asarray(batch.records, dtype=object) if batch.records is not None else None
+        return Fed(self(batch), batch.file_nos, batch.indices, batch.offsets, np.arange(len(batch)),
+                   examples=examples)
+
+    def _replayed(self, batch: RecordBatch) -> Fed:
+        """PredictionLog requests of one batch, their rows concatenated (logs the replayer skips left out)."""
+        parts = []
+        for r, record in enumerate(batch.records):
+            replayed = self.replayer.replay(record, lambda r=r: self.source.where(batch.file_nos[r], int(batch.indices[r])))
+            if replayed is not None and replayed.rows:
+                parts.append((r, replayed))
+        record_of_row = np.repeat(np.asarray([r for r, _ in parts], dtype=np.int64),
+                                  [p.rows for _, p in parts]).astype(np.int64)
+        fed = Fed({}, batch.file_nos[record_of_row], batch.indices[record_of_row], batch.offsets[record_of_row],
+                  record_of_row)
+        if not parts:
+            return fed
+        for key in parts[0][1].inputs:
+            values = [self._cast(key, p.inputs[key], batch, r) for r, p in parts]
+            try:
+                fed.inputs[key] = np.concatenate(values)
+            except ValueError:
+                first = self.source.where(batch.file_nos[parts[0][0]], int(batch.indices[parts[0][0]]))
+                shapes = ", ".join(sorted({str(v.shape) for v in values}))
+                raise UsageError(f"the PredictionLog requests from {first} on send input {key!r} in shapes that do not "
+                                 f"stack ({shapes})", "pass --batch-size 1 to replay each request on its own") from None
+        if all(p.examples is not None for _, p in parts):
+            fed.examples = np.concatenate([np.asarray(p.examples, dtype=object).reshape(-1) for _, p in parts])
+        answered = [(start, p) for start, (_, p) in zip(np.cumsum([0] + [p.rows for _, p in parts]), parts)
+                    if p.logged]
+        keys = set.intersection(*(set(p.logged) for _, p in answered)) if answered else set()
+        if keys:
+            fed.logged = {k: np.concatenate([p.logged[k] for _, p in answered]) for k in sorted(keys)}
+            fed.logged_rows = np.concatenate([np.arange(start, start + p.rows) for start, p in answered])
+        return fed
+
+    def _cast(self, key: str, value: np.ndarray, batch: RecordBatch, r: int) -> np.ndarray:
+        spec = self.specs.get(key)
+        if spec is None or spec.examples is not None:
+            return value
+        return cast_input(key, value, spec, self.source.where(batch.file_nos[r], int(batch.indices[r])))
 
     def __call__(self, batch: RecordBatch) -> dict[str, np.ndarray]:
         if batch.rows is not None:

@@ -61,7 +61,13 @@ def baseline_findings(o: VerifyOptions, signatures: dict, selected: list[str],
         old_dir, _, old = read_model(o.baseline)
         compared.update(source="--baseline", old=str(old_dir))
     else:
-        found = _deployed(o, version_dir) if _remote(o.serving) else _previous_version(version_dir)
+        try:
+            found = _deployed(o, version_dir) if _remote(o.serving) else _previous_version(version_dir)
+        except (UsageError, InfraError) as err:  # the old version is damaged, or the server does not answer: say
+            # so, and verify the new one all the same (a server that does not answer fails the serving runtime, exit 3)
+            return [Finding("warning", "baseline-unreadable", f"the version served before could not be read, so "
+                                                              f"its clients' signatures were not compared: {err.message}")
+                    ], {**compared, "source": "none", "old": None, "why": "unreadable"}
         if found is None:
             why = ("the server serves no version of this model" if _remote(o.serving)
                    else "no lower version in the base directory" if version_dir is None or version_dir.name.isdigit()

@@ -12,7 +12,9 @@ import time
 
 import numpy as np
 
-from exportkit.data.records import DataSource, ExampleParsing, Feeder, FailureWriter
+from exportkit.data.records import (DataSource, ExampleParsing, Feeder, FailureWriter, data_signature,
+                                    records_are_logs)
+from exportkit.data.predictionlog import LOGGED, LogReplayer
 from exportkit.data.stats import OutputStats, compare_into
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.layout import signature_entries
@@ -53,11 +55,11 @@ def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, dev
     import dataclasses
 
     from exportkit.examples import input_specs
-    from exportkit.savedmodel import DEFAULT_SIGNATURE, select_meta_graph
+    from exportkit.savedmodel import select_meta_graph
 
     version_dir, signatures, selected = model.version_dir, model.signatures, model.selected
-    name = o.signature_name or (DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in signatures or len(selected) != 1
-                                else selected[0])
+    pattern = data_pattern(o.data, version_dir)
+    name = o.signature_name or data_signature(pattern, signatures, selected)
     if name not in signatures:
         raise UsageError(f"--data needs one signature, and there is no '{name}' (available: {', '.join(signatures)})",
                          "pass --signature NAME for the signature the records are inputs of")
@@ -67,22 +69,29 @@ def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, dev
     specs = input_specs(select_meta_graph(model.proto), name, signature, version_dir)  # tf.Example inputs found here
     tolerance = tolerances_for(o.atol, o.rtol, per_output, signature_entries(model.manifest).get(name))
     check_data_options(o, devices)
-    source = DataSource(o.data, specs, batch_size=o.batch_size, sample=o.sample, seed=o.seed, limit=o.limit)
+    source = DataSource(pattern, specs, batch_size=o.batch_size, sample=o.sample, seed=o.seed, limit=o.limit)
     # A signature over serialized tf.Example takes the records as they are.
     example_key = specs[0].key if len(specs) == 1 and specs[0].examples else None
+    logs = records_are_logs(source)
+    replayer = LogReplayer(name, signature, signatures, o.model_name) if logs else None
     names = [n for n in names if n not in ("golden", "trained")]  # recorded outputs exist only for their inputs
     tolerances = {k: _tol(tolerance(k, v["dtype"])) for k, v in signature["outputs"].items()}
     report.inputs = {"source": "data", "path": o.data, "files": len(source.files), "batch_size": o.batch_size,
                      "sample": o.sample, "seed": o.seed if o.sample else None, "limit": o.limit, "runner": o.runner,
                      "examples": example_key is not None}
+    if logs:
+        report.inputs["prediction_logs"] = True
     if o.runner == "beam":
-        stats, records, results = _run_beam(o, source, version_dir, specs, signature, names, example_key,
-                                            tolerances, devices[0])
+        stats, records, results, skipped = _run_beam(o, source, version_dir, specs, signature, names, example_key,
+                                                     tolerances, devices[0], replayer)
     else:
         stats, records, results = _run_in_process(o, source, version_dir, specs, signature, names, devices,
-                                                  example_key, tolerances, report)
+                                                  example_key, tolerances, report, replayer)
+        skipped = replayer.skipped if replayer else {}
     report.runtimes = results
     report.inputs["records"] = records
+    if logs:
+        report.inputs["skipped"] = dict(sorted(skipped.items()))
     _attach(report, stats, source)
     report.findings += latency_findings(report.runtimes, o.max_latency_ms)
 
@@ -91,9 +100,23 @@ def _tol(t) -> tuple[float, float]:
     return (float(t.atol), float(t.rtol))
 
 
-def _run_in_process(o, source, version_dir, specs, signature, names, devices, example_key, tolerances, report):
+def data_pattern(data: str, version_dir) -> str:
+    """--data GLOB, or `warmup`: the SavedModel's own warm-up file (PredictionLog records TF Serving replays)."""
+    from exportkit.layout import warmup_path
+
+    if data != "warmup":
+        return data
+    path = warmup_path(version_dir)
+    if not path.is_file():
+        raise UsageError(f"--data warmup: {version_dir} has no warm-up file ({path})",
+                         "export with warm-up records, or pass --data GLOB of PredictionLog or tf.Example records")
+    return str(path)
+
+
+def _run_in_process(o, source, version_dir, specs, signature, names, devices, example_key, tolerances, report,
+                    replayer=None):
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
-    feed = Feeder(source, specs, example_key)  # before any runtime starts: a bad --data fails fast
+    feed = Feeder(source, specs, example_key, replayer)  # before any runtime starts: a bad --data fails fast
     writer = FailureWriter(o.save_failures, source) if o.save_failures else None  # so does a bad --save-failures
     check = SignatureCheck(o.signature_name, signature.get("method") or "", specs, output_dtypes, {})
     plan = Plan(version_dir, devices, [check], plan_runtimes(names, devices), [], signatures={check.name: signature})
@@ -110,6 +133,7 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
             parsing.append(item.runtime)
     results = {item.label: RuntimeResult(name=item.label, kind=item.runtime.kind, device=item.runtime.device)
                for item in runtimes_}
+    logged = RuntimeResult(name=LOGGED, kind="recorded", device=None)  # the answers the logs carry, if any
     stats: dict[tuple[str, str], OutputStats] = {}
     nonfinite = NonFiniteCounter()
     timings: dict[str, list[float]] = {}  # seconds per batch, per runtime (verify/latency.py)
@@ -118,9 +142,13 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
         live = [item for item in runtimes_ if _timed(results[item.label], lambda: item.runtime.load() or True)]
         progress = _Progress(source, o.limit)
         for batch in source.batches():
-            inputs = feed(batch)
+            fed = feed.fed(batch)
+            progress.update(records)
+            if not len(fed):
+                continue  # every log of the batch was skipped
+            inputs = fed.inputs
             for runtime in parsing:
-                runtime.name_record = lambda row, b=batch: source.where(b.file_nos[row], int(b.indices[row]))
+                runtime.name_record = lambda row, b=fed: source.where(b.file_nos[row], int(b.indices[row]))
             outputs = {}
             for item in list(live):
                 began = time.perf_counter()
@@ -134,20 +162,29 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
             if not live or live[0].label not in outputs:
                 break  # no reference left
             reference = live[0].label
-            failing = np.zeros(len(batch), dtype=bool)
+            failing = np.zeros(len(fed), dtype=bool)
             for label, out in outputs.items():
                 if label != reference:
-                    failing |= compare_into(stats, label, outputs[reference], out, tolerances, batch.file_nos,
-                                            batch.indices, batch.offsets)
+                    failing |= compare_into(stats, label, outputs[reference], out, tolerances, fed.file_nos,
+                                            fed.indices, fed.offsets)
+            if fed.logged is not None:
+                rows = fed.logged_rows
+                failing[rows] |= compare_into(stats, LOGGED, {k: v[rows] for k, v in outputs[reference].items()},
+                                              fed.logged, tolerances, fed.file_nos[rows], fed.indices[rows],
+                                              fed.offsets[rows])
             if writer:
-                writer.write(batch, failing)
-            records += len(batch)
-            progress.update(records)
+                failing_records = np.zeros(len(batch), dtype=bool)
+                failing_records[fed.record_of_row[failing]] = True
+                writer.write(batch, failing_records)
+            records += len(fed)
         progress.done(records)
         report.findings += nonfinite.findings()
         if not records:
-            raise UsageError(f"--data {o.data!r}: no records" + (" were sampled" if o.sample else ""),
-                             "pass TFRecord files of tf.Example or .npz shards that hold records")
+            skipped = feed.replayer.skipped_text() if feed.replayer else ""
+            raise UsageError(f"--data {o.data!r}: no records" + (" were sampled" if o.sample else "")
+                             + (f" (PredictionLog records skipped: {skipped})" if skipped else ""),
+                             "pass TFRecord files of tf.Example, PredictionLog or .npz shards that hold records"
+                             + (" for this model and signature (--signature NAME, --model-name NAME)" if skipped else ""))
         if live:
             results[live[0].label].is_reference = True
             report.reference = live[0].label
@@ -155,7 +192,7 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
             result = results[item.label]
             result.server, result.device = item.runtime.server, item.runtime.placed_on or item.runtime.device
             result.latency = latency_summary(timings.get(item.label, []))
-        ordered = [results[item.label] for item in runtimes_]
+        ordered = [results[item.label] for item in runtimes_] + ([logged] if any(k[0] == LOGGED for k in stats) else [])
         report.runtimes = ordered
         serving_checks(runtimes_, {o.signature_name: signature}, [o.signature_name], version_dir,
                        {o.signature_name: ordered}, report)
@@ -212,7 +249,7 @@ class _Progress:
             log.info(f"verify --data: {records} records in {elapsed:.1f} s")
 
 
-def _run_beam(o, source, version_dir, specs, signature, names, example_key, tolerances, device):
+def _run_beam(o, source, version_dir, specs, signature, names, example_key, tolerances, device, replayer=None):
     try:
         from exportkit.data.beam import BeamPlan, RuntimeSpec, run_pipeline
     except ModuleNotFoundError as err:
@@ -245,14 +282,17 @@ def _run_beam(o, source, version_dir, specs, signature, names, example_key, tole
     if len(runtime_specs) < 2:
         raise UsageError(f"--runner beam needs two runtimes to compare, got {[r.label for r in runtime_specs]}",
                          "pass --against SRC, or --serving HOST:PORT, or --runtimes saved_model,session")
-    plan = BeamPlan(source=source, example_key=example_key, runtimes=runtime_specs, tolerances=tolerances)
+    plan = BeamPlan(source=source, example_key=example_key, runtimes=runtime_specs, tolerances=tolerances,
+                    replayer=replayer)
     began = time.perf_counter()
     stats, records = run_pipeline(plan, o.beam_options)
     seconds = time.perf_counter() - began
     kinds = {"keras": "in-process", "saved_model": "in-process", "session": "subprocess", "serving": "grpc"}
     results = [RuntimeResult(name=r.label, kind=kinds[r.name], device=None if r.name == "serving" else device,
                              seconds=seconds, is_reference=(i == 0)) for i, r in enumerate(runtime_specs)]
-    return stats, records, results + skipped
+    if any(label == LOGGED for label, _ in stats):
+        results.append(RuntimeResult(name=LOGGED, kind="recorded", seconds=seconds))
+    return stats, records, results + skipped, (replayer.skipped if replayer else {})
 
 
 def _attach(report: VerifyReport, stats: dict, source: DataSource) -> None:

@@ -10,8 +10,9 @@ from typing import Any
 
 from exportkit.verify import plots
 from exportkit.verify.compare import to_jsonable
+from exportkit.verify.latency import latency_text
 from exportkit.verify.report import (OutputComparison, RuntimeResult, VerifyReport, _g, _pct, _server_text, _tol,
-                                     _who, batch_sizes_text, clean, error_cause, needs, verdict_line)
+                                     _who, batch_sizes_text, clean, context_lines, error_cause, needs, verdict_line)
 
 FIGURES = 40  # at most this many runtime x output figures per page (the rest keep their tables)
 
@@ -93,7 +94,10 @@ def _matrix(report: VerifyReport) -> str:
         word, cls = _status(r, None) if r.status != "ok" or r.is_reference else (
             ("PASS", "pass") if r.passed else ("FAIL", "fail"))
         cause = error_cause(r.error) if r.status == "error" else _first(r.error) if r.status == "skipped" else ""
+        latency = (f'{e(latency_text(r.latency))}<br><small>{r.latency["requests"]} request(s)</small>'
+                   if r.latency else "-")
         row = [e(_who(report, r)), e(r.device or "-"), e(r.kind), f"{r.seconds:.2f} s",
+               (latency, "num", f' data-latency="{e(_who(report, r))}"'),
                (f"{word}<br><small>{e(cause)}</small>" if cause else word, cls,
                 f' data-runtime="{e(_who(report, r))}" data-output=""')]
         for key in keys:
@@ -107,7 +111,7 @@ def _matrix(report: VerifyReport) -> str:
                 text = word
             row.append((text, cls, attrs))
         rows.append(row)
-    return table(["runtime", "device", "kind", "time", "result", *keys], rows, id="matrix")
+    return table(["runtime", "device", "kind", "time", "first/p50/p99 ms", "result", *keys], rows, id="matrix")
 
 
 def _first(text: str | None) -> str:
@@ -201,6 +205,7 @@ def _inputs(report: VerifyReport) -> str:
 def verify_html(report: VerifyReport) -> str:
     body = [f'<p class="meta">{e(report.path)} &middot; signature {e(report.signature)} &middot; reference '
             f'{e(report.reference or "-")} &middot; exportkit {e(report.exportkit_version)}</p>',
+            *(f'<p class="meta" id="{name}">{e(line)}</p>' for name, line in context_lines(report).items()),
             "<h2>Runtimes &times; outputs</h2>", _matrix(report)]
     servers = list(dict.fromkeys((r.name, _server_text(r.server)) for r in report.runtimes if r.server))
     if servers:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from exportkit.deployment import VERDICTS
 from exportkit.dtypes import name_of_array
+from exportkit.errors import EXIT_INFRA
 from exportkit.findings import Finding
 from exportkit.verify.compare import OutputComparison, to_jsonable
 from exportkit.verify.latency import latency_text
@@ -267,7 +268,25 @@ def join_verdict(head: str, parts: list[str], limit: int = VERDICT_LIMIT) -> str
     return line
 
 
+_PATH_IN_PARENS = re.compile(r" \(/[^\s()]*\)")  # "tensorflow_model_server (/long/path/to/it)": the report has it
+
+
+def infra_verdict(report: VerifyReport) -> str:
+    """'ERROR (infrastructure): serving: the server ...' for a run an infrastructure failure stopped (exit 3): the
+    environment failed, not the model; what else failed follows after "also failed"."""
+    cause = _first_line(getattr(report.stopped, "message", None) or str(report.stopped)) or "unknown error"
+    hit = [r for r in report.runtimes if r.status == "error" and _first_line(r.error) == cause]
+    rest = failures(replace(report, runtimes=[r for r in report.runtimes if all(r is not h for h in hit)]))
+    who = ", ".join(dict.fromkeys(_who(report, r) for r in hit))
+    cause = _PATH_IN_PARENS.sub("", cause)
+    parts = [shorten(f"{who}: {cause}" if who else cause, 150)] + [f"also failed: {p}" if i == 0 else p
+                                                                   for i, p in enumerate(rest)]
+    return join_verdict("ERROR (infrastructure)", parts)
+
+
 def verdict_line(report: VerifyReport) -> str:
+    if report.exit_code == EXIT_INFRA:
+        return infra_verdict(report)
     if not report.passed:
         return join_verdict("FAILED", failures(report))
     ok = [r for r in report.runtimes if r.status == "ok" and r.kind != "agreement"]
@@ -380,9 +399,12 @@ def _data_sections(report: VerifyReport) -> list[str]:
                     err = f", abs err {_g(w['abs_err'])}" if w.get("abs_err") is not None else ""
                     worst.append(f"    {w['file']}:{w['index']}{at} element {list(w['element'])}: "
                                  f"expected {_v(w['expected'])}, got {_v(w['actual'])}{err}")
+    skipped = [f"  {n} x {why}" for why, n in (report.inputs.get("skipped") or {}).items()]
+    lines = ["", "PredictionLog records skipped (as TF Serving would refuse them, or for another signature):"] \
+        + skipped if skipped else []
     if not rows:
-        return []
-    lines = ["", "error quantiles per element (log-binned, within 1.2%):"] + _table(_QUANTILE_HEADERS, rows)
+        return lines
+    lines += ["", "error quantiles per element (log-binned, within 1.2%):"] + _table(_QUANTILE_HEADERS, rows)
     if worst:
         lines += ["", "worst records (FILE:INDEX, records counted from 0):"] + worst
     return lines
@@ -425,6 +447,18 @@ def baseline_text(baseline: dict) -> str:
     return f"baseline: signatures compared with {baseline['old']} ({BASELINE_SOURCES.get(baseline['source'], '')})"
 
 
+def context_lines(report: VerifyReport) -> dict[str, str]:
+    """What computed the results and what the signatures were compared with, as every rendering (text, HTML,
+    Markdown) shows them under its title: {"toolchain": the toolchain and server flags, "baseline": ...}."""
+    lines = {}
+    if report.toolchain:
+        lines["toolchain"] = (toolchain_text(report.toolchain) + "; server flags: "
+                              + (" ".join(report.server_flags) or "stock"))
+    if report.baseline:
+        lines["baseline"] = baseline_text(report.baseline)
+    return lines
+
+
 def render_text(report: VerifyReport) -> str:
     """Plain text (no ANSI codes): header, table runtime x output, servers, findings, one verdict line."""
     inp = report.inputs or {}
@@ -443,10 +477,7 @@ def render_text(report: VerifyReport) -> str:
                     + (f", {inp['runner']} runner" if inp.get("runner") else ""))
     tf32 = {None: "n/a", True: "on", False: "off"}[report.tf32]
     head.append(", ".join(desc) + f"; reference: {report.reference}; tf32: {tf32}")
-    if report.toolchain:
-        head.append(toolchain_text(report.toolchain) + "; server flags: " + (" ".join(report.server_flags) or "stock"))
-    if report.baseline:
-        head.append(baseline_text(report.baseline))
+    head += context_lines(report).values()
     headers = ("SIGNATURE", *_HEADERS) if _several(report) else _HEADERS
     lines = head + [""] + _table(headers, _rows(report))
     if report.chain:
@@ -536,7 +567,8 @@ def _failure_text(c: OutputComparison) -> str:
 def to_junit_xml(report: VerifyReport) -> str:
     """JUnit XML: one testcase per runtime x output (classname exportkit.verify.<runtime>, name <output>),
     one testcase named "runtime" for a runtime that errored (<error>) or was skipped (<skipped>),
-    one testcase per error finding (classname exportkit.lint, name <code>, <failure>)."""
+    one testcase per error finding (classname exportkit.lint, name <code>, <failure>). Suite properties: what the
+    text report's header says (toolchain, server_flags, baseline), the servers, latency.<runtime>."""
     suite = ET.Element("testsuite", name="exportkit.verify")
     props = ET.SubElement(suite, "properties")
     for k, v in (("path", report.path), ("signature", report.signature), ("reference", report.reference),
@@ -545,9 +577,16 @@ def to_junit_xml(report: VerifyReport) -> str:
                  ("server_flags", " ".join(report.server_flags) or "stock"),
                  ("inputs", ", ".join(f"{a}={b}" for a, b in (report.inputs or {}).items()))):
         ET.SubElement(props, "property", name=k, value=_x(v))
+    if report.baseline:
+        ET.SubElement(props, "property", name="baseline", value=_x(baseline_text(report.baseline)))
     for r in report.runtimes:
         if r.server:
             ET.SubElement(props, "property", name=f"server.{r.name}", value=_x(_server_text(r.server)))
+    for r in report.runtimes:
+        if r.latency:  # first/p50/p99 ms (verify/latency.py), per runtime row
+            ET.SubElement(props, "property", name=f"latency.{_who(report, r)}",
+                          value=_x(f"{latency_text(r.latency)} ms (first/p50/p99) over {r.latency['requests']} "
+                                   f"request(s)"))
     tests = failures_n = errors = skipped = 0
     total_time = 0.0
     for r in report.runtimes:

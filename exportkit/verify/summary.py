@@ -5,7 +5,10 @@ Made for `$GITHUB_STEP_SUMMARY` and merge-request comments; verify appends to `$
 """
 from __future__ import annotations
 
-from exportkit.verify.report import VerifyReport, _g, _pct, _who, clean, error_cause, needs, shorten, verdict_line
+from exportkit.errors import EXIT_INFRA
+from exportkit.verify.latency import latency_text
+from exportkit.verify.report import (VerifyReport, _g, _pct, _who, clean, context_lines, error_cause, needs, shorten,
+                                     verdict_line)
 
 
 def cell(x) -> str:
@@ -18,8 +21,10 @@ def _table(headers: list[str], rows: list[list]) -> list[str]:
             + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows])
 
 
-def _heading(command: str, subject: str, passed: bool) -> str:
-    return f"### {'✅' if passed else '❌'} exportkit {command}: {'passed' if passed else 'FAILED'} — `{cell(subject)}`"
+def _heading(command: str, subject: str, passed: bool, outcome: str | None = None) -> str:
+    """`outcome` replaces "passed"/"FAILED" (an infrastructure error is no failure of the model)."""
+    mark, word = ("⚠️", outcome) if outcome else ("✅", "passed") if passed else ("❌", "FAILED")
+    return f"### {mark} exportkit {command}: {word} — `{cell(subject)}`"
 
 
 def verify_markdown(report: VerifyReport) -> str:
@@ -28,15 +33,19 @@ def verify_markdown(report: VerifyReport) -> str:
         if r.status != "ok" or not r.comparisons:
             word = {"error": "❌ error", "skipped": "skipped"}.get(r.status, "reference" if r.is_reference else "-")
             note = error_cause(r.error) if r.status == "error" else shorten(clean(r.error or ""), 120)
-            rows.append([_who(report, r), "", word, "", "", note])
+            rows.append([_who(report, r), "", word, "", "", latency_text(r.latency), note])
             continue
-        for c in r.comparisons:
+        for i, c in enumerate(r.comparisons):
             note = "" if c.passed else (c.reason or "")
             n = needs(c)
             rows.append([_who(report, r), c.key, "✅ pass" if c.passed else "❌ FAIL", _g(c.max_abs_err),
-                         _pct(c.mismatch_fraction), f"{note}; {n}" if n else note])
-    lines = [_heading("verify", report.path, report.passed), ""]
-    lines += _table(["runtime", "output", "result", "max abs err", "over tol", "note"], rows)
+                         _pct(c.mismatch_fraction), latency_text(r.latency) if i == 0 else "",
+                         f"{note}; {n}" if n else note])
+    infra = "error (infrastructure)" if report.exit_code == EXIT_INFRA else None
+    lines = [_heading("verify", report.path, report.passed, infra), ""]
+    context = [f"{cell(line)}  " for line in context_lines(report).values()]  # two spaces: a line break
+    lines += context + [""] if context else []
+    lines += _table(["runtime", "output", "result", "max abs err", "over tol", "first/p50/p99 ms", "note"], rows)
     errors = [f for f in report.findings if f.severity == "error"]
     if errors:
         lines += [""] + [f"- **{cell(f.code)}**: {cell(f.message)}" for f in errors]

@@ -31,6 +31,10 @@ def test_killed_server_is_infrastructure_and_its_log_shows_in_the_text_report(th
     report = json.loads((tmp_path / "r.json").read_text())
     serving = next(r for r in report["runtimes"] if r["name"] == "serving")
     assert serving["status"] == "error" and "killed by SIGKILL" in serving["error"]
+    # exit 3: the verdict blames the environment, not the model (`passed` stays false: not everything ran)
+    assert report["passed"] is False and report["verdict"].startswith("ERROR (infrastructure): serving: ")
+    assert "SIGKILL" in report["verdict"] and "FAILED" not in report["verdict"], serving["error"]
+    assert proc.stdout.rstrip().splitlines()[-1] == report["verdict"]
 
 
 @pytest.mark.slow
