@@ -36,7 +36,7 @@ log = logging.getLogger("exportkit")
 
 # The flags that say how to load a training source (cli.SourceFlags; tests/test_api.py keeps the two equal).
 SOURCE_FLAGS = ("format", "builder", "builder_arg", "model_config", "spec", "custom_objects", "python_path",
-                "policy", "unsafe")
+                "policy", "unsafe", "keras")
 # Report files are the reports' methods, not options.
 _FILE_FLAGS = ("json", "junit", "html", "summary")
 
@@ -55,7 +55,7 @@ def _source_options(src: str, flags: dict):
                           builder_args=_listed(flags.get("builder_arg")), model_config=flags.get("model_config"),
                           custom_objects=_listed(flags.get("custom_objects")),
                           python_path=_listed(flags.get("python_path")), policy=flags.get("policy"),
-                          unsafe=bool(flags.get("unsafe")))
+                          unsafe=bool(flags.get("unsafe")), keras=flags.get("keras"))
 
 
 def _unknown(command: str, given: dict, known) -> None:

@@ -115,8 +115,17 @@ def integer_keys(specs: list[InputSpec]) -> list[str]:
     return [s.key for s in specs if s.examples is None and is_integer(s.dtype)]
 
 
-def parse_int_range_flags(texts: list[str]) -> tuple[tuple[int, int] | None, dict[str, tuple[int, int]]]:
-    """--int-range values -> (the plain `LO:HI` or None, {NAME: range} of the `NAME=LO:HI` ones); the last wins."""
+@dataclass(frozen=True)
+class IntRangeFlags:
+    """--int-range values, parsed once where the options are read: the plain `LO:HI` (every integer input) or
+    None, and {NAME: range} of the `NAME=LO:HI` ones."""
+
+    plain: tuple[int, int] | None = None
+    named: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def parse_int_range_flags(texts) -> IntRangeFlags:
+    """--int-range values (a list, or exportkit.toml's string or list) -> IntRangeFlags; the last wins."""
     plain, named = None, {}
     for text in int_range_texts(texts):
         name, sep, lo_hi = text.partition("=") if "=" in text else ("", "", text)
@@ -126,14 +135,14 @@ def parse_int_range_flags(texts: list[str]) -> tuple[tuple[int, int] | None, dic
             named[name.strip()] = parse_int_range(lo_hi)
         else:
             plain = parse_int_range(lo_hi)
-    return plain, named
+    return IntRangeFlags(plain, named)
 
 
-def resolve_int_ranges(texts: list[str], integer_keys: list[str], found: IntRanges | None = None) -> IntRanges:
+def resolve_int_ranges(flags: IntRangeFlags, integer_keys: list[str], found: IntRanges | None = None) -> IntRanges:
     """--int-range values over what is `found` (derived from the model, or recorded by export): `NAME=LO:HI` sets
     one input, a plain `LO:HI` every integer input without its own; nothing given keeps what was found. Every
     integer input gets its range by name (so that the manifest records each)."""
-    plain, named = parse_int_range_flags(texts)
+    plain, named = flags.plain, flags.named
     unknown = sorted(set(named) - set(integer_keys))
     if unknown:
         raise UsageError(f"--int-range names {', '.join(unknown)}, which {'is' if len(unknown) == 1 else 'are'} not "
@@ -144,13 +153,13 @@ def resolve_int_ranges(texts: list[str], integer_keys: list[str], found: IntRang
                                for key in integer_keys})
 
 
-def recorded_int_ranges(texts: list[str], manifest: dict | None, signatures: dict) -> IntRanges:
+def recorded_int_ranges(flags: IntRangeFlags, manifest: dict | None, signatures: dict) -> IntRanges:
     """The ranges a SavedModel's inputs are generated from (verify, compat --run, inspect --requests): what its
     export recorded (exportkit's manifest; else the default), with --int-range over them. `signatures`: in
     savedmodel.signatures_of's form."""
     keys = sorted({key for signature in signatures.values() for key, info in signature.get("inputs", {}).items()
                    if is_integer(info.get("dtype") or "")})
-    return resolve_int_ranges(texts, keys, IntRanges.from_manifest((manifest or {}).get("golden")))
+    return resolve_int_ranges(flags, keys, IntRanges.from_manifest((manifest or {}).get("golden")))
 
 
 def _has_dynamic_batch(spec: InputSpec) -> bool:

@@ -79,7 +79,8 @@ BUILDER = typer.Option(None, "--builder", help="module:function that builds the 
 BUILDER_ARG = typer.Option(None, "--builder-arg", help="key=value passed to the builder; values parsed as Python literals (repeatable).")
 MODEL_CONFIG = typer.Option(None, "--model-config", help="model.json (Keras config) to rebuild a checkpoint's model from.")
 POLICY = typer.Option(None, "--policy", help="Dtype policy to build under when rebuilding from code (e.g. mixed_float16).")
-FORMAT = typer.Option(None, "--format", help="Source format: h5, keras, checkpoint, weights (detected by default).")
+FORMAT = typer.Option(None, "--format", help="Source format: h5, keras, saved_model, checkpoint, weights (detected by default).")
+KERAS = typer.Option(None, "--keras", metavar="2|3", help="Load the source with Keras 3 or tf.keras 2 (tf_keras); default: the Keras that wrote it.")
 SPEC = typer.Option(None, "--spec", help="exportkit.toml with the export options (default: next to the source).")
 UNSAFE = typer.Option(False, "--unsafe", help="Let Keras deserialize Lambda layers / bytecode (unsafe for untrusted files).")
 REFERENCE = typer.Option(None, "--reference", help="Training-time reference (.npz from exportkit.record_reference); "
@@ -150,6 +151,7 @@ class SourceFlags(NamedTuple):
     python_path: Optional[List[str]] = PYTHON_PATH
     policy: Optional[str] = POLICY
     unsafe: bool = UNSAFE
+    keras: Optional[str] = KERAS
 
     def options(self, src: str):
         """The flags (plus exportkit.toml) as one SourceOptions for `src`."""
@@ -158,7 +160,7 @@ class SourceFlags(NamedTuple):
         return source_options(src, self.spec, format=self.format, builder=self.builder,
                               builder_args=self.builder_arg or [], model_config=self.model_config,
                               custom_objects=self.custom_objects or [], python_path=self.python_path or [],
-                              policy=self.policy, unsafe=self.unsafe)
+                              policy=self.policy, unsafe=self.unsafe, keras=self.keras)
 
 
 def source_flags(command):
@@ -225,7 +227,7 @@ def export(
             int_range=int_range or [], reference=reference, allow_incomplete_config=allow_incomplete_config,
             signatures=signature or [], feature_spec=feature_spec,
             output_names=output_names, batching_parameters=batching_parameters,
-            unsafe=source.unsafe, no_verify=no_verify, json_out=json_out, html=html, summary=summary)
+            unsafe=source.unsafe, keras=source.keras, no_verify=no_verify, json_out=json_out, html=html, summary=summary)
 
     _run(go, debug)
 

@@ -286,7 +286,7 @@ def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, ma
                    int_range=()) -> dict:
     """One row of inputs for `name`: the golden record's first row when it belongs to this signature, else
     generated (serialized tf.Example where the signature parses them)."""
-    from exportkit.batches import generate_batches, recorded_int_ranges
+    from exportkit.batches import generate_batches, parse_int_range_flags, recorded_int_ranges
     from exportkit.examples import input_specs
     from exportkit.layout import read_golden
     from exportkit.savedmodel import DEFAULT_SIGNATURE
@@ -296,8 +296,8 @@ def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, ma
         if golden and set(golden[0]) == set(signature["inputs"]):
             return {k: v[:1] if getattr(v, "ndim", 0) else v for k, v in golden[0].items()}
     specs = input_specs(meta_graph, name, signature, version_dir)
-    return generate_batches(specs, samples=1, seed=0, int_range=recorded_int_ranges(list(int_range), manifest,
-                                                                                {name: signature}))[0]
+    ranges = recorded_int_ranges(parse_int_range_flags(list(int_range)), manifest, {name: signature})
+    return generate_batches(specs, samples=1, seed=0, int_range=ranges)[0]
 
 
 def write_requests(info: "SavedModelInfo", out_dir: str, model_name: str | None, int_range=()) -> list[Path]:

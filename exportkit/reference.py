@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit.batches import (InputSpec, cast_input, generate_batches, int_range_texts, read_batch_members,
+from exportkit.batches import (InputSpec, cast_input, generate_batches, parse_int_range_flags, read_batch_members,
                                write_batch_members)
 from exportkit.dtypes import HALF_DTYPES, name_of
 from exportkit.errors import UsageError
@@ -69,28 +69,22 @@ def _ranges_meta(ranges) -> dict:
 def record_reference(model, path, inputs=None, samples: int = 8, seed: int = 0, int_range=None) -> Path:
     """Write `inputs` (default: generated like export's golden inputs) and the model's eager outputs to `path`.
     `int_range`: LO:HI or NAME=LO:HI (a string or a list), over the ranges derived from the model, as export does."""
-    import keras
     import tensorflow as tf
 
     from exportkit.sources.int_ranges import int_ranges_for
+    from exportkit.sources.kerases import keras_of
     from exportkit.version import __version__
     from exportkit.sources.load import model_policy
     from exportkit.sources.model_io import feed_model, flat_outputs, model_input_specs, output_keys
 
-    tf_keras_2 = type(model).__module__.startswith("tf_keras")  # a model trained with tf.keras 2 (tf_keras)
-    specs = _tf_keras_specs(model) if tf_keras_2 else model_input_specs(model, [])
-    ranges = int_ranges_for(model, specs, int_range_texts(int_range)) if inputs is None else None
+    specs = model_input_specs(model, [])  # either Keras: the model's own (exportkit.sources.kerases)
+    ranges = int_ranges_for(model, specs, parse_int_range_flags(int_range)) if inputs is None else None
     batches = (generate_batches(specs, samples=samples, seed=seed, int_range=ranges)
                if inputs is None else _given_batches(inputs, specs))
     outputs, compute = [], {}
     for batch in batches:
-        tensors = {s.key: tf.constant(batch[s.key]) for s in specs}
-        if tf_keras_2:
-            raw = model(tensors if len(specs) > 1 else tensors[specs[0].key], training=False)
-            keys = _tf_keras_output_keys(model, raw)
-        else:
-            raw = feed_model(model, tensors)
-            keys = output_keys(model, raw)
+        raw = feed_model(model, {s.key: tf.constant(batch[s.key]) for s in specs})
+        keys = output_keys(model, raw)
         flat = flat_outputs(raw, keys)
         compute = {k: name_of(t.dtype) for k, t in zip(keys, flat)}
         # as the signature gives them by default: float16/bfloat16 cast to float32
@@ -100,7 +94,7 @@ def record_reference(model, path, inputs=None, samples: int = 8, seed: int = 0, 
         "format": FORMAT,
         "exportkit_version": __version__,
         "tensorflow_version": tf.__version__,
-        "keras_version": keras.__version__,
+        "keras_version": keras_of(model).version,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "dtype_policy": model_policy(model),
         "inputs": {s.key: {"dtype": s.dtype, "shape": s.shape} for s in specs},
@@ -118,23 +112,6 @@ def record_reference(model, path, inputs=None, samples: int = 8, seed: int = 0, 
                 write_batch_members(zf, batch, f"inputs/{i}/")
                 write_batch_members(zf, out, f"outputs/{i}/")
     return path
-
-
-def _tf_keras_specs(model) -> list[InputSpec]:
-    """Input specs of a tf.keras 2 functional model: the Input layers' names, dtypes and shapes (batch free)."""
-    return [InputSpec(key=name, dtype=name_of(t.dtype), shape=[-1] + [-1 if d is None else int(d) for d in t.shape[1:]])
-            for name, t in zip(model.input_names, model.inputs)]
-
-
-def _tf_keras_output_keys(model, raw) -> list[str]:
-    """Keys as export gives them once Keras 3 reloads the model: dict keys, else the output layers' names."""
-    if isinstance(raw, dict):
-        return sorted(raw)
-    n = len(raw) if isinstance(raw, (list, tuple)) else 1
-    names = list(model.output_names)
-    if len(names) == n and len(set(names)) == n:
-        return names
-    return ["output"] if n == 1 else [f"output_{i}" for i in range(n)]
 
 
 def read_reference(path: str | os.PathLike) -> Reference:

@@ -9,7 +9,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exportkit.batches import int_range_texts
+from exportkit.batches import IntRangeFlags, int_range_texts, parse_int_range_flags
 from exportkit.errors import UsageError
 from exportkit.savedmodel import DEFAULT_SIGNATURE
 from exportkit.serverflags import STOCK, ServerFlags
@@ -31,6 +31,7 @@ class SourceOptions:
     policy: str | None = None
     unsafe: bool = False
     reference: str | None = None  # `reference` in exportkit.toml (SRC.reference.npz is found without it)
+    keras: str | None = None  # --keras 2|3 (or `keras` in exportkit.toml): None reads it from the source
 
 
 METHODS = ("predict", "classify", "regress")
@@ -136,7 +137,7 @@ class ExportOptions:
     input_specs: list[str] = field(default_factory=list)
     # values of generated integer inputs (golden record, warm-up): LO:HI (every integer input), NAME=LO:HI (one);
     # inputs without one get the range derived from the model's graph (exportkit.sources.int_ranges), else 0:10
-    int_range: list[str] = field(default_factory=list)
+    int_range: IntRangeFlags = field(default_factory=IntRangeFlags)
     keep_output_dtype: bool = False
     verify: bool = True
     allow_incomplete_config: bool = False  # custom-config-* findings are warnings, not errors
@@ -241,6 +242,7 @@ _TOML_KEYS = {
     "format", "builder", "builder_args", "model_config", "custom_objects", "python_path", "policy", "unsafe",
     "assets", "signature_name", "input_specs", "keep_output_dtype", "version", "int_range",
     "allow_incomplete_config", "reference", "signatures", "feature_spec", "output", "name", "output_names",
+    "keras",  # 2 or 3: which Keras loads the source (exportkit.sources.kerases)
     "op_libraries",  # read by verify/serve/compat (exportkit.compat.oplibs.op_libraries_env)
 }
 _PATH_LISTS = ("python_path", "assets")
@@ -283,7 +285,7 @@ def _signature_tables(path: Path, tables) -> list[SignatureSpec]:
 
 
 def source_options(src: str, spec_path: str | None = None, *, format=None, builder=None, builder_args=(),
-                   model_config=None, custom_objects=(), python_path=(), policy=None, unsafe=False,
+                   model_config=None, custom_objects=(), python_path=(), policy=None, unsafe=False, keras=None,
                    spec: dict | None = None) -> SourceOptions:
     """Merge the spec file (if any) with CLI flags: a flag that is given wins; lists from both are joined."""
     if spec is None:
@@ -302,6 +304,7 @@ def source_options(src: str, spec_path: str | None = None, *, format=None, build
         policy=policy or spec.get("policy"),
         unsafe=bool(unsafe or spec.get("unsafe", False)),
         reference=spec.get("reference"),
+        keras=str(keras or spec.get("keras") or "") or None,
     )
 
 
@@ -358,7 +361,7 @@ def export_options(src: str, output: str | None, spec_path: str | None = None, *
         assets=list(assets) + list(spec.get("assets", [])),
         signature_name=name,
         input_specs=list(input_specs) or list(spec.get("input_specs", [])),
-        int_range=int_range_texts(int_range) or int_range_texts(spec.get("int_range")),
+        int_range=parse_int_range_flags(int_range_texts(int_range) or int_range_texts(spec.get("int_range"))),
         keep_output_dtype=bool(keep_output_dtype or spec.get("keep_output_dtype", False)),
         verify=not no_verify,
         allow_incomplete_config=bool(allow_incomplete_config or spec.get("allow_incomplete_config", False)),

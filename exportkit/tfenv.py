@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 
@@ -79,19 +80,23 @@ def import_tf():
 
 
 @contextlib.contextmanager
-def dtype_policy(name: str | None):
-    """Build models under a Keras dtype policy; the previous global policy comes back afterwards."""
-    import keras
-
+def dtype_policy(name: str | None, package: str = "keras"):
+    """Build models under a dtype policy of Keras 3 (`keras`) or tf.keras 2 (`tf_keras`); the previous global
+    policy comes back afterwards."""
     if not name:
         yield
         return
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(name)
+    keras = importlib.import_module(package)
+    if package == "keras":
+        get, set_ = keras.config.dtype_policy, keras.config.set_dtype_policy
+    else:
+        get, set_ = keras.mixed_precision.global_policy, keras.mixed_precision.set_global_policy
+    previous = get()
+    set_(name)
     try:
         yield
     finally:
-        keras.config.set_dtype_policy(previous)
+        set_(previous)
 
 
 @contextlib.contextmanager

@@ -22,22 +22,22 @@ pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
 
 
 def test_int_range_flags_over_found_ranges():
-    from exportkit.batches import IntRanges, resolve_int_ranges
+    from exportkit.batches import IntRanges, parse_int_range_flags, resolve_int_ranges
     from exportkit.errors import UsageError
 
     found = IntRanges(by_input={"tokens": (0, 50), "segments": (0, 2)})
     keys = ["tokens", "segments", "count"]
-    kept = resolve_int_ranges([], keys, found)  # nothing given: what was derived (or recorded), else the default
+    kept = resolve_int_ranges(parse_int_range_flags([]), keys, found)  # nothing given: what was derived (or recorded), else the default
     assert kept.by_input == {"tokens": (0, 50), "segments": (0, 2), "count": (0, 10)}
-    one = resolve_int_ranges(["tokens=0:30"], keys, found)
+    one = resolve_int_ranges(parse_int_range_flags(["tokens=0:30"]), keys, found)
     assert (one.of("tokens"), one.of("segments"), one.of("count")) == ((0, 30), (0, 2), (0, 10))
-    plain = resolve_int_ranges(["0:5", "segments=0:2"], keys, found)  # the plain range sets every other input
+    plain = resolve_int_ranges(parse_int_range_flags(["0:5", "segments=0:2"]), keys, found)  # the plain range sets every other input
     assert (plain.of("tokens"), plain.of("segments"), plain.of("count")) == ((0, 5), (0, 2), (0, 5))
     with pytest.raises(UsageError, match="names mask, which is not an integer input") as err:
-        resolve_int_ranges(["mask=0:2"], keys, found)
+        resolve_int_ranges(parse_int_range_flags(["mask=0:2"]), keys, found)
     assert "tokens, segments, count" in err.value.remedy
     with pytest.raises(UsageError, match="no input name"):
-        resolve_int_ranges(["=0:2"], keys)
+        resolve_int_ranges(parse_int_range_flags(["=0:2"]), keys)
     assert IntRanges.from_manifest(one.to_manifest()) == one
     assert IntRanges.from_manifest({"int_range": "0:7"}) == IntRanges((0, 7))  # an export before per-input ranges
 
@@ -284,7 +284,7 @@ def test_kerashub_layer_called_with_a_padding_mask_keyword_passes_the_contract_c
     x = hub.layers.TransformerEncoder(32, 2, name="encoder")(x, padding_mask=mask)
     x = hub.layers.TransformerDecoder(32, 2, name="decoder")(x, decoder_padding_mask=mask)
     model = keras.Model([tokens, mask], keras.layers.Dense(2, name="y")(x))
-    from exportkit.batches import generate_batches
+    from exportkit.batches import IntRangeFlags, generate_batches
     from exportkit.sources.contracts import check_contracts, custom_objects_of
     from exportkit.sources.int_ranges import int_ranges_for
     from exportkit.sources.model_io import model_input_specs
@@ -292,5 +292,5 @@ def test_kerashub_layer_called_with_a_padding_mask_keyword_passes_the_contract_c
 
     assert {o.name for o in custom_objects_of(model)} == {"embed", "encoder", "decoder"}
     specs = model_input_specs(model, [])
-    batches = generate_batches(specs, samples=4, seed=0, int_range=int_ranges_for(model, specs, []))
+    batches = generate_batches(specs, samples=4, seed=0, int_range=int_ranges_for(model, specs, IntRangeFlags()))
     assert check_contracts(model, batches, {}, compare=compare_with_default_tolerances) == []

@@ -23,13 +23,14 @@ from exportkit.export import writer
 from exportkit.findings import Finding, has_errors
 from exportkit.runtimes.session import SessionRuntime
 from exportkit.sources.int_ranges import generated_inputs_failure, int_ranges_for
+from exportkit.sources.kerases import prepare_process
 from exportkit.sources.load import detect_format, load_source, sha256_of
 from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs, parse_input_spec
 from exportkit.spec import ExportOptions, export_options
 from exportkit.tfenv import import_tf, tensorflow_version, toolchain
 from exportkit.verify.compare import compare_batches, compare_with_default_tolerances
 from exportkit.verify.tolerances import Tolerance, default_tolerance
-from exportkit.batches import InputSpec, IntRanges, generate_batches, parse_int_range_flags
+from exportkit.batches import InputSpec, IntRanges, generate_batches
 from exportkit.tfexample import ExampleFeature, apply_feature_spec, derive_features, encode_examples, to_manifest
 
 SCHEMA_VERSION = 1  # of the `export --json` summary (docs/report-schema.md)
@@ -259,16 +260,16 @@ def _check_asset_names(golden: GoldenRecord, assets: list[Path]) -> None:
                              "rename one: assets/ holds files by name")
 
 
-def _archive(model, golden: GoldenRecord, options: ExportOptions, assets: list[Path]):
-    import keras
+def _archive(loaded, golden: GoldenRecord, options: ExportOptions, assets: list[Path]):
     import tensorflow as tf
 
-    archive = keras.export.ExportArchive()
+    model = loaded.model
+    archive, root = loaded.keras.export_archive()
     archive.track(model)
     # ExportArchive.track() only collects lookup-table resources; an Asset must hang off the saved root
     # object to be copied into assets/ and listed in the MetaGraph's asset_file_def.
     _check_asset_names(golden, assets)
-    archive._tf_trackable.exportkit_assets = [tf.saved_model.Asset(str(path)) for path in assets]
+    root.exportkit_assets = [tf.saved_model.Asset(str(path)) for path in assets]
     tables = {}
     for record in golden.signatures:
         plan = record.plan
@@ -281,17 +282,8 @@ def _archive(model, golden: GoldenRecord, options: ExportOptions, assets: list[P
         fn, input_signature = sig.make_signature_fn(model, plan, golden.specs, golden.keys, options.keep_output_dtype,
                                                     record.features, labels)
         archive.add_endpoint(plan.name, fn, input_signature=input_signature)
-    _track_each_variable_once(archive)
+    loaded.keras.track_each_variable_once(root)
     return archive
-
-
-def _track_each_variable_once(archive) -> None:
-    """Keras 3's ExportArchive tracks each Keras Variable *and* the tf.Variable inside it, and the checkpoint
-    writes both: every weight is stored twice, so every loader (TF Serving included) reads and holds it twice.
-    Tracking the tf.Variables alone writes each once; the loaded `.variables` lists are tf.Variables either way."""
-    trackable = archive._tf_trackable
-    for name in ("variables", "trainable_variables", "non_trainable_variables"):
-        setattr(trackable, name, [getattr(v, "value", v) for v in getattr(trackable, name)])
 
 
 def _label_table(path: Path):
@@ -337,7 +329,6 @@ def _signature_manifest(loaded, record: SignatureRecord, index: int) -> dict:
 
 
 def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, reference: dict | None = None) -> dict:
-    import keras
     import tensorflow as tf
 
     first = golden.signatures[0]
@@ -345,7 +336,7 @@ def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, reference: d
     return {
         "exportkit_version": __version__,
         "tensorflow_version": tf.__version__,
-        "keras_version": keras.__version__,
+        "keras_version": loaded.keras.version,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "source": {"path": loaded.path, "format": loaded.format, "sha256": loaded.sha256},
         "dtype_policy": loaded.policy,
@@ -365,7 +356,7 @@ def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, reference: d
         "custom_objects": sorted(loaded.custom_objects),
         "reference": reference,  # a training-time reference was used (exportkit.record_reference), or null
         # Python, TensorFlow's build (CUDA/cuDNN) and the Keras package that loaded the source
-        "toolchain": toolchain(type(loaded.model).__module__.split(".")[0]),
+        "toolchain": toolchain(loaded.keras.package),
     }
 
 
@@ -373,7 +364,7 @@ def _write_version(staging: Path, archive, loaded, golden: GoldenRecord, options
                    model_name: str, manifest: dict, reference=None) -> None:
     from exportkit.serving.warmup import resized_batches, warmup_records, write_warmup_file
 
-    archive.write_out(str(staging), verbose=False)
+    loaded.keras.write_archive(archive, str(staging))
     writer.set_method_names(staging, {r.plan.name: r.plan.method_name for r in golden.signatures})
     records = []
     for record in golden.signatures:  # with --batching-parameters: a record of every allowed batch size too
@@ -402,8 +393,8 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
     from exportkit.serving.warmup import warmup_batch_sizes
 
     warmup_sizes = warmup_batch_sizes(options.batching_parameters)  # a bad file fails before anything is loaded
-    parse_int_range_flags(options.int_range)
-    detect_format(options.source.src, options.source.format)
+    # before TensorFlow is imported: which Keras `tf.keras` means in the user's modules
+    prepare_process(options.source, detect_format(options.source.src, options.source.format))
 
     # The version is reserved (and BASE_DIR proven writable) before the long stages.
     with writer.staged_version_dir(base, options.version) as staging:
@@ -438,7 +429,7 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
             progress.stage("audit", "custom objects rebuild from their configs" + (
                 f"; {refs.LINKS[0]} agrees on the training-time reference" if reference is not None else ""))
 
-            archive = _archive(loaded.model, golden, options, assets)
+            archive = _archive(loaded, golden, options, assets)
             progress.stage("trace", f"signature{'s' if len(names) > 1 else ''} {', '.join(repr(n) for n in names)}")
 
             manifest = _manifest(loaded, golden, options, reference_entry)

@@ -28,6 +28,7 @@ import types
 import numpy as np
 
 from exportkit.findings import Finding
+from exportkit.sources.kerases import keras_of
 
 # Arguments every Keras layer takes through **kwargs and serializes in its base config (or on purpose not).
 _BASE_ARGS = {"name", "dtype", "trainable", "autocast", "activity_regularizer", "input_shape", "input_dim",
@@ -61,16 +62,12 @@ def _where(obj) -> str:
 
 
 def _class_key(obj) -> str:
-    import keras
-
-    return keras.saving.get_registered_name(type(obj))
+    return keras_of(obj).registered_name(type(obj))
 
 
-def _serialized_objects(obj) -> list[dict] | None:
+def _serialized_objects(obj, keras) -> list[dict] | None:
     """Every `{"class_name": ..., "config": ...}` node of `obj` serialized as a .keras file stores it (JSON), or
-    None when it cannot be serialized."""
-    import keras
-
+    None when it cannot be serialized. `keras`: the adapter of the model `obj` belongs to."""
     nodes: list[dict] = []
 
     def walk(node):
@@ -84,7 +81,7 @@ def _serialized_objects(obj) -> list[dict] | None:
                 walk(value)
 
     try:
-        walk(json.loads(json.dumps(keras.saving.serialize_keras_object(obj))))
+        walk(json.loads(json.dumps(keras.serialize(obj))))
     except Exception:  # a get_config() somewhere returns what JSON cannot hold
         return None
     return nodes
@@ -93,7 +90,7 @@ def _serialized_objects(obj) -> list[dict] | None:
 def _stored_objects(model) -> set[tuple[str, str | None]] | None:
     """(registered class name, object name) of every object the model's saved config stores, or None when the
     config cannot be serialized (then every custom object counts; the unserializable one is reported)."""
-    nodes = _serialized_objects(model)
+    nodes = _serialized_objects(model, keras_of(model))
     if nodes is None:
         return None
     stored = set()
@@ -116,7 +113,7 @@ def custom_objects_of(model) -> list:
             seen.add(id(obj))
             found.append(obj)
 
-    layers = [layer for layer in model._flatten_layers(include_self=True, recursive=True)
+    layers = [layer for layer in keras_of(model).layers_of(model, include_self=True)
               if layer is model or stored is None or (_class_key(layer), layer.name) in stored]
     for layer in layers:
         add(layer)
@@ -126,7 +123,7 @@ def custom_objects_of(model) -> list:
                 if isinstance(item, types.FunctionType):
                     if item.__name__ in {n.split(">")[-1] for n in _serialized_function_names(layer)}:
                         add(item)
-                elif (hasattr(item, "get_config") and hasattr(type(item), "from_config") and not _is_layer(item)
+                elif (hasattr(item, "get_config") and hasattr(type(item), "from_config") and not is_layer(item)
                       and (stored_classes is None or _class_key(item) in stored_classes)):
                     add(item)
     return found
@@ -138,14 +135,12 @@ def _serialized_function_names(layer) -> set[str]:
         config = layer.get_config()
     except Exception:  # an unserializable config is reported by the layer's own check
         return set()
-    return {node["config"] for node in _serialized_objects(config) or []
+    return {node["config"] for node in _serialized_objects(config, keras_of(layer)) or []
             if node["class_name"] == "function" and isinstance(node["config"], str)}
 
 
-def _is_layer(obj) -> bool:
-    import keras
-
-    return isinstance(obj, keras.layers.Layer)
+def is_layer(obj) -> bool:
+    return keras_of(obj).is_layer(obj)
 
 
 @contextlib.contextmanager
@@ -201,23 +196,22 @@ def check_contracts(model, batches: list[dict], custom_objects: dict, allow_inco
     """
     severity = "warning" if allow_incomplete else "error"
     objects = custom_objects_of(model)
-    layers = [obj for obj in objects if _is_layer(obj)]
+    keras = keras_of(model)
+    layers = [obj for obj in objects if is_layer(obj)]
     calls = _recorded_calls(model, layers, batches) if batches and layers else {}
     findings: list[Finding] = []
     for obj in objects:
         if isinstance(obj, types.FunctionType):
-            findings += _check_function(obj, custom_objects, severity)
+            findings += _check_function(obj, custom_objects, severity, keras)
         else:
             findings += _check_object(obj, calls.get(id(obj)), custom_objects, severity, compare)
     return findings
 
 
-def _check_function(fn, custom_objects: dict, severity: str) -> list[Finding]:
-    import keras
-
+def _check_function(fn, custom_objects: dict, severity: str, keras) -> list[Finding]:
     try:
-        with keras.saving.custom_object_scope(custom_objects):
-            back = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(fn))
+        with keras.custom_object_scope(custom_objects):
+            back = keras.deserialize(keras.serialize(fn))
     except Exception:  # Keras raises TypeError/ValueError for unknown names
         back = None
     if back is fn or (getattr(back, "__module__", None), getattr(back, "__qualname__", None)) == (
@@ -226,16 +220,15 @@ def _check_function(fn, custom_objects: dict, severity: str) -> list[Finding]:
     return [Finding(severity, "custom-config-roundtrip",
                     f"function {fn.__module__}.{fn.__qualname__} is saved by name but does not deserialize back "
                     f"(a reloaded model cannot find it); fix: decorate it with "
-                    f"@keras.saving.register_keras_serializable() or pass --custom-objects {fn.__module__}")]
+                    f"@{keras.package}.saving.register_keras_serializable() or pass --custom-objects {fn.__module__}")]
 
 
 def _check_object(obj, calls, custom_objects, severity, compare) -> list[Finding]:
-    import keras
-
+    keras = keras_of(obj)
     where = _where(obj)
     try:
         config = obj.get_config()
-        serialized = json.loads(json.dumps(keras.saving.serialize_keras_object(config)))
+        serialized = json.loads(json.dumps(keras.serialize(config)))
     except Exception as err:  # NotImplementedError (Keras' auto-config), TypeError (json), ...
         detail = " ".join(str(err).split())[:200]
         return [Finding(severity, "custom-config-unserializable",
@@ -245,14 +238,6 @@ def _check_object(obj, calls, custom_objects, severity, compare) -> list[Finding
     findings = _check_coverage(obj, config, where, severity)
     findings += _check_roundtrip(obj, serialized, calls, custom_objects, where, severity, compare)
     return findings
-
-
-def _constructor_arguments(obj) -> dict | None:
-    """The arguments `obj`'s constructor received, defaults filled in (Keras 3 records them for its auto-config
-    when all are plain values), or None when they are not known."""
-    auto = getattr(obj, "_auto_config", None)
-    config = getattr(auto, "config", None)
-    return config if isinstance(config, dict) else None
 
 
 def _own_init(cls) -> bool:
@@ -277,7 +262,7 @@ def _check_coverage(obj, config: dict, where: str, severity: str) -> list[Findin
         params = pyinspect.signature(type(obj).__init__).parameters
     except (TypeError, ValueError):
         return []
-    received = _constructor_arguments(obj) or {}
+    received = keras_of(obj).constructor_arguments(obj) or {}
     for name, param in list(params.items())[1:]:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or name in _BASE_ARGS:
             continue
@@ -327,7 +312,7 @@ def _one_line(err: Exception) -> str:
 def _check_roundtrip(obj, serialized, calls, custom_objects, where, severity, compare) -> list[Finding]:
     """Rebuild `obj` from its config; for layers, replay the recorded calls on the original and on the rebuilt
     layer (same weights) and compare."""
-    import keras
+    keras = keras_of(obj)
 
     def finding(what: str) -> list[Finding]:
         return [Finding(severity, "custom-config-roundtrip",
@@ -339,16 +324,16 @@ def _check_roundtrip(obj, serialized, calls, custom_objects, where, severity, co
                                                            f"config was checked")]
 
     try:  # from the config as a .keras file stores it (JSON), the way a reload rebuilds the object
-        with keras.saving.custom_object_scope(custom_objects):
+        with keras.custom_object_scope(custom_objects):
             clone = type(obj).from_config(copy.deepcopy(serialized))
-        clone_config = json.loads(json.dumps(keras.saving.serialize_keras_object(clone.get_config())))
+        clone_config = json.loads(json.dumps(keras.serialize(clone.get_config())))
     except Exception as err:
         return finding(f"fails ({_one_line(err)})")
     if _without_names(clone_config) != _without_names(serialized):
         changed = sorted(k for k in set(serialized) | set(clone_config)
                          if k != "name" and serialized.get(k) != clone_config.get(k))
         return finding(f"gives an object with another config (differs in: {', '.join(changed)})")
-    if not _is_layer(obj) or calls is None:
+    if not is_layer(obj) or calls is None:
         return []
     if not calls:
         built = not obj.weights or _build_like(clone, obj)
@@ -373,7 +358,7 @@ def _check_roundtrip(obj, serialized, calls, custom_objects, where, severity, co
         actual = [clone(*args, **kwargs) for args, kwargs in calls]
     except Exception as err:
         return finding(f"gives a layer that fails on the arguments the original was called with ({_one_line(err)})")
-    return _compare_outputs(list(zip(expected, actual)), finding, compare)
+    return _compare_outputs(list(zip(expected, actual)), finding, compare, keras)
 
 
 def _build_like(clone, obj) -> bool:
@@ -384,11 +369,9 @@ def _build_like(clone, obj) -> bool:
     return clone.built
 
 
-def _compare_outputs(pairs, finding, compare) -> list[Finding]:
-    import keras
-
+def _compare_outputs(pairs, finding, compare, keras) -> list[Finding]:
     def as_dict(outputs):
-        tensors = [t for t in keras.tree.flatten(outputs) if hasattr(t, "shape") and hasattr(t, "dtype")]
+        tensors = [t for t in keras.flatten(outputs) if hasattr(t, "shape") and hasattr(t, "dtype")]
         return {f"output_{i}": np.asarray(t) for i, t in enumerate(tensors)}
 
     results = compare([as_dict(a) for a, _ in pairs], [as_dict(b) for _, b in pairs])

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from exportkit.errors import EXIT_OK, EXIT_USAGE, UsageError
 from exportkit.findings import Finding
+from exportkit.sources.kerases import KERAS3, prepare_process
 from exportkit.spec import SourceOptions
 
 
@@ -58,12 +59,13 @@ def describe_source(options: SourceOptions, allow_incomplete_config: bool = Fals
 
     path = options.src
     fmt = load.detect_format(path, options.format)
+    keras = prepare_process(options, fmt) or KERAS3  # before TensorFlow: which Keras `tf.keras` means
     description = SourceDescription(path=str(Path(path).resolve()), format=fmt)
     if fmt in ("h5", "keras"):
         config = load._read_config(Path(path), fmt)
         if config is not None:
             load.import_tf()
-            needed = load.unresolved_classes(config, {})
+            needed = load.unresolved_classes(config, {}, keras)
             description.custom_objects_needed = [{"name": n, "module": m} for n, m in needed]
     try:
         loaded = load.load_source(options)
@@ -91,12 +93,12 @@ def _describe_io(model, description: SourceDescription, int_range: list[str]) ->
     is returned for the contract check."""
     import tensorflow as tf
 
-    from exportkit.batches import format_int_range, generate_batches
+    from exportkit.batches import format_int_range, generate_batches, parse_int_range_flags
     from exportkit.sources.int_ranges import generated_inputs_failure, int_ranges_for
     from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs
 
     specs = model_input_specs(model, [])
-    ranges = int_ranges_for(model, specs, int_range)
+    ranges = int_ranges_for(model, specs, parse_int_range_flags(int_range))
     description.inputs = [{"key": s.key, "dtype": s.dtype, "shape": s.shape,
                            **({"int_range": format_int_range(ranges.of(s.key))} if s.key in ranges.by_input else {})}
                           for s in specs]

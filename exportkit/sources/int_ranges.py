@@ -15,7 +15,7 @@ Several bounds on one input intersect. An input that reaches none keeps the defa
 """
 from __future__ import annotations
 
-from exportkit.batches import InputSpec, IntRanges, integer_keys, parse_int_range_flags, resolve_int_ranges
+from exportkit.batches import InputSpec, IntRangeFlags, IntRanges, integer_keys, resolve_int_ranges
 from exportkit.errors import UsageError
 
 # Ops whose output holds values of the listed inputs, unchanged (op type -> input positions; None: all).
@@ -139,13 +139,12 @@ def derive_int_ranges(model, specs: list[InputSpec]) -> dict[str, tuple[int, int
     return ranges
 
 
-def int_ranges_for(model, specs: list[InputSpec], texts: list[str]) -> IntRanges:
-    """The ranges golden inputs are generated from: --int-range values (`texts`) over the derived ones (the
-    model is traced only when some integer input has no range of its own from the flags)."""
-    plain, named = parse_int_range_flags(texts)
+def int_ranges_for(model, specs: list[InputSpec], flags: IntRangeFlags) -> IntRanges:
+    """The ranges golden inputs are generated from: the --int-range values over the derived ones (the model is
+    traced only when some integer input has no range of its own from the flags)."""
     keys = integer_keys(specs)
-    derived = derive_int_ranges(model, specs) if plain is None and set(keys) - set(named) else {}
-    return resolve_int_ranges(texts, keys, IntRanges(by_input=derived))
+    derived = derive_int_ranges(model, specs) if flags.plain is None and set(keys) - set(flags.named) else {}
+    return resolve_int_ranges(flags, keys, IntRanges(by_input=derived))
 
 
 def generated_inputs_failure(err: Exception, specs: list[InputSpec], ranges: IntRanges) -> UsageError:

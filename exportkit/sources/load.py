@@ -1,7 +1,8 @@
 """Source path -> LoadedModel: a Keras model with its dtype policy, custom objects and origin digest.
 
-Formats: full-model .h5/.hdf5 (Keras 3 or tf.keras 2), .keras archives, TF checkpoints and .weights.h5 files
-(the last two rebuilt by a builder function or a model.json config, then restored strictly).
+Formats: full-model .h5/.hdf5 and .keras archives, tf.keras 2 SavedModel directories (keras_metadata.pb), TF
+checkpoints and .weights.h5 files (the last two rebuilt by a builder function or a model.json config, then
+restored strictly). Each is loaded with the Keras that wrote it (exportkit.sources.kerases), Keras 3 or tf.keras 2.
 """
 from __future__ import annotations
 
@@ -21,10 +22,14 @@ from pathlib import Path
 
 from exportkit.errors import UsageError
 from exportkit.savedmodel import check_path
+from exportkit.sources.kerases import (KERAS3, KERASES, TF_KERAS, Keras, keras_of, mismatch_remedy, parse_choice,
+                                      prepare_process)
 from exportkit.spec import SourceOptions
-from exportkit.tfenv import dtype_policy, import_tf
+from exportkit.tfenv import import_tf
 
-FORMATS = ("h5", "keras", "checkpoint", "weights")
+FORMATS = ("h5", "keras", "saved_model", "checkpoint", "weights")
+FILE_FORMATS = ("h5", "keras", "saved_model")  # hold the architecture; the others are rebuilt by a builder
+KERAS_METADATA = "keras_metadata.pb"  # beside saved_model.pb in what tf.keras 2's model.save(dir) writes
 
 
 @dataclass
@@ -35,6 +40,7 @@ class LoadedModel:
     sha256: str
     policy: str  # the dtype policy the model computes under, e.g. "mixed_float16"
     custom_objects: dict = field(default_factory=dict)
+    keras: Keras = KERAS3  # the Keras the model belongs to
 
 
 def detect_format(src: str, explicit: str | None = None) -> str:
@@ -46,6 +52,8 @@ def detect_format(src: str, explicit: str | None = None) -> str:
         return explicit
     if path.is_dir():
         if (path / "saved_model.pb").exists():
+            if (path / KERAS_METADATA).exists():
+                return "saved_model"  # tf.keras 2 model.save(dir): re-exported with exportkit's signatures
             raise UsageError(f"{src} is already a SavedModel", "run `exportkit verify` or `exportkit inspect` on it")
         if (path / "checkpoint").exists() or any(path.glob("*.index")):
             return "checkpoint"
@@ -105,36 +113,31 @@ def _import_module(name: str, what: str):
                          "check the name, and pass --python-path DIR for the directory that contains it")
 
 
-def _is_keras_object(obj, module_name: str) -> bool:
-    import keras
+def _inside(obj, module_name: str) -> bool:
+    module = getattr(obj, "__module__", None) or ""
+    return module == module_name or module.startswith(module_name + ".")
 
-    if getattr(obj, "__module__", None) != module_name:
+
+def _is_keras_object(obj, module_name: str) -> bool:
+    """A Keras 3 or tf.keras 2 class, or a function, that `module_name` defines (or, for a package such as
+    tensorflow_hub, one of its submodules defines and the package offers: hub.KerasLayer)."""
+    if not _inside(obj, module_name):
         return False
     if pyinspect.isclass(obj):
-        bases = (keras.layers.Layer, keras.Model, keras.losses.Loss, keras.metrics.Metric,
-                 keras.initializers.Initializer, keras.regularizers.Regularizer, keras.constraints.Constraint,
-                 keras.optimizers.schedules.LearningRateSchedule, keras.DTypePolicy)
-        return issubclass(obj, bases)
-    return pyinspect.isfunction(obj)
+        return any(k.owns_class(obj) for k in KERASES.values())
+    return pyinspect.isfunction(obj) and obj.__module__ == module_name
 
 
 def _registered_from(module_name: str) -> dict:
-    """The objects Keras' global registry holds that `module_name` or its submodules defined (a package such as
-    keras_hub registers its classes with @register_keras_serializable as its submodules are imported)."""
-    import keras
-
-    def inside(obj) -> bool:
-        module = getattr(obj, "__module__", None) or ""
-        return module == module_name or module.startswith(module_name + ".")
-
-    return {name: obj for name, obj in keras.saving.get_custom_objects().items() if inside(obj)}
+    """The objects either Keras' global registry holds that `module_name` or its submodules defined (a package
+    such as keras_hub registers its classes with @register_keras_serializable as its submodules are imported)."""
+    return {name: obj for k in KERASES.values() for name, obj in k.registered_objects().items()
+            if _inside(obj, module_name)}
 
 
 def import_custom_objects(refs: list[str]) -> dict:
-    """`module` offers every Keras class or function defined in it and every object it registered with Keras
-    (its submodules' too); `module:Name` offers one object."""
-    import keras
-
+    """`module` offers every Keras class (Keras 3 or tf.keras 2) or function defined in it and every object it
+    registered with either Keras (its submodules' too); `module:Name` offers one object."""
     objects = {}
     for ref in refs:
         module_name, _, attr = ref.partition(":")
@@ -147,14 +150,42 @@ def import_custom_objects(refs: list[str]) -> dict:
             found = {n: o for n, o in vars(module).items() if _is_keras_object(o, module.__name__)}
             found.update({name.split(">")[-1]: obj for name, obj in _registered_from(module.__name__).items()})
             if not found:
-                raise UsageError(f"module {module_name} defines or registers no Keras layers, models or functions",
+                raise UsageError(f"module {module_name} defines or registers no Keras layers, models or functions "
+                                 f"(neither Keras 3 nor tf.keras 2 ones)",
                                  "pass the module that defines the custom objects, or module:Name")
         for name, obj in found.items():
             objects[name] = obj
-            registered = keras.saving.get_registered_name(obj)
-            if registered and registered != name:
-                objects[registered] = obj
+            for k in KERASES.values():
+                registered = k.registered_name(obj) if k.imported() else None
+                if registered and registered != name:
+                    objects[registered] = obj
     return objects
+
+
+def _objects_for(keras: Keras, objects: dict) -> tuple[dict, dict]:
+    """(the objects `keras` can use: its classes and any function, the other Keras' classes)."""
+    own, other = {}, {}
+    for name, obj in objects.items():
+        usable = not pyinspect.isclass(obj) or keras.owns_class(obj) or not any(
+            k.owns_class(obj) for k in KERASES.values())
+        (own if usable else other)[name] = obj
+    return own, other
+
+
+def _keras_for_file(opts: SourceOptions, fmt: str, wanted: Keras | None, custom: dict) -> Keras:
+    """--keras, else the file's Keras, else the custom classes'. A tf.keras 2 .h5 given Keras 3 custom classes
+    is loaded into Keras 3 (converted by h5compat), as exportkit did before it loaded tf_keras files natively."""
+    given = _keras_of_objects(custom)
+    if wanted is TF_KERAS and given is KERAS3 and fmt == "h5" and parse_choice(opts.keras) is None:
+        return KERAS3
+    return wanted or given or KERAS3
+
+
+def _keras_of_objects(objects: dict) -> Keras | None:
+    """The Keras of the custom classes given, when they all belong to one."""
+    kerases = {keras_of(obj) for obj in objects.values() if pyinspect.isclass(obj)
+               and any(k.owns_class(obj) for k in KERASES.values())}
+    return kerases.pop() if len(kerases) == 1 else None
 
 
 def _import_builder(ref: str):
@@ -184,19 +215,9 @@ def _read_config(path: Path, fmt: str) -> dict | None:
     return None
 
 
-def _known_builtin(class_name: str) -> bool:
-    import keras
-
-    namespaces = (keras.layers, keras.models, keras, keras.initializers, keras.regularizers, keras.constraints,
-                  keras.losses, keras.metrics, keras.optimizers, keras.dtype_policies, keras.activations)
-    return class_name in ("Functional", "Sequential", "Policy", "TFOpLambda", "SlicingOpLambda") or any(
-        hasattr(ns, class_name) for ns in namespaces)
-
-
-def unresolved_classes(config, custom_objects: dict) -> list[tuple[str, str | None]]:
-    """(class name, module it came from) for every object in a Keras config that nothing here can build."""
-    import keras
-
+def unresolved_classes(config, custom_objects: dict, keras: Keras = KERAS3) -> list[tuple[str, str | None]]:
+    """(class name, module it came from) for every object in a Keras config that nothing here can build with
+    `keras`."""
     missing: dict[str, str | None] = {}
 
     def walk(node):
@@ -205,11 +226,14 @@ def unresolved_classes(config, custom_objects: dict) -> list[tuple[str, str | No
             if isinstance(class_name, str) and "config" in node and not class_name.startswith("__"):
                 module = node.get("module")
                 registered = node.get("registered_name") or class_name
+                if class_name == "function" and isinstance(node["config"], str):  # a function stored by name
+                    class_name = registered = node["config"]
+                    module = None  # ("builtins": says nothing about where it is defined)
                 resolvable = (
                     class_name in custom_objects or registered in custom_objects
-                    or keras.saving.get_registered_object(registered) is not None
+                    or keras.registered_object(registered) is not None
                     or (module or "").startswith(("keras", "tf_keras"))
-                    or (not module and _known_builtin(class_name))
+                    or (not module and keras.known_builtin(class_name))
                 )
                 if not resolvable:
                     missing.setdefault(class_name.split(">")[-1], module)
@@ -223,12 +247,25 @@ def unresolved_classes(config, custom_objects: dict) -> list[tuple[str, str | No
     return sorted(missing.items())
 
 
-def _missing_object_error(path: Path, missing: list[tuple[str, str | None]]) -> UsageError:
+# Classes of the TensorFlow ecosystem that legacy .h5 configs name without their module.
+_ECOSYSTEM_CLASSES = {"KerasLayer": "tensorflow_hub"}
+
+
+def _missing_object_error(path: Path, missing: list[tuple[str, str | None]], keras: Keras,
+                          other: dict, fmt: str | None = None) -> UsageError:
+    """Classes `keras` cannot find. When a --custom-objects module gave them as the other Keras' classes, that is
+    the problem to name (passing the module again would not help)."""
     names = ", ".join(f"'{name}'" for name, _ in missing)
-    modules = sorted({module for _, module in missing if module})
-    hint = " ".join(f"--custom-objects {m}" for m in modules) or "--custom-objects module.that.defines." + missing[0][0]
-    return UsageError(f"Unknown layer {names} in {path.name}",
-                      f"pass {hint} (and --python-path DIR if that module is not importable)")
+    wrong = sorted({name for name, _ in missing for key in other if key.split(">")[-1] == name})
+    if wrong:
+        kind = KERASES["3" if keras is TF_KERAS else "2"]
+        return UsageError(f"{path.name} is loaded with {keras}, but the custom objects {', '.join(wrong)} are "
+                          f"{kind} classes, which {keras} cannot use", mismatch_remedy(keras, fmt))
+    modules = sorted({module or _ECOSYSTEM_CLASSES.get(name) for name, module in missing} - {None})
+    hint = (" ".join(f"--custom-objects {m}" for m in modules)
+            or f"--custom-objects MODULE (the module that defines {missing[0][0]})")
+    return UsageError(f"Unknown layer {names} in {path.name} (looked in {keras}'s registry and the custom objects "
+                      f"given)", f"pass {hint} (and --python-path DIR if that module is not importable)")
 
 
 # ---- weights that were not restored ------------------------------------------------------------------------
@@ -275,7 +312,7 @@ def _h5_datasets(path: str) -> dict[str, tuple]:
     found: dict[str, tuple] = {}
     with h5py.File(path, "r") as f:
         f.visititems(lambda name, obj: found.__setitem__(name, tuple(obj.shape))
-                     if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer") else None)
+                     if isinstance(obj, h5py.Dataset) and not name.startswith(("optimizer", "metrics")) else None)
     return found
 
 
@@ -301,36 +338,55 @@ def _check_weights_file_consumed(model, src: str) -> None:
 
 # ---- loading ------------------------------------------------------------------------------------------------
 
-def _load_file(path: Path, fmt: str, custom: dict, unsafe: bool):
-    import keras
-
-    config = None
+def _load_file(path: Path, fmt: str, custom: dict, unsafe: bool, keras: Keras, other: dict):
+    """The model in `path`, loaded with `keras` and the custom objects it can use (`other`: the other Keras')."""
     try:
-        if fmt == "h5":
-            from exportkit.sources.h5compat import load_h5
-
-            return load_h5(str(path), custom_objects=custom, safe_mode=not unsafe)
-        return keras.models.load_model(str(path), custom_objects=custom, compile=False, safe_mode=not unsafe)
+        return keras.load_file(str(path), fmt, custom, safe_mode=not unsafe)
     except UsageError:
         raise
     except Exception as err:  # Keras raises TypeError/ValueError/AttributeError: find out why, then say it clearly
         config = _read_config(path, fmt)
-        damaged = _damaged_file(path, fmt)
+        damaged = _damaged_file(path, fmt) if fmt != "saved_model" else None
         if damaged:  # Keras calls an empty or truncated archive "File not found"
             raise UsageError(damaged, "the copy is incomplete or damaged: copy or download the model file again, "
                                       "or save it again with model.save(...)") from err
-        if config is None:
+        missing = unresolved_classes(config, custom, keras) if config is not None else _unknown_in(err)
+        if missing:
+            raise _missing_object_error(path, missing, keras, other, fmt) from err
+        if config is None and fmt != "saved_model":
             raise UsageError(f"{path} is not a Keras {fmt} model file ({type(err).__name__}: {err})",
                              "pass a model saved with model.save(...) (.keras or .h5)") from err
-        missing = unresolved_classes(config, custom)
-        if missing:
-            raise _missing_object_error(path, missing) from err
         text = str(err)
         if "Lambda" in text or "safe_mode" in text or "unsafe" in text.lower():
             raise UsageError(f"{path.name} contains a Lambda layer or Python bytecode, refused in safe mode",
                              "pass --unsafe if you trust this file") from err
         raise UsageError(f"could not load {path}: {type(err).__name__}: {text.splitlines()[0] if text else ''}",
                          "check the file and its custom objects; --debug shows the traceback") from err
+
+
+def _load_with(keras: Keras, path: Path, fmt: str, opts: SourceOptions, custom: dict) -> tuple[object, dict]:
+    """(model, the custom objects it was loaded with). A tf.keras 2 .h5 that tf_keras itself fails on (it cannot
+    read back some configs it writes, e.g. a custom activation function) is loaded into Keras 3 (converted), as
+    exportkit did before it loaded tf_keras files natively, unless --keras 2 asks for tf_keras."""
+    own, other = _objects_for(keras, custom)
+    try:
+        with weights_must_restore(f"loading {path.name}"):
+            return _load_file(path, fmt, own, opts.unsafe, keras, other), own
+    except UsageError as err:
+        if not (keras is TF_KERAS and fmt == "h5" and parse_choice(opts.keras) is None):
+            raise
+        own3, other3 = _objects_for(KERAS3, custom)
+        try:
+            with weights_must_restore(f"loading {path.name}"):
+                return _load_file(path, fmt, own3, opts.unsafe, KERAS3, other3), own3
+        except UsageError:
+            raise err from None
+
+
+def _unknown_in(err: Exception) -> list[tuple[str, str | None]]:
+    """The class a Keras error says it could not find (a SavedModel's config is not read here)."""
+    found = re.search(r"Unknown (?:layer|object|class|loss|metric|activation)[^']*'([^']+)'", str(err))
+    return [(found.group(1).split(">")[-1], None)] if found else []
 
 
 def _damaged_file(path: Path, fmt: str) -> str | None:
@@ -343,16 +399,19 @@ def _damaged_file(path: Path, fmt: str) -> str | None:
     return None
 
 
-def _rebuild(opts: SourceOptions, custom: dict):
-    """A fresh model from --builder or --model-config, built under --policy."""
-    import keras
-
+def _rebuild(opts: SourceOptions, custom: dict, wanted: Keras | None):
+    """A fresh model from --builder or --model-config, built under --policy (set in every Keras the builder's
+    module imported: the model it returns says which Keras it is)."""
     if not opts.builder and not opts.model_config:
         raise UsageError(f"{opts.src} holds weights only; exportkit needs the architecture",
                          "pass --builder module:function or --model-config model.json (or put them in exportkit.toml)")
-    with dtype_policy(opts.policy):
-        if opts.builder:
-            builder = _import_builder(opts.builder)
+    builder = _import_builder(opts.builder) if opts.builder else None
+    keras = wanted or _keras_of_objects(custom) or KERAS3
+    with contextlib.ExitStack() as policies:
+        for k in KERASES.values():
+            if k.imported() or k is keras:
+                policies.enter_context(k.dtype_policy(opts.policy))
+        if builder is not None:
             try:
                 model = builder(**opts.builder_args)
             except TypeError as err:
@@ -363,16 +422,27 @@ def _rebuild(opts: SourceOptions, custom: dict):
             if not config_path.is_file():
                 raise UsageError(f"--model-config {config_path} does not exist", "pass the model.json saved with model.to_json()")
             text = config_path.read_text()
+            try:  # model.to_json() records the Keras that wrote it
+                keras = wanted or KERASES.get(str(json.loads(text).get("keras_version", "")).split(".")[0]) or keras
+            except (ValueError, AttributeError):
+                pass  # not JSON: model_from_json says so below
+            own, other = _objects_for(keras, custom)
             try:
-                model = keras.models.model_from_json(text, custom_objects=custom)
+                model = keras.model_from_json(text, own)
             except Exception as err:
-                missing = unresolved_classes(json.loads(text), custom)
+                missing = unresolved_classes(json.loads(text), own, keras)
                 if missing:
-                    raise _missing_object_error(config_path, missing) from err
+                    raise _missing_object_error(config_path, missing, keras, other) from err
                 raise UsageError(f"could not build a model from {config_path} ({err})",
                                  "pass a config written by model.to_json()") from err
-    if not isinstance(model, keras.Model):
-        raise UsageError(f"{opts.builder or opts.model_config} did not give a keras.Model", "return the model from the builder")
+    if not keras_of(model).is_model(model):
+        raise UsageError(f"{opts.builder or opts.model_config} did not give a Keras model (a Keras 3 keras.Model or "
+                         f"a tf.keras 2 tf_keras.Model) but {type(model).__module__}.{type(model).__qualname__}",
+                         "return the model from the builder")
+    if wanted is not None and keras_of(model) is not wanted:
+        raise UsageError(f"{opts.src} was written by {wanted} (or --keras says so), but {opts.builder or opts.model_config}"
+                         f" gave a {keras_of(model)} model, whose weights are named differently",
+                         mismatch_remedy(wanted))
     if not model.built:
         raise UsageError(f"the model from {opts.builder or opts.model_config} is not built, so it has no weights to restore",
                          "build it in the builder (call it on an input or use keras.Input)")
@@ -439,7 +509,7 @@ def _restore_weights(model, src: str) -> None:
 
 def model_policy(model) -> str:
     """The policy the layers compute under: a mixed policy on any layer wins over the model's own float32."""
-    names = [layer.dtype_policy.name for layer in model._flatten_layers(include_self=False)
+    names = [layer.dtype_policy.name for layer in keras_of(model).layers_of(model)
              if hasattr(layer, "dtype_policy")]
     mixed = [n for n in names if n.startswith("mixed_")]
     if mixed:
@@ -449,19 +519,19 @@ def model_policy(model) -> str:
 
 def load_source(opts: SourceOptions) -> LoadedModel:
     fmt = detect_format(opts.src, opts.format)
+    wanted = prepare_process(opts, fmt)  # before TensorFlow: tf.keras in the user's modules means the source's Keras
     import_tf()
     with python_path(opts.python_path):
         custom = import_custom_objects(opts.custom_objects)
-        if fmt in ("h5", "keras"):
+        if fmt in FILE_FORMATS:
             path = Path(opts.src)
             check_path(path, "pass a regular .h5/.keras file")
-            if not path.is_file():
+            if not path.exists() or (fmt != "saved_model" and not path.is_file()):
                 raise UsageError(f"{opts.src} does not exist", "check the path of the model to export")
-            with weights_must_restore(f"loading {path.name}"):
-                model = _load_file(path, fmt, custom, opts.unsafe)
+            model, custom = _load_with(_keras_for_file(opts, fmt, wanted, custom), path, fmt, opts, custom)
         else:
-            model = _rebuild(opts, custom)
+            model = _rebuild(opts, custom, wanted)
             with weights_must_restore(f"restoring {opts.src}"):
                 (_restore_checkpoint if fmt == "checkpoint" else _restore_weights)(model, opts.src)
     return LoadedModel(model=model, format=fmt, path=str(Path(opts.src).resolve()), sha256=sha256_of(opts.src),
-                       policy=model_policy(model), custom_objects=custom)
+                       policy=model_policy(model), custom_objects=custom, keras=keras_of(model))

@@ -12,6 +12,7 @@ import re
 from exportkit.batches import InputSpec
 from exportkit.dtypes import INPUT_DTYPES, canonical, name_of
 from exportkit.errors import UsageError
+from exportkit.sources.kerases import keras_of
 
 
 def parse_input_spec(text: str) -> InputSpec:
@@ -31,24 +32,18 @@ def parse_input_spec(text: str) -> InputSpec:
 
 
 def is_functional(model) -> bool:
-    return bool(getattr(model, "_inputs_struct", None) is not None and getattr(model, "inputs", None))
-
-
-def _input_layer_name(keras_tensor) -> str:
-    history = getattr(keras_tensor, "_keras_history", None)
-    return history.operation.name if history else keras_tensor.name
+    return keras_of(model).input_structure(model) is not None
 
 
 def model_input_specs(model, overrides: list[InputSpec]) -> list[InputSpec]:
     """Input specs from the model's Inputs (functional) or its build config (subclassed), then --input-spec."""
-    import keras
-
+    keras = keras_of(model)
     by_key = {spec.key: spec for spec in overrides}
     if is_functional(model):
         specs = []
-        for kt in keras.tree.flatten(model._inputs_struct):
+        for kt in keras.flatten(keras.input_structure(model)):
             shape = [-1] + [-1 if d is None else int(d) for d in kt.shape[1:]]
-            specs.append(InputSpec(key=_input_layer_name(kt), dtype=name_of(kt.dtype), shape=shape))
+            specs.append(InputSpec(key=keras.input_name(kt), dtype=name_of(kt.dtype), shape=shape))
     else:
         specs = _subclassed_input_specs(model)
     known = {spec.key for spec in specs}
@@ -108,10 +103,9 @@ def output_keys(model, outputs, names: list[str] | None = None) -> list[str]:
 
 def feed_model(model, tensors: dict):
     """Call `model` on tensors keyed by input name, in the structure its call expects."""
-    import keras
-
+    keras = keras_of(model)
     if is_functional(model):
-        x = keras.tree.map_structure(lambda kt: tensors[_input_layer_name(kt)], model._inputs_struct)
+        x = keras.map_structure(lambda kt: tensors[keras.input_name(kt)], keras.input_structure(model))
     else:
         x = next(iter(tensors.values())) if len(tensors) == 1 else tensors
     return model(x, training=False)

@@ -104,6 +104,11 @@ def _options(o: VerifyOptions):
         raise UsageError("--tf runs on the generated/golden batches, not on --data records (not supported yet)",
                          "run `exportkit verify PATH --tf X.Y` and `exportkit verify PATH --data GLOB` separately")
     names = selected_runtimes(o.runtimes, o.serving, o.against, protocol_of(o.serving_protocol, o.serving))
+    if o.against:  # before TensorFlow is imported: which Keras `tf.keras` means in the training code
+        from exportkit.sources.kerases import prepare_process
+        from exportkit.sources.load import detect_format
+
+        prepare_process(o.against, detect_format(o.against.src, o.against.format))
     if "serving" in names or "rest" in names:
         from exportkit.serving.launcher import check_serving_mode
 
@@ -114,7 +119,7 @@ def _options(o: VerifyOptions):
 def _read(o: VerifyOptions, devices: list[str], per_output: dict):
     """(Model, the report with the static findings, the io-op findings that refuse execution): the SavedModel read
     and linted (pure protobuf, no TensorFlow import, nothing started)."""
-    parse_int_range_flags(o.int_range)  # a bad --int-range fails before the model is read
+    int_range = parse_int_range_flags(o.int_range)  # a bad --int-range fails before the model is read
     version_dir, proto, signatures = read_model(o.path)
     selected = selected_signatures(o.signature_name, signatures)
     findings, refused = checks.static_findings(o, proto, version_dir)
@@ -127,7 +132,7 @@ def _read(o: VerifyOptions, devices: list[str], per_output: dict):
     manifest, manifest_findings = read_manifest(version_dir)
     findings += manifest_findings
     # the ranges the model was exported with fit its integer inputs (e.g. vocabularies); --int-range over them
-    lo_hi = recorded_int_ranges(o.int_range, manifest, signatures)
+    lo_hi = recorded_int_ranges(int_range, manifest, signatures)
     baseline_found, baseline = checks.baseline_findings(o, signatures, selected, version_dir)
     findings += baseline_found
     report = VerifyReport(path=str(version_dir), signature=", ".join(selected) or (o.signature_name or ""),

@@ -108,7 +108,7 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
              run=True, servers=None, device="cpu", launch=None, load_timeout=120.0) -> None:
     """Fill `observed`/`error` of each row from session@X.Y (`run`) and `served` from TF Serving X.Y's image
     (`servers`: {X.Y: docker mode}), compared with the reference like verify does."""
-    from exportkit.batches import recorded_int_ranges
+    from exportkit.batches import parse_int_range_flags, recorded_int_ranges
     from exportkit.layout import read_manifest
     from exportkit.spec import VerifyOptions
     from exportkit.verify.tolerances import parse_tol
@@ -123,7 +123,7 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
     # installs what is missing, before anything runs
     pythons = versioned_pythons([",".join(r.tf for r in rows)]) if run else {}
     manifest, _ = read_manifest(version_dir)
-    lo_hi = recorded_int_ranges(int_range or [], manifest, {signature_name: signature})
+    lo_hi = recorded_int_ranges(parse_int_range_flags(int_range or []), manifest, {signature_name: signature})
     options = VerifyOptions(path=str(version_dir), signature_name=signature_name, serving="none", samples=samples,
                             seed=seed)
     check = signature_checks(options, {signature_name: signature}, [signature_name], version_dir, manifest, lo_hi)[0]

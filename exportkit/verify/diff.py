@@ -240,13 +240,13 @@ def _feeder(o: DiffOptions, data: str, new: Version, name: str, signature: dict)
 
 def _generated(o: DiffOptions, new: Version, name: str):
     """Without --data: NEW's golden batches and generated ones (as verify makes them), as Fed batches."""
-    from exportkit.batches import recorded_int_ranges
+    from exportkit.batches import IntRangeFlags, recorded_int_ranges
     from exportkit.layout import read_manifest
     from exportkit.spec import VerifyOptions
     from exportkit.verify.plan import signature_checks
 
     manifest, _ = read_manifest(new.path)
-    lo_hi = recorded_int_ranges([], manifest, new.signatures)
+    lo_hi = recorded_int_ranges(IntRangeFlags(), manifest, new.signatures)
     (check,) = signature_checks(VerifyOptions(path=str(new.path), samples=o.samples, seed=o.seed), new.signatures,
                                 [name], new.path, manifest, lo_hi)
     files, start = ["<golden>", "<generated>"], {0: 0, 1: 0}
