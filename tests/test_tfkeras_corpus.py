@@ -1,0 +1,144 @@
+"""tf.keras 2 (tf_keras) sources export and verify as their users run exportkit; the TensorFlow ecosystem's own
+SavedModels keep TF Serving's verdict (issue 30).
+
+The corpus (tests/tfkeras_corpus/) is built once per session, one training process per flavour, on first use.
+Every command runs in a subprocess in the entry's environment (TF_USE_LEGACY_KERAS set or not), as a user runs it.
+`python -m tests.tfkeras_corpus.measure` runs the same commands and prints the table.
+"""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import invoke
+from tests.tfkeras_corpus import builders as b
+from tests.tfkeras_corpus.measure import exportkit, missing_verdict, said
+
+pytestmark = pytest.mark.slow
+
+
+def _param(entry: b.Entry):
+    marks = [pytest.mark.compat] if entry.flavour == "tf212" else []
+    return pytest.param(entry, id=entry.name, marks=marks)
+
+
+@pytest.fixture(scope="session")
+def tfkeras_corpus(tmp_path_factory):
+    """corpus(entry) -> its Built, its flavour's training script run on first use (one process per flavour)."""
+    root = tmp_path_factory.mktemp("tfkeras-corpus")
+    flavours: set[str] = set()
+
+    def get(entry: b.Entry) -> b.Built:
+        if entry.flavour not in flavours:
+            if entry.flavour not in b.available_flavours():
+                pytest.skip(f"{b.FLAVOURS[entry.flavour].what}: its Python ({b.FLAVOURS[entry.flavour].python}) "
+                            "is not installed (`exportkit runtimes install 2.12`)")
+            b.build_flavour(root, entry.flavour)
+            flavours.add(entry.flavour)
+        return b.Built(entry, root)
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tfkeras_export(tfkeras_corpus, tmp_path_factory):
+    """export(entry) -> the entry exported once per session with the user's command line (plus --json FILE):
+    `.built`, `.proc`, `.out` (the base directory), `.summary` (export's JSON summary, None if it failed)."""
+    root = tmp_path_factory.mktemp("tfkeras-exports")
+    done: dict[str, SimpleNamespace] = {}
+
+    def get(entry: b.Entry) -> SimpleNamespace:
+        if entry.name not in done:
+            built = tfkeras_corpus(entry)
+            out, summary = root / entry.name, root / f"{entry.name}.json"
+            proc = exportkit(built.export_args(out) + ["--json", str(summary)], built.env())
+            done[entry.name] = SimpleNamespace(built=built, proc=proc, out=out, summary=json.loads(
+                summary.read_text()) if proc.returncode == 0 and summary.exists() else None)
+        return done[entry.name]
+
+    return get
+
+
+# ------------------------------------------------------------------------------------------- the sources
+@pytest.mark.parametrize("entry", [_param(e) for e in b.ENTRIES])
+def test_the_source_exports_with_the_users_flags(tfkeras_export, entry):
+    """`exportkit export SRC -o OUT` with only --python-path, --custom-objects, --builder (and --policy/--keras
+    where the entry's user passes them): exit 0, the named inputs, the model's policy, float32 outputs."""
+    done = tfkeras_export(entry)
+    assert done.proc.returncode == 0, (done.built.command_line(done.out), said(done.proc, 6))
+    assert "Traceback" not in done.proc.stderr
+    summary = done.summary
+    assert summary["self_check"] == "passed", summary
+    if entry.inputs is not None:
+        assert {k: v["dtype"] for k, v in summary["inputs"].items()} == entry.inputs, summary["inputs"]
+    assert summary["dtype_policy"] == entry.policy, summary
+    assert set(summary["outputs"]) and all(o["dtype"] == "float32" for o in summary["outputs"].values()), summary
+
+
+@pytest.mark.parametrize("entry", [_param(e) for e in b.ENTRIES])
+def test_the_export_verifies_against_its_source(tfkeras_export, entry):
+    """`exportkit verify OUT --against SRC` with the same flags: eager tf_keras (the `keras` runtime) is run and
+    agrees with the reloaded SavedModel. (The export's own self-check ran the TF1 loader; the servers do not
+    depend on which Keras wrote the source, so they are left out to keep this cheap.)"""
+    done = tfkeras_export(entry)
+    assert done.proc.returncode == 0, f"no export to verify: {said(done.proc)}"
+    verify = exportkit(done.built.verify_args(done.out) + ["--runtimes", "keras,saved_model", "--json", "-"],
+                       done.built.env())
+    assert verify.returncode == 0, said(verify, 12)
+    rows = {r["name"]: r for r in json.loads(verify.stdout)["runtimes"]}
+    assert rows["keras"]["status"] == "ok" and rows["keras"]["passed"], rows["keras"]
+    assert rows["saved_model"]["status"] == "ok" and rows["saved_model"]["passed"], rows["saved_model"]
+
+
+@pytest.mark.parametrize("entry", [_param(e) for e in b.ENTRIES if e.missing])
+def test_missing_custom_objects_name_the_class_and_a_fix_that_works(tfkeras_corpus, tmp_path, entry):
+    """Without --custom-objects: exit 2 naming the class, and the fix line's flag then exports (a .keras records
+    the module, so its fix must name it)."""
+    ok, what = missing_verdict(tfkeras_corpus(entry), tmp_path / entry.name)
+    assert ok, what
+
+
+# ------------------------------------------------------------------------------------------ the ecosystem
+@pytest.fixture(scope="session")
+def ecosystem(tmp_path_factory) -> dict:
+    return b.build_ecosystem(tmp_path_factory.mktemp("tfkeras-ecosystem"))
+
+
+@pytest.mark.parametrize("name", b.ECOSYSTEM)
+def test_ecosystem_exports_verify_as_tf_serving_serves_them(ecosystem, name):
+    """TF Serving loads each and answers serving_default with Predict (predict_util.cc accepts any signature;
+    these are all tensorflow/serving/predict). verify runs every runtime, servers included: exit 0."""
+    got = invoke("verify", ecosystem[name], "--json", "-")
+    assert got.returncode == 0, got.stdout[-3000:]
+    report = json.loads(got.stdout)
+    assert all(r["status"] == "ok" and r["passed"] for r in report["runtimes"]), report["runtimes"]
+    served = [r for r in report["runtimes"] if r["name"] in ("serving", "rest")]
+    assert len(served) == 2 and all(r["server"]["api"] == "Predict" for r in served), served
+
+
+@pytest.mark.parametrize("name", b.ECOSYSTEM)
+def test_ecosystem_exports_inspect_without_errors(ecosystem, name):
+    got = invoke("inspect", ecosystem[name], "--json")
+    assert got.returncode == 0, got.stderr
+    info = json.loads(got.stdout)
+    assert not [f for f in info["findings"] if f["severity"] == "error"], info["findings"]
+    assert info["signatures"]["serving_default"]["method"] == "tensorflow/serving/predict", info["signatures"]
+    if name == "tfx_trainer":  # serialized tf.Example in; the vocabulary travels in the version dir (TF Serving
+        # sees nothing else: ecosystem.py deletes the transform output the export was built from)
+        assert info["signatures"]["serving_default"]["inputs"]["examples"]["dtype"] == "string"
+        assert info["assets"] == ["assets/vocab_compute_and_apply_vocabulary_vocabulary"], info["assets"]
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("name", b.ECOSYSTEM)
+def test_ecosystem_exports_load_and_agree_on_tf_2_12_and_2_21(ecosystem, name):
+    """compat --run: predicted and observed (the real TF1 loaders of 2.12 and 2.21) both say it serves."""
+    from exportkit.compat.envs import info
+
+    if info("2.12").state == "absent":
+        pytest.skip("the managed TF 2.12 environment is not installed (`exportkit runtimes install 2.12`)")
+    got = invoke("compat", ecosystem[name], "--tf", "2.12,2.21", "--run")
+    assert got.returncode == 0, got.stdout
+    assert "PASSED on 2.12, 2.21" in got.stdout, got.stdout
