@@ -65,7 +65,8 @@ def tfkeras_export(tfkeras_corpus, tmp_path_factory):
 @pytest.mark.parametrize("entry", [_param(e) for e in b.ENTRIES])
 def test_the_source_exports_with_the_users_flags(tfkeras_export, entry):
     """`exportkit export SRC -o OUT` with only --python-path, --custom-objects, --builder (and --policy/--keras
-    where the entry's user passes them): exit 0, the named inputs, the model's policy, float32 outputs."""
+    where the entry's user passes them): exit 0, the named inputs, the model's policy, float32 outputs, and the
+    training-time reference the script recorded next to the source."""
     done = tfkeras_export(entry)
     assert done.proc.returncode == 0, (done.built.command_line(done.out), said(done.proc, 6))
     assert "Traceback" not in done.proc.stderr
@@ -74,6 +75,7 @@ def test_the_source_exports_with_the_users_flags(tfkeras_export, entry):
     if entry.inputs is not None:
         assert {k: v["dtype"] for k, v in summary["inputs"].items()} == entry.inputs, summary["inputs"]
     assert summary["dtype_policy"] == entry.policy, summary
+    assert bool(summary["reference"]) == entry.reference, summary["reference"]  # the training script's record
     assert set(summary["outputs"]) and all(o["dtype"] == "float32" for o in summary["outputs"].values()), summary
 
 
@@ -98,6 +100,29 @@ def test_missing_custom_objects_name_the_class_and_a_fix_that_works(tfkeras_corp
     the module, so its fix must name it)."""
     ok, what = missing_verdict(tfkeras_corpus(entry), tmp_path / entry.name)
     assert ok, what
+
+
+def _first_of_each_format() -> list[b.Entry]:
+    """One entry per flavour and source format (a Keras 2 SavedModel is inspected as the SavedModel it is)."""
+    first: dict[tuple[str, str], b.Entry] = {}
+    for entry in b.ENTRIES:
+        if entry.format != "savedmodel":
+            first.setdefault((entry.flavour, entry.format), entry)
+    return list(first.values())
+
+
+@pytest.mark.parametrize("entry", [_param(e) for e in _first_of_each_format()])
+def test_inspect_reads_the_source(tfkeras_corpus, entry):
+    """`exportkit inspect SRC` (one entry per flavour and format) loads it with its Keras: the inputs and the
+    policy the export then gets, no load error."""
+    built = tfkeras_corpus(entry)
+    got = exportkit(["inspect", *built.source_args(), "--json"], built.env())
+    assert got.returncode == 0, said(got, 6)
+    info = json.loads(got.stdout)
+    assert info["load_error"] is None and not [f for f in info["findings"] if f["severity"] == "error"], info
+    if entry.inputs is not None:
+        assert {i["key"]: i["dtype"] for i in info["inputs"]} == entry.inputs, info["inputs"]
+    assert info["policy"] == entry.policy, info
 
 
 # ------------------------------------------------------------------------------------------ the ecosystem

@@ -58,6 +58,7 @@ class Entry:
     missing: str = ""  # the class an export without --custom-objects must name
     inputs: dict | None = None  # the export's signature inputs {name: dtype} (None: the model names none)
     policy: str = "float32"  # the dtype policy the export computes under
+    reference: bool = False  # train.py recorded SRC.reference.npz (exportkit.record_reference): export uses it
     what: str = ""
 
     @property
@@ -74,7 +75,7 @@ ENTRIES = (
           what="the issue's model: functional, registered Scale (package ranker), mixed_float16 with a float32 "
                "head, one epoch; exported without the legacy variable (the file says Keras 2)"),
     Entry("tf2x_ranker_mixed_keras", "tf2x", "keras", "ranker_mixed.keras", ("--custom-objects", "ranker_layers"),
-          env=LEGACY, missing="Scale", inputs=F6, policy=MIXED,
+          env=LEGACY, missing="Scale", inputs=F6, policy=MIXED, reference=True,
           what="the same model as .keras, exported under TF_USE_LEGACY_KERAS=1"),
     Entry("tf2x_ranker_mixed_ckpt", "tf2x", "checkpoint", "ranker_mixed_ckpt",
           ("--builder", "ranker_models:build_ranker", "--policy", MIXED), env=LEGACY, inputs=F6, policy=MIXED,
@@ -90,8 +91,8 @@ ENTRIES = (
           inputs=F6, what="model.save(dir): a Keras 2 SavedModel (keras_metadata.pb), re-exported"),
     Entry("tf2x_subclassed_keras", "tf2x", "keras", "ranker_subclassed.keras", ("--custom-objects", "ranker_layers"),
           what="a subclassed tf.keras.Model with get_config, registered without a package (Custom>Ranker)"),
-    Entry("tf2x_swish_sequential_h5", "tf2x", "h5", "swish_sequential.h5", ("--custom-objects", "custom_fns"),
-          env=LEGACY, inputs={"x": "float32"},
+    Entry("tf2x_swish_sequential_keras", "tf2x", "keras", "swish_sequential.keras",
+          ("--custom-objects", "custom_fns"), env=LEGACY, inputs={"x": "float32"},
           what="Sequential with an unregistered custom activation and layer, and a custom loss in compile"),
     Entry("tf2x_two_tower_keras", "tf2x", "keras", "two_tower.keras", ("--custom-objects", "ranker_layers"),
           inputs={"user": "float32", "item": "float32"},
@@ -102,7 +103,7 @@ ENTRIES = (
           what="hub.KerasLayer over a TF2 hub module (a tf.Module) built locally"),
     # ------------------------------------------------------------------------------ import tf_keras as keras
     Entry("tfkeras_residual_h5", "tfkeras", "h5", "residual.h5", ("--custom-objects", "blocks"),
-          missing="ResidualBlock", inputs={"x": "float32"},
+          missing="ResidualBlock", inputs={"x": "float32"}, reference=True,
           what="functional with an unregistered layer that owns sublayers"),
     Entry("tfkeras_residual_ckpt", "tfkeras", "checkpoint", "residual_ckpt", ("--builder", "zoo:residual"),
           inputs={"x": "float32"},
@@ -168,12 +169,18 @@ class Built:
 
     def env(self) -> dict:
         """The environment the user runs exportkit in."""
-        env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-        return {**env, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore", **self.entry.env}
+        return user_env(self.entry.env)
 
     def command_line(self, out: Path | str = "OUT") -> str:
         prefix = "".join(f"{k}={v} " for k, v in self.entry.env.items())
         return prefix + "exportkit " + shlex.join(self.export_args(Path(out)))
+
+
+def user_env(extra: dict | None = None) -> dict:
+    """This environment without TF_USE_LEGACY_KERAS or PYTHONPATH (whatever the test run has), TF quiet, plus
+    `extra`: the environment a user's command runs in."""
+    base = {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS", "PYTHONPATH")}
+    return {**base, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore", **(extra or {})}
 
 
 def available_flavours() -> list[str]:
@@ -181,9 +188,8 @@ def available_flavours() -> list[str]:
 
 
 def _run(python: str, script: Path, out: Path, cwd: Path, env: dict) -> None:
-    base = {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS", "PYTHONPATH")}
     proc = subprocess.run([python, str(script), str(out)], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**base, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore", **env})
+                          env=user_env(env))
     if proc.returncode:
         raise RuntimeError(f"{script} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
 

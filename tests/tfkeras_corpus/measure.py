@@ -13,24 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from tests.tfkeras_corpus.builders import (ECOSYSTEM, FLAVOURS, TF212_PYTHON, Built, available_flavours, build_all,
-                                           build_ecosystem)
+from tests.tfkeras_corpus.builders import (FLAVOURS, TF212_PYTHON, Built, available_flavours, build_all,
+                                           build_ecosystem, user_env)
 
 
 def exportkit(args: list[str], env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    """`python -m exportkit ARGS` as a user runs it (default: this environment without TF_USE_LEGACY_KERAS)."""
-    if env is None:
-        env = {**{k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}, "TF_CPP_MIN_LOG_LEVEL": "3",
-               "PYTHONWARNINGS": "ignore"}
+    """`python -m exportkit ARGS` as a user runs it (default: builders.user_env())."""
     return subprocess.run([sys.executable, "-m", "exportkit", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+                          env=user_env() if env is None else env, timeout=timeout)
 
 
 def said(proc: subprocess.CompletedProcess, lines: int = 3) -> str:

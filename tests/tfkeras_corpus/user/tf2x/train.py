@@ -5,6 +5,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 import tensorflow_hub as hub
+from exportkit import record_reference
 
 import custom_fns
 import ranker_layers
@@ -22,6 +23,7 @@ mixed = ranker_models.build_ranker()
 mixed.fit(x, y, epochs=1, batch_size=16, verbose=0)
 mixed.save(f"{out}/ranker_mixed.h5")
 mixed.save(f"{out}/ranker_mixed.keras")
+record_reference(mixed, f"{out}/ranker_mixed.keras.reference.npz")  # the trained model's own outputs
 tf.train.Checkpoint(model=mixed, optimizer=mixed.optimizer).save(f"{out}/ranker_mixed_ckpt/ckpt")
 tf.keras.mixed_precision.set_global_policy("float32")
 
@@ -42,7 +44,8 @@ seq = tf.keras.Sequential([tf.keras.Input((4,), name="x"),
                            tf.keras.layers.Dense(1)])
 seq.compile(optimizer="sgd", loss=custom_fns.tight_huber)
 seq.fit(x[:, :4], y, epochs=1, batch_size=16, verbose=0)
-seq.save(f"{out}/swish_sequential.h5")
+seq.save(f"{out}/swish_sequential.keras")  # (an .h5 of it does not load back in tf_keras itself: the
+# activation is written as module "builtins")
 
 towers = ranker_models.build_two_tower()
 towers.compile(optimizer="adam", loss="mse")

@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_hub as hub
 import tf_keras as keras
+from exportkit import record_reference
 
 import blocks
 import zoo
@@ -19,6 +20,7 @@ model = zoo.residual()
 model.compile(optimizer="adam", loss="mse")
 model.fit(x8, x8[:, :2], epochs=1, batch_size=16, verbose=0)
 model.save(f"{out}/residual.h5")
+record_reference(model, f"{out}/residual.h5.reference.npz")  # the trained model's own outputs
 model.save_weights(f"{out}/residual.weights.h5")
 
 # A custom training loop, checkpointed with a CheckpointManager.
