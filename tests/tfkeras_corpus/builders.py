@@ -129,7 +129,8 @@ ENTRIES = (
     Entry("tf212_norm_h5", "tf212", "h5", "norm_212.h5", ("--custom-objects", "norm_layers"), inputs=F6,
           what="written by TF 2.12's tf.keras: a registered RMSNorm (package legacy)"),
     Entry("tf212_norm_keras", "tf212", "keras", "norm_212.keras", ("--custom-objects", "norm_layers"), inputs=F6,
-          what="the same, as Keras 2.12's .keras"),
+          what="the same saved as model.save('norm_212.keras'): Keras 2.12 writes HDF5 under that name (its zip "
+               "format needs save_format='keras_v3'), and tf_keras 2.21 loads it"),
     Entry("tf212_norm_savedmodel", "tf212", "savedmodel", "norm_212_savedmodel", ("--custom-objects", "norm_layers"),
           inputs=F6, what="the same, as Keras 2.12's SavedModel (model.save(dir))"),
 )

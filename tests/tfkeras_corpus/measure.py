@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests.corpus.measure import _last_lines as said  # "exit N: " and the last lines a command printed
 from tests.tfkeras_corpus.builders import (FLAVOURS, TF212_PYTHON, Built, available_flavours, build_all,
                                            build_ecosystem, user_env)
 
@@ -27,11 +28,6 @@ def exportkit(args: list[str], env: dict | None = None, timeout: float = 900) ->
     """`python -m exportkit ARGS` as a user runs it (default: builders.user_env())."""
     return subprocess.run([sys.executable, "-m", "exportkit", *map(str, args)], capture_output=True, text=True,
                           env=user_env() if env is None else env, timeout=timeout)
-
-
-def said(proc: subprocess.CompletedProcess, lines: int = 3) -> str:
-    text = (proc.stdout + "\n" + proc.stderr).strip().splitlines()
-    return f"exit {proc.returncode}: " + " | ".join(line.strip() for line in text[-lines:])
 
 
 def error_findings(proc: subprocess.CompletedProcess) -> list[str]:
@@ -52,10 +48,11 @@ def proposed_module(fix: str) -> str | None:
     return found.group(1) if found else None
 
 
-def missing_verdict(built: Built, out: Path) -> tuple[bool, str]:
+def missing_verdict(built: Built, out: Path, own_export_ok: bool) -> tuple[bool, str]:
     """The export without --custom-objects: exit 2 naming the class (no traceback) and a fix line that leads
     somewhere: the module it names then exports. A .keras records the module, so its fix must name it; an .h5
-    records none, so a placeholder will do, and the user's own module then exports."""
+    records none, so a placeholder will do, and the user's own module then exports. A fix naming the entry's own
+    module is judged by the entry's own export (`own_export_ok`: the same command)."""
     refused = exportkit(built.export_args(out, drop_custom_objects=True), built.env())
     fix = fix_line(refused.stderr)
     named = built.entry.missing in refused.stderr and "--custom-objects" in fix
@@ -64,9 +61,11 @@ def missing_verdict(built: Built, out: Path) -> tuple[bool, str]:
     module = proposed_module(fix)
     if module is None and built.entry.format == "keras":
         return False, f"the fix names no module, although the .keras records it: {fix}"
-    flag = module or built.entry.flags[built.entry.flags.index("--custom-objects") + 1]
-    fixed = exportkit(built.export_args(out, drop_custom_objects=True) + ["--custom-objects", flag], built.env())
-    return fixed.returncode == 0, f"{fix} -> --custom-objects {flag}: {said(fixed)}"
+    own = built.entry.flags[built.entry.flags.index("--custom-objects") + 1]
+    if module in (None, own):
+        return own_export_ok, f"{fix} -> --custom-objects {own}: the entry's own export"
+    fixed = exportkit(built.export_args(out, drop_custom_objects=True) + ["--custom-objects", module], built.env())
+    return fixed.returncode == 0, f"{fix} -> --custom-objects {module}: {said(fixed)}"
 
 
 def entry_verdicts(built: Built, work: Path) -> dict[str, tuple[bool, str]]:
@@ -81,7 +80,7 @@ def entry_verdicts(built: Built, work: Path) -> dict[str, tuple[bool, str]]:
     compat = exportkit(["compat", out, "--tf", "2.21", "--run"], env) if export.returncode == 0 else None
     results["compat"] = (compat.returncode == 0, said(compat)) if compat else (False, "no export to check")
     if built.entry.missing:
-        results["missing"] = missing_verdict(built, work / f"{built.entry.name}_missing")
+        results["missing"] = missing_verdict(built, work / f"{built.entry.name}_missing", export.returncode == 0)
     return results
 
 

@@ -15,5 +15,5 @@ model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, name="score")(hidden))
 model.compile(optimizer="adam", loss="mse")
 model.fit(x, x[:, :1], epochs=1, batch_size=16, verbose=0)
 model.save(f"{out}/norm_212.h5")
-model.save(f"{out}/norm_212.keras")
+model.save(f"{out}/norm_212.keras")  # HDF5 content: Keras 2.12 writes its zip format only with save_format="keras_v3"
 model.save(f"{out}/norm_212_savedmodel")
