@@ -107,7 +107,8 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated entry names (ecosystem names too)")
     parser.add_argument("--flavours", help=f"comma-separated, of {', '.join(FLAVOURS)} (default: every available)")
     parser.add_argument("--no-ecosystem", action="store_true", help="skip the ecosystem's SavedModels")
-    parser.add_argument("-v", "--verbose", action="store_true", help="print what exportkit said for every command")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print each entry's export command line and what exportkit said for every command")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tfkeras-corpus-") as tmp:
         root = Path(args.keep or tmp)
@@ -119,15 +120,18 @@ def main() -> int:
         ecosystem = {n: p for n, p in ecosystem.items() if only is None or n in only}
         print(f"{'':4} {'entry':<34} {'format':<10} {'keras':<5} " + " ".join(f"{c:<8}" for c in COLUMNS))
         agree = total = whole = 0
-        rows = [(b.entry.name, b.entry.format, b.entry.keras, lambda b=b: entry_verdicts(b, root / "exports"))
-                for b in entries]
-        rows += [(n, "savedmodel", "eco", lambda p=p: ecosystem_verdicts(p)) for n, p in ecosystem.items()]
-        for name, fmt, keras, verdicts in rows:
+        rows = [(b.entry.name, b.entry.format, b.entry.keras, b.command_line(root / "exports" / b.entry.name),
+                 lambda b=b: entry_verdicts(b, root / "exports")) for b in entries]
+        rows += [(n, "savedmodel", "eco", f"exportkit verify {p}", lambda p=p: ecosystem_verdicts(p))
+                 for n, p in ecosystem.items()]
+        for name, fmt, keras, command_line, verdicts in rows:
             results = verdicts()
             ok = [c for c, (good, _) in results.items() if good]
             agree, total, whole = agree + len(ok), total + len(results), whole + (len(ok) == len(results))
             cells = " ".join(f"{'-' if c not in results else 'ok' if results[c][0] else 'FAIL':<8}" for c in COLUMNS)
             print(f"{'ok  ' if len(ok) == len(results) else 'FAIL'} {name:<34} {fmt:<10} {keras:<5} {cells}")
+            if args.verbose:
+                print(f"       $ {command_line}")
             for command, (good, what) in results.items():
                 if args.verbose or not good:
                     print(f"       {command}: {what[:400]}")
