@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 
 import grpc
@@ -49,8 +48,6 @@ class ServedModel:
         self.error: tuple[int, str] | None = None
         self.model = None
         self._batcher = None
-        self._callables: dict[tuple, object] = {}
-        self._lock = threading.Lock()
 
     @property
     def signatures(self) -> dict:
@@ -136,18 +133,10 @@ class ServedModel:
 
     def _session_run(self, feed_names: list[str], arrays: list, fetch_names: list[str]) -> list:
         tf = import_tf()
-        key = (tuple(feed_names), tuple(fetch_names))
-        with self._lock:
-            call = self._callables.get(key)
-            if call is None:
-                # A callable runs through TF_SessionRunCallable: TensorFlow's C++ checks only, as in TF Serving.
-                from tensorflow.core.protobuf import config_pb2
-
-                options = config_pb2.CallableOptions(feed=list(feed_names), fetch=list(fetch_names))
-                try:
-                    call = self._callables[key] = self.model.session._make_callable_from_options(options)
-                except tf.errors.OpError as err:
-                    raise RpcError(grpc_code(err.error_code), err.message) from None
+        try:  # a callable runs through TF_SessionRunCallable: TensorFlow's C++ checks only, as in TF Serving
+            call = self.model.session_callable(feed_names, fetch_names)
+        except tf.errors.OpError as err:
+            raise RpcError(grpc_code(err.error_code), err.message) from None
         try:
             return list(call(*arrays))
         except tf.errors.OpError as err:
