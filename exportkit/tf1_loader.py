@@ -7,6 +7,8 @@ export's self-check runs it in the exporting process, after static checks of wha
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from exportkit.errors import CheckFailed
@@ -32,6 +34,7 @@ class Tf1SavedModel:
             self.meta_graph = tf.compat.v1.saved_model.loader.load(self.session, list(tags), path)
         self.signatures = dict(self.meta_graph.signature_def)
         self._callables: dict = {}
+        self._lock = threading.Lock()
 
     def run(self, signature_name: str, inputs: dict[str, np.ndarray],
             output_keys: list[str] | None = None) -> dict[str, np.ndarray]:
@@ -45,20 +48,24 @@ class Tf1SavedModel:
         keys = list(output_keys) if output_keys else sorted(signature.outputs)
         names = [signature.inputs[key].name for key in feeds]
         fetches = [signature.outputs[key].name for key in keys]
-        run = self._callables.get((tuple(names), tuple(fetches)))
-        if run is None:
-            run = self._callable(names, fetches)
-            self._callables[(tuple(names), tuple(fetches))] = run
+        for name in names + fetches:
+            self.graph.get_tensor_by_name(name)  # a missing tensor: the KeyError Session.run gives, by name
+        run = self.session_callable(names, fetches)
         values = run(*[self._as_feed(name, inputs[key]) for name, key in zip(names, feeds)])
         return dict(zip(keys, values))
 
-    def _callable(self, feeds: list[str], fetches: list[str]):
+    def session_callable(self, feeds: list[str], fetches: list[str]):
+        """The session's C++ callable for these tensor names (see run()), made once per load and shared by whoever
+        runs it: the session runtime and the embedded server of verify's worker. Making one prunes and optimises
+        the graph (Grappler), most of a first call's time; the same options give the same computation."""
         from tensorflow.core.protobuf import config_pb2
 
-        for name in feeds + fetches:
-            self.graph.get_tensor_by_name(name)  # a missing tensor: the KeyError Session.run gives, by name
-        options = config_pb2.CallableOptions(feed=feeds, fetch=fetches)
-        return self.session._make_callable_from_options(options)  # noqa: SLF001 — TF's C++ callable, see run()
+        key = (tuple(feeds), tuple(fetches))
+        with self._lock:
+            if key not in self._callables:
+                options = config_pb2.CallableOptions(feed=list(feeds), fetch=list(fetches))
+                self._callables[key] = self.session._make_callable_from_options(options)  # noqa: SLF001
+            return self._callables[key]
 
     def _as_feed(self, name: str, value) -> np.ndarray:
         """The value as an array of the tensor's dtype (Session.run converts feeds so; the callable does not)."""

@@ -193,6 +193,7 @@ def test_cli_bad_input_exits_2_with_a_fix(corpus, args, needle):
     assert needle in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_runtime_environment_that_cannot_be_built_exits_3_naming_the_install_command(corpus, tmp_path):
     wheels = tmp_path / "no-wheels"
     wheels.mkdir()

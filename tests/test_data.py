@@ -139,6 +139,7 @@ def test_drift_is_caught_with_its_worst_records_and_saved_failures(capsys, data,
     assert not list(failures.glob(".*"))  # no temporary files left
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad, problem", [
     (dict(x=None), "feature 'x' is missing"),
     (dict(k="float"), "feature 'k' holds float_list, input 'k' (int32) needs int64_list"),
@@ -202,6 +203,7 @@ def test_npz_shards_sampling_is_seeded_and_limit_exact(capsys, caplog, data, mon
     assert code == 1 and len(index) == _outputs(report, "saved_model")["score"]["failing_records"]
 
 
+@pytest.mark.slow
 def test_example_signature_takes_the_records_as_they_are(capsys, data, tmp_path):
     """A hand-written SavedModel whose signature parses serialized tf.Example (as TF Serving's classic
     Example-input models do): records go through unparsed, to TF2 and to the TF1 session loader."""
@@ -269,6 +271,7 @@ def test_histogram_quantiles_are_within_their_bound_and_merge_exactly():
         assert exact / bound <= whole.quantile(q) <= exact * bound
 
 
+@pytest.mark.slow
 def test_beam_runner_agrees_with_in_process(capsys, data):
     flags = dict(data=f"{data['plain']},{data['gz']}", against=data["drift"], runtimes="keras,saved_model",
                  batch_size=64)

@@ -149,6 +149,7 @@ def _example(features: np.ndarray, ids: np.ndarray) -> bytes:
     return example.SerializeToString()
 
 
+@pytest.mark.slow
 def test_example_signature_answers_exactly_what_the_tensor_signature_answers_in_the_tf1_loader(exports):
     from exportkit.runtimes.session import SessionRuntime
 
@@ -188,6 +189,7 @@ def test_verify_checks_every_signature_through_every_runtime(capsys, exports):
     assert not [f for f in report["findings"] if f["severity"] != "info"], report["findings"]
 
 
+@pytest.mark.slow
 def test_verify_one_signature_and_feature_spec_and_string_features(capsys, exports):
     code, report = _verify(capsys, exports["multi_io"].path, signature_name="dwell", runtimes="golden,saved_model")
     assert code == 0, report["verdict"]
@@ -250,6 +252,7 @@ def _module_with_signatures(path):
     return path
 
 
+@pytest.mark.slow
 def test_third_party_module_with_several_signatures_verifies_signature_by_signature(capsys, tmp_path):
     path = _module_with_signatures(tmp_path / "third" / "1")
     code, report = _verify(capsys, path)

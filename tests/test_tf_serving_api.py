@@ -155,6 +155,7 @@ def test_tfx_style_export_with_a_tfrecord_of_examples(models, tmp_path):
     assert result.returncode == 2 and "trip_miles" in result.stderr and "fix:" in result.stderr
 
 
+@pytest.mark.slow
 def test_generated_inputs_a_model_rejects_are_reported_as_wrong_inputs(models, tmp_path):
     result, report = _verify(models["numeric_strings"], "--serving", "none", tmp_path=tmp_path)
     assert result.returncode == 1
@@ -167,6 +168,7 @@ def test_generated_inputs_a_model_rejects_are_reported_as_wrong_inputs(models, t
     assert _codes(report)["generated-inputs-rejected"]["severity"] == "warning"
 
 
+@pytest.mark.slow
 def test_batch_dependent_and_random_models_are_caught(models, tmp_path):
     # In-process runtime only: the checks are the same in every runtime (the serving ones are covered above).
     result, report = _verify(models["batch_dependent"], "--runtimes", "saved_model", tmp_path=tmp_path)

@@ -22,10 +22,7 @@ SHOWN_BINS_PER_DECADE = 10  # histogram bins shown per decade (data.stats counts
 WORST_ELEMENTS = 10
 SAMPLE_PAIRS = 256
 
-
 _LO_BIN, _HI_BIN = LOG_LO * SHOWN_BINS_PER_DECADE, LOG_HI * SHOWN_BINS_PER_DECADE - 1
-
-
 _TWO_52 = 2.0 ** 52
 _TWO_52_BITS = int(np.float64(_TWO_52).view(np.int64))
 _CHUNK = 1 << 16  # elements binned at a time: the temporaries stay in cache (2x faster than whole arrays on 1M)

@@ -92,6 +92,7 @@ def test_a_cache_directory_that_is_a_file(cache):
     assert listing.returncode == 0 and "absent" in listing.stdout
 
 
+@pytest.mark.slow
 def test_the_next_install_removes_a_killed_installs_build_and_its_processes(cache, capsys):
     from exportkit.compat import envs
 
