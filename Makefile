@@ -8,7 +8,7 @@ DEMO   := build/demo
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 export PYTHONWARNINGS ?= ignore
 
-.PHONY: install samples demo test test-fast test-samples bench clean
+.PHONY: install samples demo test test-corpus test-fast test-samples bench clean
 
 install: $(STAMP)
 
@@ -36,7 +36,12 @@ demo: samples
 XDIST := -n 2 --dist loadfile
 
 test: install
-	$(PY) -m pytest -q $(XDIST) tests
+	$(PY) -m pytest -q $(XDIST) tests -m "not corpus"
+
+# The whole tf_keras corpus (tests/tfkeras_corpus: every format in both Kerases, ~40 s an entry); `make test` runs
+# one entry per way of writing a source.
+test-corpus: install
+	$(PY) -m pytest -q $(XDIST) tests/test_tfkeras_corpus.py
 
 # The quick loop while developing: everything but the tests marked slow (exports, servers, extra processes).
 test-fast: install

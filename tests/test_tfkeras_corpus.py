@@ -18,8 +18,16 @@ from tests.tfkeras_corpus.measure import exportkit, missing_verdict, said
 pytestmark = pytest.mark.slow
 
 
+# `make test` runs these (one per way of writing a source: a TF 2.x-era .h5 with custom layers, a tf_keras
+# .weights.h5 with its builder, a Keras 2 SavedModel, an .h5 written by TF 2.12's own Keras); the whole corpus is
+# `make test-corpus` (marker `corpus`): about 40 s an entry.
+CORE = ("tf2x_ranker_mixed_h5", "tfkeras_gated_mixed_weights_h5", "tfkeras_sentiment_savedmodel", "tf212_norm_h5")
+
+
 def _param(entry: b.Entry):
     marks = [pytest.mark.compat] if entry.flavour == "tf212" else []
+    if entry.name not in CORE:
+        marks.append(pytest.mark.corpus)
     return pytest.param(entry, id=entry.name, marks=marks)
 
 

@@ -403,26 +403,26 @@ def start_container(serving: str, path: str, model_name: str | None = None, devi
                                          server_args=options.server_flags.argv())
     address = f"127.0.0.1:{grpc_port}"
     what = f"TF Serving in {image} (container {container.name})"
-    log = f"container log (last {containers.LOG_TAIL_LINES} lines)"
+    log_tail = f"container log (last {containers.LOG_TAIL_LINES} lines)"
 
     def finish() -> ServerHandle:
         from exportkit.serving.client import ModelLoadFailed, ServingClient, ServingError
 
         def check() -> None:
             if not container.running():
-                raise CheckFailed(f"{what} exited before the model was AVAILABLE; {log}:\n{container.tail()}",
+                raise CheckFailed(f"{what} exited before the model was AVAILABLE; {log_tail}:\n{container.tail()}",
                                   "the container log says why TF Serving did not load the model")
 
         with ServingClient(address, name, loc.version) as client:
             try:
                 client.wait_available(load_timeout, check=check)
             except ModelLoadFailed as err:
-                raise CheckFailed(f"{what}: {err.message}\n{log}:\n{container.tail()}",
+                raise CheckFailed(f"{what}: {err.message}\n{log_tail}:\n{container.tail()}",
                                   "the container log says why TF Serving did not load the model") from None
             except ServingError as err:
                 hint = ("raise --load-timeout if the model is big" if err.code == "DEADLINE_EXCEEDED"
                         else "the container log says what went wrong")
-                raise CheckFailed(f"{what}: {err}\n{log}:\n{container.tail()}", hint) from None
+                raise CheckFailed(f"{what}: {err}\n{log_tail}:\n{container.tail()}", hint) from None
         description = {"kind": "docker", "version": containers.server_version(cli, image), "address": address,
                        "binary": None, "image": image, "image_id": image_id, "digest": digest,
                        "container": container.name, "cli": cli.name, "model_name": name,
