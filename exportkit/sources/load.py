@@ -497,11 +497,13 @@ def _restore_checkpoint(model, src: str) -> None:
     tf = import_tf()
     prefix = _checkpoint_prefix(src)
     _check_shards(prefix)
-    model_is_root = read_checkpoint(prefix + ".index").model_is_root
-    try:  # model.save_weights(prefix) makes the model the root object (and writes no save_counter), as its
-        # load_weights reads it; tf.train.Checkpoint(model=m).save() does not
-        status = tf.train.Checkpoint(root=model).read(prefix) if model_is_root \
-            else tf.train.Checkpoint(model=model).restore(prefix)
+    # model.save_weights(prefix) makes the model the root object, tf.train.Checkpoint(model=m).save() does not.
+    # read(), not restore(): restore() would add the Checkpoint's own save_counter, which write() and
+    # save_weights do not store, to the objects that must match
+    root = tf.train.Checkpoint(root=model) if read_checkpoint(prefix + ".index").model_is_root \
+        else tf.train.Checkpoint(model=model)
+    try:
+        status = root.read(prefix)
         status.assert_existing_objects_matched()
         status.expect_partial()
     except (AssertionError, ValueError, tf.errors.OpError) as err:
