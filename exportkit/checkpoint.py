@@ -248,6 +248,15 @@ class Checkpoint:
     def total_bytes(self) -> int:
         return sum(t.size for t in self.variables)
 
+    @property
+    def model_is_root(self) -> bool:
+        """Whether the model is the checkpoint's root object, as Keras' model.save_weights(prefix) writes it (keys
+        `layer_with_weights-0/...`), rather than an attribute of one, as tf.train.Checkpoint(model=m) writes it
+        (keys `model/...`)."""
+        names = [t.name for t in self.variables]
+        return not any(n.startswith("model/") for n in names) \
+            and any(n.startswith(("layer_with_weights-", "layer-")) for n in names)
+
     def duplicates(self, min_bytes: int = DUPLICATE_MIN_BYTES) -> list[list[TensorEntry]]:
         """Groups of tensors of at least `min_bytes` with the same dtype, shape, size and crc32c: the same bytes
         stored more than once. Largest first. Partitioned variables (no single crc32c) are left out."""

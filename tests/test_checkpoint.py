@@ -290,3 +290,33 @@ def test_model_without_variables_has_no_checkpoint(tmp_path):
     from exportkit.checkpoint import saved_model_checkpoint
 
     assert saved_model_checkpoint(tmp_path) is None
+
+
+def test_model_root_layout_restores_strictly(tf, tmp_path):
+    """tf_keras' model.save_weights(prefix) makes the model the checkpoint's root; tf.train.Checkpoint(model=m)
+    does not. Both restore, and a model the checkpoint only partly covers is still an error."""
+    import numpy as np
+    import tf_keras
+
+    from exportkit.checkpoint import read_checkpoint
+    from exportkit.errors import UsageError
+    from exportkit.sources.load import _restore_checkpoint
+
+    def model(*widths):
+        inputs = tf_keras.Input((3,))
+        x = inputs
+        for width in widths:
+            x = tf_keras.layers.Dense(width)(x)
+        return tf_keras.Model(inputs, x)
+
+    trained = model(4, 1)
+    trained.save_weights(str(tmp_path / "root"))
+    tf.train.Checkpoint(model=trained).write(str(tmp_path / "attr"))
+    assert read_checkpoint(tmp_path / "root.index").model_is_root
+    assert not read_checkpoint(tmp_path / "attr.index").model_is_root
+    for prefix in ("root", "attr"):
+        rebuilt = model(4, 1)
+        _restore_checkpoint(rebuilt, str(tmp_path / prefix))
+        assert all(np.array_equal(a, b) for a, b in zip(trained.get_weights(), rebuilt.get_weights()))
+    with pytest.raises(UsageError, match="does not fit the model's architecture"):
+        _restore_checkpoint(model(4, 1, 2), str(tmp_path / "root"))

@@ -20,6 +20,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exportkit.checkpoint import read_checkpoint
 from exportkit.errors import UsageError
 from exportkit.savedmodel import check_path
 from exportkit.sources.kerases import (KERAS3, KERASES, TF_KERAS, Keras, keras_of, mismatch_remedy, parse_choice,
@@ -49,7 +50,7 @@ def detect_format(src: str, explicit: str | None = None) -> str:
     if explicit:
         if explicit not in FORMATS:
             raise UsageError(f"unknown --format {explicit!r}", f"use one of: {', '.join(FORMATS)}")
-        return explicit
+        return "h5" if explicit == "keras" and _keras2_hdf5(path) else explicit
     if path.is_dir():
         if (path / "saved_model.pb").exists():
             if (path / KERAS_METADATA).exists():
@@ -69,9 +70,22 @@ def detect_format(src: str, explicit: str | None = None) -> str:
     if name.endswith((".h5", ".hdf5")):
         return "h5"
     if name.endswith(".keras"):
-        return "keras"
+        return "h5" if _keras2_hdf5(path) else "keras"
     raise UsageError(f"cannot tell the format of {src}",
                      "pass a .h5, .hdf5, .keras, .weights.h5 file or a checkpoint directory, or set --format")
+
+
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"  # a .keras archive is a zip: b"PK\x03\x04"
+
+
+def _keras2_hdf5(path: Path) -> bool:
+    """A .keras file whose bytes are HDF5: Keras 2's model.save('x.keras') (before 2.13, its zip format needed
+    save_format='keras_v3'). tf_keras loads it as the .h5 it is."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(HDF5_MAGIC)) == HDF5_MAGIC
+    except OSError:
+        return False  # loading it says why it is unreadable
 
 
 def sha256_of(src: str) -> str:
@@ -483,8 +497,13 @@ def _restore_checkpoint(model, src: str) -> None:
     tf = import_tf()
     prefix = _checkpoint_prefix(src)
     _check_shards(prefix)
+    # model.save_weights(prefix) makes the model the root object, tf.train.Checkpoint(model=m).save() does not.
+    # read(), not restore(): restore() would add the Checkpoint's own save_counter, which write() and
+    # save_weights do not store, to the objects that must match
+    root = tf.train.Checkpoint(root=model) if read_checkpoint(prefix + ".index").model_is_root \
+        else tf.train.Checkpoint(model=model)
     try:
-        status = tf.train.Checkpoint(model=model).restore(prefix)
+        status = root.read(prefix)
         status.assert_existing_objects_matched()
         status.expect_partial()
     except (AssertionError, ValueError, tf.errors.OpError) as err:
