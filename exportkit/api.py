@@ -178,8 +178,8 @@ def inspect(path, **options):
     p = Path(path).expanduser()
     check_path(p, "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")
     if is_model_source(p, options.get("format")):
-        doc, _ = _cli("inspect", [str(p), "--json"], options)
-        return SourceInspection(doc)
+        doc, code = _cli("inspect", [str(p), "--json"], options)
+        return SourceInspection(doc, code)
     _unknown("inspect", options, ("strict",))
     info = _as(Inspection, read_info(p))
     info.strict = bool(options.get("strict"))
@@ -441,16 +441,13 @@ class SourceInspection:
     custom objects it needs and the contract findings."""
 
     document: dict
+    exit_code: int = 0  # 1 with strict=True and an error finding, as `inspect SRC --strict`
 
     @property
     def findings(self) -> list:
         from exportkit.findings import Finding
 
         return [Finding(**f) for f in self.document.get("findings", [])]
-
-    @property
-    def exit_code(self) -> int:
-        return 0
 
     def to_dict(self) -> dict:
         return self.document
