@@ -225,6 +225,17 @@ def test_change_statistics_merge_exactly_and_metrics_are_right():
     assert scores.mean_shift == pytest.approx(float((s_new - s_old).mean()))
 
 
+def test_verdict_without_gates_says_whether_anything_changed():
+    from exportkit.verify.diff_report import DiffReport, OutputChange, verdict_line
+
+    same = OutputChange("score", "numeric", records=10, changed_records=0, changed_share=0.0,
+                        abs_change={"p50": 0.0, "p99": 0.0, "p99.9": 0.0, "max": 0.0})
+    moved = OutputChange("score", "numeric", records=10, changed_records=3, changed_share=0.3,
+                         abs_change={"p50": 0.0, "p99": 0.2, "p99.9": 0.2, "max": 0.2})
+    assert verdict_line(DiffReport("a", "b", "s", inputs={"records": 10}, outputs=[same])).startswith("UNCHANGED: ")
+    assert verdict_line(DiffReport("a", "b", "s", inputs={"records": 10}, outputs=[moved])).startswith("CHANGES: ")
+
+
 @pytest.mark.parametrize("flags, problem", [
     (["--max-changed-top1", "five"], "is not a share"),
     (["--max-abs-change", "p42=1"], "is not QUANTILE=VALUE"),

@@ -125,7 +125,8 @@ def verdict_line(report: DiffReport) -> str:
         parts += [f"{g.name} on {g.output}: {_gate_value(g, g.value)} beyond {_gate_value(g, g.limit)}"
                   for g in failed]
         return join_verdict("FAILED", parts + facts)
-    head = "PASSED" if report.gates else "CHANGES"
+    unchanged = all(c.changed_records == 0 and c.problem is None for c in report.outputs)
+    head = "PASSED" if report.gates else "UNCHANGED" if unchanged else "CHANGES"
     tail = [f"{len(report.gates)} gate(s) hold"] if report.gates else []
     return join_verdict(head, [f"{records} records"] + facts + tail)
 
