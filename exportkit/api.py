@@ -331,15 +331,15 @@ def _write(path, text: str, what: str) -> Path:
     return Path(path)
 
 
-def _json_text(doc: dict) -> str:
-    return json.dumps(doc, indent=2) + "\n"
-
-
-class VerifyReport(_VerifyReport):
-    """verify's report: `.passed`, `.exit_code`, `.verdict`, `.runtimes`, `.outputs`, `.findings`, `.to_dict()`."""
+class _Document:
+    """`write_json`: the document `--json` writes (`to_dict()`), for every result of the API."""
 
     def write_json(self, path) -> Path:
-        return _write(path, _json_text(self.to_dict()), "JSON report")
+        return _write(path, json.dumps(self.to_dict(), indent=2) + "\n", "JSON document")
+
+
+class VerifyReport(_Document, _VerifyReport):
+    """verify's report: `.passed`, `.exit_code`, `.verdict`, `.runtimes`, `.outputs`, `.findings`, `.to_dict()`."""
 
     def write_junit(self, path) -> Path:
         from exportkit.verify.report import to_junit_xml
@@ -359,11 +359,8 @@ class VerifyReport(_VerifyReport):
         return _write(path, verify_markdown(self), "summary")
 
 
-class CompatReport(_CompatReport):
+class CompatReport(_Document, _CompatReport):
     """compat's matrix: `.versions` (one row per TF version), `.passed`, `.exit_code`, `.verdict`, `.to_dict()`."""
-
-    def write_json(self, path) -> Path:
-        return _write(path, _json_text(self.to_dict()), "JSON matrix")
 
     def write_html(self, path) -> Path:
         from exportkit.verify.compat_command import other_device_rows
@@ -379,12 +376,9 @@ class CompatReport(_CompatReport):
         return _write(path, compat_markdown(self), "summary")
 
 
-class DiffReport(_DiffReport):
+class DiffReport(_Document, _DiffReport):
     """diff's report: `.passed`, `.exit_code`, `.verdict`, `.findings` (signatures), `.outputs` (OutputChange per
     output: change quantiles, top-1 share, confusion, metrics), `.gates`, `.to_dict()`."""
-
-    def write_json(self, path) -> Path:
-        return _write(path, _json_text(self.to_dict()), "JSON report")
 
     def write_html(self, path) -> Path:
         from exportkit.verify.diff_report import diff_html
@@ -399,11 +393,8 @@ class DiffReport(_DiffReport):
         return _write(path, diff_markdown(self), "summary")
 
 
-class ExportResult(_ExportResult):
+class ExportResult(_Document, _ExportResult):
     """export's result: `.version_dir`, `.version`, `.signatures`, `.findings`, `.to_dict()`."""
-
-    def write_json(self, path) -> Path:
-        return _write(path, _json_text(self.to_dict()), "JSON summary")
 
     def write_html(self, path) -> Path:
         from exportkit.export.pipeline import export_verdict
@@ -420,7 +411,7 @@ class ExportResult(_ExportResult):
         return _write(path, export_markdown(self.to_dict(), export_verdict(self), True), "summary")
 
 
-class Inspection(_SavedModelInfo):
+class Inspection(_Document, _SavedModelInfo):
     """inspect's view of a SavedModel: `.signatures`, `.ops`, `.assets`, `.findings`, `.exit_code`, `.to_dict()`."""
 
     strict = False  # exit 1 on an error finding, as `inspect --strict`
@@ -430,9 +421,6 @@ class Inspection(_SavedModelInfo):
         from exportkit.findings import has_errors
 
         return 1 if self.strict and has_errors(self.findings) else 0
-
-    def write_json(self, path) -> Path:
-        return _write(path, _json_text(self.to_dict()), "JSON document")
 
 
 @dataclasses.dataclass
