@@ -187,7 +187,7 @@ class ServingClient:
         for key, value in inputs.items():
             arr = np.asarray(value)
             proto = request.inputs[key]
-            enum = np_to_dt.get(arr.dtype) if arr.dtype.kind not in "OSU" else None
+            enum = np_to_dt.get(arr.dtype.name) if arr.dtype.kind not in "OSU" else None
             if enum is not None:  # fast path: fill in place, no intermediate proto
                 proto.dtype = enum
                 proto.tensor_content = np.ascontiguousarray(arr).tobytes()

@@ -8,36 +8,36 @@ from __future__ import annotations
 
 import numpy as np
 
+from exportkit.dtypes import numpy_dtype
 from exportkit.tfenv import import_tf
 
 _NUMERIC = {"DT_HALF": "float16", "DT_FLOAT": "float32", "DT_DOUBLE": "float64", "DT_INT8": "int8",
             "DT_INT16": "int16", "DT_INT32": "int32", "DT_INT64": "int64", "DT_UINT8": "uint8", "DT_UINT16": "uint16",
             "DT_UINT32": "uint32", "DT_UINT64": "uint64", "DT_BOOL": "bool", "DT_COMPLEX64": "complex64",
             "DT_COMPLEX128": "complex128", "DT_BFLOAT16": "bfloat16"}
-_NP_TO_DT: dict | None = None  # numpy dtype -> DataType enum, built lazily from the protos
+_NP_TO_DT: dict | None = None  # numpy dtype name -> DataType enum, built lazily from the protos
 
 
 def np_to_datatype() -> dict:
+    """{numpy dtype name: DataType enum}. Keyed by name, so no ml_dtypes import (0.6 s) unless a bfloat16 is met."""
     global _NP_TO_DT
     if _NP_TO_DT is None:
-        import ml_dtypes  # TensorFlow's own bfloat16 numpy type (a TensorFlow dependency)
-
         from exportkit.savedmodel import protos
 
         data_type = protos()["types"].DataType
-        _NP_TO_DT = {np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name): data_type.Value(enum)
-                     for enum, name in _NUMERIC.items()}
+        _NP_TO_DT = {name: data_type.Value(enum) for enum, name in _NUMERIC.items()}
     return _NP_TO_DT
 
 
 _DT_TO_NP: dict | None = None
 
 
-def _dt_to_np() -> dict:
+def _dt_to_np(enum: int) -> np.dtype | None:
     global _DT_TO_NP
     if _DT_TO_NP is None:
         _DT_TO_NP = {v: k for k, v in np_to_datatype().items()}
-    return _DT_TO_NP
+    name = _DT_TO_NP.get(enum)
+    return None if name is None else numpy_dtype(name)
 
 
 def _enum(dtype) -> int | None:
@@ -57,7 +57,7 @@ def to_tensor_proto(array, dtype=None):
     arr = np.asarray(array)
     want = _enum(dtype)
     tensor_pb2 = protos()["tensor"]
-    enum = np_to_datatype().get(arr.dtype) if arr.dtype.kind not in "OSU" else None
+    enum = np_to_datatype().get(arr.dtype.name) if arr.dtype.kind not in "OSU" else None
     string = protos()["types"].DataType.Value("DT_STRING")
     if enum is not None and want in (None, enum):
         proto = tensor_pb2.TensorProto(dtype=enum, tensor_content=np.ascontiguousarray(arr).tobytes())
@@ -80,7 +80,7 @@ def to_ndarray(proto) -> np.ndarray:
     from exportkit.savedmodel import protos
 
     shape = tuple(d.size for d in proto.tensor_shape.dim)
-    np_dtype = _dt_to_np().get(proto.dtype)
+    np_dtype = _dt_to_np(proto.dtype)
     if proto.tensor_content and np_dtype is not None:
         return np.frombuffer(proto.tensor_content, dtype=np_dtype).reshape(shape).copy()
     size = int(np.prod(shape, dtype=np.int64))
@@ -121,7 +121,7 @@ def to_field_tensor_proto(array):
         proto = tensor_pb2.TensorProto(dtype=protos()["types"].DataType.Value("DT_STRING"))
         proto.string_val.extend(v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in arr.flat)
     else:
-        enum = np_to_datatype().get(arr.dtype)
+        enum = np_to_datatype().get(arr.dtype.name)
         name = "bfloat16" if arr.dtype.name == "bfloat16" else arr.dtype.name
         if enum is None or name not in _PROTO_FIELD:
             return to_tensor_proto(arr)
