@@ -33,39 +33,53 @@ class Tf1SavedModel:
         with self.graph.as_default():
             self.meta_graph = tf.compat.v1.saved_model.loader.load(self.session, list(tags), path)
         self.signatures = dict(self.meta_graph.signature_def)
-        self._callables: dict = {}
+        self._tf_outputs: dict = {}
         self._lock = threading.Lock()
 
     def run(self, signature_name: str, inputs: dict[str, np.ndarray],
             output_keys: list[str] | None = None) -> dict[str, np.ndarray]:
-        """Feed `inputs` by signature key, fetch outputs by signature key (all of them unless `output_keys`).
-
-        Runs through the C++ session's callable API (`Session::MakeCallable`, what TF Serving's C++ session runs),
-        not `Session.run`: that one first checks every feed against the placeholder's static shape in Python and
-        refuses, e.g., x of shape [1] for a [-1, 1] placeholder, which TF Serving's session takes and answers."""
+        """Feed `inputs` by signature key, fetch outputs by signature key (all of them unless `output_keys`)."""
         signature = self.signatures[signature_name]
         feeds = sorted(inputs)
         keys = list(output_keys) if output_keys else sorted(signature.outputs)
         names = [signature.inputs[key].name for key in feeds]
         fetches = [signature.outputs[key].name for key in keys]
-        for name in names + fetches:
-            self.graph.get_tensor_by_name(name)  # a missing tensor: the KeyError Session.run gives, by name
-        run = self.session_callable(names, fetches)
-        values = run(*[self._as_feed(name, inputs[key]) for name, key in zip(names, feeds)])
+        values = self.session_run(names, [self._as_feed(name, inputs[key]) for name, key in zip(names, feeds)], fetches)
         return dict(zip(keys, values))
 
-    def session_callable(self, feeds: list[str], fetches: list[str]):
-        """The session's C++ callable for these tensor names (see run()), made once per load and shared by whoever
-        runs it: the session runtime and the embedded server of verify's worker. Making one prunes and optimises
-        the graph (Grappler), most of a first call's time; the same options give the same computation."""
-        from tensorflow.core.protobuf import config_pb2
-
+    def tf_outputs(self, feeds: list[str], fetches: list[str]) -> tuple[list, list]:
+        """The graph's TF_Outputs for these tensor names (cached); a missing name is the KeyError Session.run gives."""
         key = (tuple(feeds), tuple(fetches))
         with self._lock:
-            if key not in self._callables:
-                options = config_pb2.CallableOptions(feed=list(feeds), fetch=list(fetches))
-                self._callables[key] = self.session._make_callable_from_options(options)  # noqa: SLF001
-            return self._callables[key]
+            if key not in self._tf_outputs:
+                tensor = self.graph.get_tensor_by_name
+                self._tf_outputs[key] = ([tensor(n)._as_tf_output() for n in feeds],  # noqa: SLF001
+                                         [tensor(n)._as_tf_output() for n in fetches])  # noqa: SLF001
+            return self._tf_outputs[key]
+
+    def session_run(self, feeds: list[str], values: list, fetches: list[str], timeout_ms: int = 0) -> list:
+        """Session::Run through TF_SessionRun, what TF Serving's C++ session runs: no Python-side checks (Session.run
+        first checks every feed against the placeholder's static shape and refuses, e.g., x of shape [1] for a
+        [-1, 1] placeholder, which TF Serving's session takes and answers). With `timeout_ms`, RunOptions'
+        timeout: DEADLINE_EXCEEDED once it passes.
+
+        The session runtime and the embedded server of verify's worker both run here: the C++ session keeps one
+        pruned and optimised graph (Grappler, most of a first call's time) per set of feeds and fetches, so the
+        second of them reuses the first one's, as one TF Serving session would."""
+        feed_outputs, fetch_outputs = self.tf_outputs(feeds, fetches)
+        options = None
+        if timeout_ms > 0:
+            from tensorflow.core.protobuf import config_pb2
+            from tensorflow.python.client import pywrap_tf_session
+
+            options = pywrap_tf_session.TF_NewBufferFromString(
+                config_pb2.RunOptions(timeout_in_ms=timeout_ms).SerializeToString())
+        try:
+            return list(self.session._call_tf_sessionrun(  # noqa: SLF001 — what Session.run calls, unchecked
+                options, dict(zip(feed_outputs, values)), fetch_outputs, [], None))
+        finally:
+            if options is not None:
+                pywrap_tf_session.TF_DeleteBuffer(options)
 
     def _as_feed(self, name: str, value) -> np.ndarray:
         """The value as an array of the tensor's dtype (Session.run converts feeds so; the callable does not)."""

@@ -53,7 +53,6 @@ class ServedModel:
         self.model = None
         self._owns_model = True
         self._batcher = None
-        self._tensors: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
         self._holders = 0  # requests holding this version (ServableHandles): it unloads once none is left
         self._unheld = threading.Condition(self._lock)
@@ -189,50 +188,30 @@ class ServedModel:
         return self._session_run(feed_names, arrays, fetch_names, timeout_in_ms())
 
     def _session_run(self, feed_names: list[str], arrays: list, fetch_names: list[str], timeout_ms: int = 0) -> list:
-        """Session::Run (TF_SessionRun: TensorFlow's C++ checks only, no Python-side shape check, as in TF Serving)
-        with RunOptions.timeout_in_ms when the request has a deadline: DEADLINE_EXCEEDED once it passes."""
+        """The load's Session::Run (Tf1SavedModel.session_run, as TF Serving runs it), its errors as gRPC statuses."""
         tf = import_tf()
-        feeds, fetches = self._tensors_for(tuple(feed_names), tuple(fetch_names))
-        options = None
-        if timeout_ms > 0:
-            from tensorflow.core.protobuf import config_pb2
-            from tensorflow.python.client import pywrap_tf_session
-
-            options = pywrap_tf_session.TF_NewBufferFromString(
-                config_pb2.RunOptions(timeout_in_ms=timeout_ms).SerializeToString())
+        self._check_tensors(feed_names, fetch_names)
         try:
-            return list(self.model.session._call_tf_sessionrun(  # noqa: SLF001 — what Session.run calls, unchecked
-                options, dict(zip(feeds, arrays)), fetches, [], None))
+            return self.model.session_run(feed_names, arrays, fetch_names, timeout_ms)
         except tf.errors.OpError as err:
             raise RpcError(grpc_code(err.error_code), err.message) from None
         except (TypeError, ValueError) as err:  # numpy could not make a tensor of what was sent
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"{type(err).__name__}: {err}") from None
-        finally:
-            if options is not None:
-                pywrap_tf_session.TF_DeleteBuffer(options)
 
-    def _tensors_for(self, feed_names: tuple, fetch_names: tuple) -> tuple[list, list]:
-        """The graph's TF_Outputs for these names (cached); a name the graph lacks gets TF's own error."""
+    def _check_tensors(self, feed_names: list[str], fetch_names: list[str]) -> None:
+        """A name the graph lacks gets what the C++ session says of it, as TF Serving answers."""
         tf = import_tf()
-        key = (feed_names, fetch_names)
-        with self._lock:
-            found = self._tensors.get(key)
-            if found is None:
-                graph = self.model.graph
-                try:
-                    found = ([graph.get_tensor_by_name(n)._as_tf_output() for n in feed_names],  # noqa: SLF001
-                             [graph.get_tensor_by_name(n)._as_tf_output() for n in fetch_names])  # noqa: SLF001
-                except (KeyError, ValueError):
-                    from tensorflow.core.protobuf import config_pb2
+        try:
+            self.model.tf_outputs(feed_names, fetch_names)
+        except (KeyError, ValueError):
+            from tensorflow.core.protobuf import config_pb2
 
-                    options = config_pb2.CallableOptions(feed=list(feed_names), fetch=list(fetch_names))
-                    try:  # what the C++ session says of a tensor that is not in the graph
-                        self.model.session._make_callable_from_options(options)  # noqa: SLF001
-                    except tf.errors.OpError as err:
-                        raise RpcError(grpc_code(err.error_code), err.message) from None
-                    raise
-                self._tensors[key] = found
-        return found
+            options = config_pb2.CallableOptions(feed=list(feed_names), fetch=list(fetch_names))
+            try:
+                self.model.session._make_callable_from_options(options)  # noqa: SLF001
+            except tf.errors.OpError as err:
+                raise RpcError(grpc_code(err.error_code), err.message) from None
+            raise
 
     def close(self) -> None:
         if self._batcher is not None:
