@@ -1,3 +1,3 @@
-from exportkit.cli import main
+from exportkit.entry import main
 
 main()

@@ -27,6 +27,11 @@ GOLDEN_OUTPUTS = "golden_outputs"
 REFERENCE_OUTPUTS = "reference_outputs"  # outputs of the model as trained (exportkit.record_reference)
 
 
+def variables_bytes(version_dir: str | Path) -> int:
+    """Bytes of the variables' data shards (variables/variables.data-*): what every load holds in memory."""
+    return sum(f.stat().st_size for f in (Path(version_dir) / "variables").glob("variables.data-*") if f.is_file())
+
+
 def warmup_path(version_dir: str | Path) -> Path:
     return Path(version_dir) / WARMUP
 

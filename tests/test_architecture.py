@@ -16,7 +16,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "exportkit"
 LAYERS = {
-    "cli": 7, "__main__": 7, "__init__": 7, "api": 7, "pytest_plugin": 7,
+    "cli": 7, "entry": 7, "__main__": 7, "__init__": 7, "api": 7, "pytest_plugin": 7,
     "verify": 6, "export": 6, "inspection": 6,
     "runtimes": 5, "serving": 5, "compat": 5, "data": 5,
     "sources": 4, "spec": 4, "tf1_loader": 4, "reference": 4,

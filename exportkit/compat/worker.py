@@ -21,6 +21,10 @@ import traceback
 import zipfile
 
 LENGTHS = ".__len__"
+# Plotting and image libraries that TensorFlow's import of Keras loads when installed (keras.src.visualization,
+# image utilities) and no SavedModel load uses; None in sys.modules makes their import an ImportError, which Keras
+# handles. A third of a second of every worker's TensorFlow import (exportkit.runtimes.session_worker does the same).
+NOT_FOR_LOADING = ("matplotlib", "PIL")
 
 
 def reply(stream, **payload):
@@ -115,6 +119,7 @@ def main():
     channel = sys.stdout
     sys.stdout = sys.stderr  # anything TensorFlow prints goes to stderr, not into the protocol
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.modules.update(dict.fromkeys(NOT_FOR_LOADING))  # see NOT_FOR_LOADING
     try:
         import numpy as np
         import tensorflow as tf

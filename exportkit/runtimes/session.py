@@ -7,8 +7,9 @@ worker to serve). The verify process itself then never imports TensorFlow (unles
 """
 from __future__ import annotations
 
+import atexit
+import itertools
 import json
-import queue
 import signal
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from exportkit.tf1_loader import loader_failure
 from exportkit.tfenv import child_env
 
 REPLY_TIMEOUT = 600.0
+_PRESTARTED: dict = {}  # device -> a TfWorker started before its model was known (TfWorker.prestart)
 
 
 class TfWorker:
@@ -54,10 +56,46 @@ class TfWorker:
         self._next_id = 0
         self._pending: deque[int] = deque()  # ids sent and not yet answered, oldest first
         self._replies: dict[int, dict] = {}
+        self._arrived = threading.Condition()  # guards the ids, _pending, _replies and the ready line
+        self._sending = threading.Lock()
+        self._ready_line: dict | None = None
+        self._ended = False  # the worker closed its stdout (it exited)
         self._loads: dict[str, int] = {}  # loader -> id of its load request
-        self._runs = 0
+        self._loaded: dict[str, dict] = {}  # loader -> the reply to its load
+        self._runs = itertools.count(1)
         self._users = 0
         self._users_lock = threading.Lock()
+
+    @classmethod
+    def prestart(cls, device: str | None = "cpu") -> None:
+        """Start a worker for `device` before its model is known: its TensorFlow import (~3 s, the longest step of
+        a verify) then overlaps everything the caller does first. `for_model` hands it out; `discard_prestarted`
+        ends the ones nobody took."""
+        if device not in _PRESTARTED:
+            if not _PRESTARTED:
+                atexit.register(cls.discard_prestarted)  # e.g. a usage error before verify ran
+            worker = cls("", device)
+            worker.start()
+            _PRESTARTED[device] = worker
+
+    @classmethod
+    def for_model(cls, path: str, device: str | None = "cpu", allow_tf32: bool = False) -> "TfWorker":
+        """The prestarted worker for `device` pointed at `path` (it has loaded nothing yet), else a new one."""
+        worker = _PRESTARTED.pop(device, None)
+        if worker is None or worker._proc.poll() is not None:
+            if worker is not None:
+                worker.close()
+            return cls(path, device, allow_tf32)
+        worker.path, worker.allow_tf32 = str(Path(path).resolve()), allow_tf32
+        return worker
+
+    @staticmethod
+    def discard_prestarted() -> None:
+        """End the prestarted workers nobody took (killed: they hold nothing but a TensorFlow import)."""
+        while _PRESTARTED:
+            worker = _PRESTARTED.popitem()[1]
+            worker._proc.kill()
+            worker.close()
 
     def attach(self) -> None:
         """One more runtime uses this worker; it stays up until the last one detaches."""
@@ -89,7 +127,6 @@ class TfWorker:
                                           start_new_session=True)
         finally:
             theirs.close()
-        self._lines: queue.Queue = queue.Queue()
         self._reader = threading.Thread(target=self._read_lines, daemon=True, name="worker-replies")
         self._reader.start()
 
@@ -101,27 +138,35 @@ class TfWorker:
 
     # -- the channel ----------------------------------------------------------------------------------------------
     def _read_lines(self) -> None:
-        """The reader thread: the worker's stdout lines into a queue (None at EOF), so no reply waits in a buffer
-        that select() cannot see."""
+        """The reader thread: every line the worker writes, filed as soon as it comes (the first one is the ready
+        line), so no reply waits in a buffer that select() cannot see and each waiter takes its own."""
         for line in self._proc.stdout:
             if line.startswith("{"):
-                self._lines.put(line)
-        self._lines.put(None)
+                self._file(json.loads(line))
+        with self._arrived:
+            self._ended = True
+            self._arrived.notify_all()
 
-    def _read_reply(self) -> dict:
-        try:
-            line = self._lines.get(timeout=REPLY_TIMEOUT)
-        except queue.Empty:
-            raise InfraError(f"the TensorFlow worker did not answer within {REPLY_TIMEOUT:.0f} s",
-                             "re-run with --debug") from None
-        if line is None:
-            self._lines.put(None)  # every later read sees the end too
-            raise self._died()
-        reply = json.loads(line)
+    def _file(self, reply: dict) -> None:
         if reply.get("missing_module"):  # the worker's Python lacks a package: infrastructure, with the pip command
             missing = MissingModule(reply["missing_module"], self._command[0])
             reply.update(kind="infra", message=missing.message, remedy=missing.remedy)
-        return reply
+        with self._arrived:
+            if self._ready_line is None:
+                self._ready_line = reply
+            else:  # replies without an id (a standalone worker answering in order) answer the oldest request
+                answered = reply.get("id", self._pending[0] if self._pending else None)
+                if answered in self._pending:
+                    self._pending.remove(answered)
+                self._replies[answered] = reply
+            self._arrived.notify_all()
+
+    def _until(self, arrived) -> None:
+        """Wait (holding `_arrived`) until `arrived()`; the worker's death or silence is an InfraError."""
+        if not self._arrived.wait_for(lambda: arrived() or self._ended, timeout=REPLY_TIMEOUT):
+            raise InfraError(f"the TensorFlow worker did not answer within {REPLY_TIMEOUT:.0f} s", "re-run with --debug")
+        if not arrived():
+            raise self._died()
 
     def _died(self) -> InfraError:
         """The worker's death as an infrastructure failure naming it, how it ended and the end of its log."""
@@ -141,44 +186,43 @@ class TfWorker:
                           f"({how})" + (f"; its log ends:\n{tail}" if tail else ""), self._broken_remedy)
 
     def send(self, **payload) -> int:
-        """Send a request; returns its id for `wait`."""
+        """Send a request; returns its id for `wait`. Runtimes in several threads may send and wait at once."""
         self.start()
-        self._next_id += 1
-        payload["id"] = self._next_id
+        with self._arrived:
+            self._next_id += 1
+            request_id = payload["id"] = self._next_id
+            self._pending.append(request_id)  # before it is sent: a reply without an id can come at once
         try:
-            self._requests.sendall((json.dumps(payload) + "\n").encode(), getattr(socket, "MSG_NOSIGNAL", 0))
+            with self._sending:
+                self._requests.sendall((json.dumps(payload) + "\n").encode(), getattr(socket, "MSG_NOSIGNAL", 0))
         except OSError as err:  # EPIPE, ECONNRESET: it died
             self._await_ready()  # (having said why, if it could not start)
-            raise self._died() from err
-        self._pending.append(self._next_id)
-        return self._next_id
+            with self._arrived:
+                raise self._died() from err
+        return request_id
 
     def _await_ready(self) -> None:
-        """Read the "ready" line, sent once TensorFlow is imported; one that says numpy/TensorFlow do not import
+        """Wait for the "ready" line, sent once TensorFlow is imported; one that says numpy/TensorFlow do not import
         there (the worker then exits) is an InfraError saying what is wrong with that Python."""
-        if self._ready:
-            return
-        ready = self._read_reply()
-        if not ready.get("ok"):
-            self._lines.put(None)
-            if ready.get("missing_module"):
-                raise InfraError(ready["message"], ready["remedy"])
-            raise InfraError(f"the TensorFlow worker's Python ({self._command[0]}) {ready.get('message')}",
-                             self._broken_remedy)
-        self.tf_version = ready.get("tf")
-        self._ready = True
+        with self._arrived:
+            if self._ready:
+                return
+            self._until(lambda: self._ready_line is not None)
+            ready = self._ready_line
+            if not ready.get("ok"):
+                if ready.get("missing_module"):
+                    raise InfraError(ready["message"], ready["remedy"])
+                raise InfraError(f"the TensorFlow worker's Python ({self._command[0]}) {ready.get('message')}",
+                                 self._broken_remedy)
+            self.tf_version = ready.get("tf")
+            self._ready = True
 
     def wait(self, request_id: int) -> dict:
-        """The reply to `request_id`. Replies without an id (a standalone worker answering in order) go to the oldest
-        request still waiting."""
+        """The reply to `request_id`."""
         self._await_ready()
-        while request_id not in self._replies:
-            reply = self._read_reply()
-            answered = reply.get("id", self._pending[0] if self._pending else None)
-            if answered in self._pending:
-                self._pending.remove(answered)
-            self._replies[answered] = reply
-        return self._replies.pop(request_id)
+        with self._arrived:
+            self._until(lambda: request_id in self._replies)
+            return self._replies.pop(request_id)
 
     def request(self, **payload) -> dict:
         return self.wait(self.send(**payload))
@@ -191,14 +235,19 @@ class TfWorker:
 
     def load(self, loader: str, signature: str) -> dict:
         self.begin_load(loader, signature)
-        request_id = self._loads[loader]
-        reply = self._replies.get(request_id) or self.wait(request_id)
-        self._replies[request_id] = reply  # every later load() of this loader gets the same answer
-        return reply
+        if loader not in self._loaded:  # every later load() of this loader gets the same answer
+            self._loaded[loader] = self.wait(self._loads[loader])
+        return self._loaded[loader]
+
+    def unload(self, loader: str) -> None:
+        """Drop `loader`'s model in the worker (its memory with it); a later load() loads it again."""
+        if self._loads.pop(loader, None) is not None:
+            self._loaded.pop(loader, None)
+            self.request(op="unload", loader=loader)
 
     def run(self, loader: str, signature: str, inputs: dict[str, np.ndarray], input_dtypes: dict[str, str]) -> tuple[dict, dict]:
-        self._runs += 1
-        inputs_prefix, outputs_prefix = f"in{self._runs}", f"out{self._runs}"
+        run = next(self._runs)  # atomic: runtimes in several threads run at once
+        inputs_prefix, outputs_prefix = f"in{run}", f"out{run}"
         save_batches(self.dir.name, [inputs], inputs_prefix)
         reply = self.request(op="run", loader=loader, dir=self.dir.name, inputs=inputs_prefix, outputs=outputs_prefix,
                              signature=signature, input_dtypes=input_dtypes)
@@ -274,6 +323,12 @@ class WorkerRuntime(Runtime):
             self._raise(reply)
         self.placed_on = reply.get("placed_on")
         return outputs
+
+    def release(self) -> None:
+        """Its model unloaded in the worker, the worker kept (a later run loads it again)."""
+        if self.loaded:
+            self.loaded = False
+            self.worker.unload(self.name)
 
     def close(self) -> None:
         self.loaded = False

@@ -3,13 +3,15 @@ server on top of the TF1 load, in one process with no user code importable.
 
 Started as `python -I -m exportkit.runtimes.session_worker` from a neutral working directory, so neither the
 caller's cwd nor PYTHONPATH is on sys.path. It imports TensorFlow at once (so the import overlaps with the
-caller's work), says {"ok": true, "ready": true, "tf": VERSION}, then answers one JSON request per line on stdin.
-Every reply carries the request's "id" (when it had one):
+caller's work), says {"ok": true, "ready": true, "tf": VERSION}, then answers one JSON request per line on stdin,
+each in a thread of its own (the caller orders what must be ordered by waiting for the reply: `session`'s runs
+before the server's warm-up, say). Every reply carries the request's "id" (when it had one):
 
     {"op": "load", "loader": "session"|"saved_model", "path": DIR, "signature": NAME, "device": "cpu"}
         -> {"ok": true}; loads run in threads, so both loaders load at the same time (replies come when done)
     {"op": "run", "loader": ..., "dir": DIR, "inputs": PREFIX, "outputs": PREFIX, "signature": NAME,
      "input_dtypes": {...}}                          -> {"ok": true, "placed_on": "cpu:0"|null}
+    {"op": "unload", "loader": ...}                   -> {"ok": true}; the loader's model and variables dropped
     {"op": "serve", "model_name": NAME, "rest": bool} -> {"ok": true, "address": ..., "rest": ..., "version": N}
         TF Serving's gRPC (and REST) API over the session loader's graph and session, after replaying the warm-up
         records as TF Serving does before AVAILABLE. So `session` answers by a direct Session.run on the state
@@ -121,6 +123,19 @@ class Worker:
         save_batches(request["dir"], outputs, request["outputs"])
         self.reply(request, ok=True, placed_on=placed_on)
 
+    def unload(self, request: dict) -> None:
+        """Drop a loader's model, its variables with it (one load at a time for large models: see
+        verify.execute.ONE_LOAD_AT_A_TIME_BYTES); a later load of that loader loads again."""
+        import gc
+
+        with self.lock:
+            future = self.loads.pop(request["loader"], None)
+        if future is not None and future.done() and future.exception() is None:
+            future.result().close()
+        del future
+        gc.collect()  # tf.saved_model.load's object graph has cycles: free its variables now, not some time later
+        self.reply(request, ok=True)
+
     def serve(self, request: dict) -> None:
         """TF Serving's APIs over the session loader's model: warm-up first, as TF Serving does before AVAILABLE."""
         from exportkit.errors import CheckFailed
@@ -186,7 +201,10 @@ def main() -> int:
     # Keep our protocol channel clean: anything TF prints goes to stderr.
     channel = sys.stdout
     sys.stdout = sys.stderr
+    from exportkit.compat.worker import NOT_FOR_LOADING
     from exportkit.tfenv import import_tf
+
+    sys.modules.update(dict.fromkeys(NOT_FOR_LOADING))  # this process loads SavedModels only: see NOT_FOR_LOADING
 
     worker = Worker(channel)
     try:
@@ -196,13 +214,17 @@ def main() -> int:
                      message=f"no module {err.name!r}")
         return 1
     worker.reply({}, ok=True, ready=True, tf=tf.__version__)
-    ops = {"load": worker.load, "run": worker.run, "serve": worker.serve}
-    for line in sys.stdin:
-        request = json.loads(line)
+    ops = {"load": worker.load, "run": worker.run, "serve": worker.serve, "unload": worker.unload}
+
+    def answer(request: dict) -> None:
         try:
             ops[request["op"]](request)
         except Exception as err:  # the model's failure: report it, stay alive for the caller to close
             worker.fail(request, err)
+
+    for line in sys.stdin:  # each request in a thread: one loader's runs need not wait for the other's
+        request = json.loads(line)
+        threading.Thread(target=answer, args=(request,), daemon=True, name=f"{request['op']}-{request.get('id')}").start()
     return 0
 
 

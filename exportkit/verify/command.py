@@ -3,10 +3,11 @@
     static checks -> plan (plan.py) -> execute (execute.py) -> compare (pairs.py over compare.py) -> checks
     (checks.py) -> report (report.py, written out by output.py)
 
-Order of work: every flag is checked and the SavedModel is read and linted first (pure protobuf, no TensorFlow
-import, nothing started), so a graph verify refuses to execute (I/O ops) is refused before any process starts.
-Then the TensorFlow worker starts (saved_model, session and the embedded server, one import, both loads at once)
-while this process plans the batches; this process imports TensorFlow only for eager Keras (--against).
+Order of work: every flag is checked first. The TensorFlow worker (saved_model, session and the embedded server:
+one import, both loads at once) is started then, so its TensorFlow import overlaps the rest; it loads nothing until
+asked. The SavedModel is read and linted (pure protobuf, no TensorFlow import here), so a graph verify refuses to
+execute (I/O ops) is refused before any process loads it; then this process plans the batches. This process
+imports TensorFlow only for eager Keras (--against).
 
 Every signature is checked (or the one --signature names) through every runtime; each runtime is started and
 loaded once and is pointed at one signature after the other. A tf.Example signature exportkit exported is fed
@@ -18,6 +19,7 @@ from exportkit.batches import parse_int_range_flags, recorded_int_ranges
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.layout import read_manifest
 from exportkit.runtimes import RUNTIME_KINDS
+from exportkit.runtimes.session import TfWorker
 from exportkit.runtimes.verdicts import signature_state, tf2_only_failures
 from exportkit.spec import VerifyOptions
 from exportkit.tfenv import toolchain
@@ -25,7 +27,7 @@ from exportkit.verify import checks
 from exportkit.verify.artifacts import check_report_options
 from exportkit.verify.tolerances import parse_tol
 from exportkit.verify.dataset import verify_data
-from exportkit.verify.execute import Execution, run_plan, started, versioned_pythons
+from exportkit.verify.execute import Execution, run_plan, started, uses_worker, versioned_pythons
 from exportkit.verify.inputs import rows
 from exportkit.verify.latency import latency_findings
 from exportkit.verify.output import finish, save
@@ -52,10 +54,20 @@ def run_verify(o: VerifyOptions) -> VerifyReport:
     model that fails is a report that did not pass; bad usage raises UsageError; `report.stopped` holds why the
     run stopped early (a graph verify refuses to execute, or an infrastructure failure)."""
     devices, names, per_output = _options(o)
+    if not o.data and uses_worker(o, names):  # its TensorFlow import overlaps the reading and planning below
+        for device in devices:
+            TfWorker.prestart(device)
+    try:
+        return _verify(o, devices, names, per_output)
+    finally:
+        TfWorker.discard_prestarted()  # not taken: the model was refused, or its plan needs no worker
+
+
+def _verify(o: VerifyOptions, devices: list[str], names: list[str], per_output: dict) -> VerifyReport:
     model, report, refused = _read(o, devices, per_output)
     if not model.selected:
         return report
-    if refused:  # static findings come first: nothing was started, nothing runs
+    if refused:  # static findings come first: nothing has loaded the model, nothing runs
         return _refuse(o, report, names, model.manifest)
     # Managed TF X.Y environments next (after the static verdict): a missing one is installed (or exit 3) before
     # any process starts.

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from exportkit.dtypes import HALF_DTYPES, numpy_dtype
 from exportkit.errors import CheckFailed, InfraError
+from exportkit.layout import variables_bytes
 from exportkit.spec import VerifyOptions
 from exportkit.verify.inputs import REAL_ORIGINS
 from exportkit.verify.latency import latency_summary
@@ -25,11 +26,20 @@ from exportkit.verify.report import RuntimeResult
 
 
 class Labeled:
-    """A runtime with a display name that includes its device when several devices run."""
+    """A runtime with a display name that includes its device when several devices run. Runtimes of one `lane`
+    answer one after the other (run_plan); `release` unloads the runtime's model once it answered every signature."""
 
-    def __init__(self, runtime, label: str):
+    def __init__(self, runtime, label: str, lane: tuple = (), release: bool = False):
         self.runtime = runtime
         self.label = label
+        self.lane = lane or (id(self),)
+        self.release = release
+
+
+# Variables over this size: the worker loads the TF2 and the TF1 way one after the other, the first dropped before
+# the second, so it holds one copy of them, as `saved_model_cli run` and TF Serving do, not two (a 1 GB model: 2.7 GB
+# instead of 1.7). Below it, both loads at once are faster and the second copy costs little next to TensorFlow.
+ONE_LOAD_AT_A_TIME_BYTES = 256 << 20
 
 
 @dataclass
@@ -56,6 +66,15 @@ def versioned_pythons(tf_versions) -> dict[str, str]:
     return {v: python_for(v) for v in parse_versions(list(tf_versions))}
 
 
+def uses_worker(o: VerifyOptions, names: list[str]) -> bool:
+    """Whether the runtimes `names` run in this Python's TensorFlow worker (as `_build` makes them); a server that
+    turns out to be a binary or a container only leaves a prestarted worker unused."""
+    in_worker = {"session"} | (set() if "keras" in names else {"saved_model"})
+    if o.serving in ("embedded", "auto"):
+        in_worker |= {"serving", "rest"}
+    return bool(in_worker & set(names))
+
+
 def build_runtimes(o: VerifyOptions, plan: Plan) -> list[Labeled]:
     """Every planned runtime once, started; each is pointed at one signature after the other.
 
@@ -70,16 +89,40 @@ def build_runtimes(o: VerifyOptions, plan: Plan) -> list[Labeled]:
 
     def worker(dev):
         if dev not in workers:
-            workers[dev] = TfWorker(str(plan.version_dir), dev, o.allow_tf32)
+            workers[dev] = TfWorker.for_model(str(plan.version_dir), dev, o.allow_tf32)
         return workers[dev]
 
-    built = [Labeled(_build(o, plan, planned, worker, shared), planned.label) for planned in plan.runtimes]
+    one_at_a_time = variables_bytes(plan.version_dir) > ONE_LOAD_AT_A_TIME_BYTES
+    built = []
+    for planned in plan.runtimes:
+        runtime = _build(o, plan, planned, worker, shared, preload_session=not one_at_a_time)
+        lane = _lane(runtime, one_at_a_time)
+        built.append(Labeled(runtime, planned.label, lane, release=one_at_a_time and lane[0] == "tf1"
+                             and runtime.name == "saved_model"))
     for item in built:  # the slow ones (worker import, server launch) get going now, in parallel
         item.runtime.start()
     return built
 
 
-def _build(o: VerifyOptions, plan: Plan, planned: PlannedRuntime, worker, shared: dict):
+def _lane(runtime, one_at_a_time: bool) -> tuple:
+    """Runtimes that share a load answer one after the other, in the plan's order: `session`'s direct runs, then
+    the embedded server's warm-up and requests on the same TF1 load (and REST on the same server). The other
+    lanes (the TF2 load, this process's runtimes, another TensorFlow's worker) run at the same time: the worker
+    answers each request in a thread of its own, and most of a run is TensorFlow's C++, which releases the GIL.
+    One load at a time: the TF2 load answers first, in the TF1 lane."""
+    from exportkit.runtimes.serving import RestRuntime
+
+    if isinstance(runtime, RestRuntime):
+        runtime = runtime.grpc
+    worker = getattr(runtime, "worker", None)
+    if worker is not None:
+        return ("tf2" if runtime.name == "saved_model" and not one_at_a_time else "tf1", id(worker))
+    if runtime.kind in ("in-process", "recorded"):
+        return ("this process",)
+    return ("server", id(runtime))
+
+
+def _build(o: VerifyOptions, plan: Plan, planned: PlannedRuntime, worker, shared: dict, preload_session: bool = True):
     from exportkit.runtimes.local import GoldenRuntime, KerasRuntime
     from exportkit.runtimes.session import WorkerRuntime
 
@@ -95,7 +138,7 @@ def _build(o: VerifyOptions, plan: Plan, planned: PlannedRuntime, worker, shared
     if planned.name == "saved_model":
         return WorkerRuntime(worker(dev), "saved_model", first.name, preload=True, input_dtypes=input_dtypes)
     if planned.name == "session":
-        return WorkerRuntime(worker(dev), "session", first.name, preload=True)
+        return WorkerRuntime(worker(dev), "session", first.name, preload=preload_session)
     if planned.name in ("serving", "rest"):
         from exportkit.runtimes.serving import RestRuntime, ServingRuntime
 
@@ -157,19 +200,37 @@ def started(o: VerifyOptions, plan: Plan):
 
 
 def run_plan(o: VerifyOptions, plan: Plan, runtimes_: list[Labeled]) -> Execution:
-    """Every runtime over every signature's batches (runtime by runtime: each loads once)."""
+    """Every runtime over every signature's batches, lane by lane at the same time (see `_lane`); each loads once."""
     from exportkit.tfenv import import_tf, tf32
 
     execution = Execution({c.name: {} for c in plan.checks}, {c.name: [] for c in plan.checks})
     if any(r.runtime.kind == "in-process" for r in runtimes_):
         import_tf()
+    lanes: dict[tuple, list[Labeled]] = {}
+    for item in runtimes_:
+        lanes.setdefault(item.lane, []).append(item)
+
+    def run_lane(lane: list[Labeled]) -> dict:
+        answered = {}
+        for item in lane:
+            for check in plan.checks:
+                answered[id(item), check.name] = run_signature(item, check, execution.outputs[check.name],
+                                                               execution.infra)
+            if item.release:
+                item.runtime.release()
+        return answered
+
     gpu = "gpu" in plan.devices
     with tf32(o.allow_tf32) if gpu else contextlib.nullcontext():
-        for item in runtimes_:
-            for check in plan.checks:
-                result = run_signature(item, check, execution.outputs[check.name], execution.infra)
-                if result is not None:
-                    execution.results[check.name].append(result)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(lanes) or 1, thread_name_prefix="lane")
+        try:
+            answered = {k: v for done in pool.map(run_lane, lanes.values()) for k, v in done.items()}
+        finally:  # interrupted: the runtimes are closed on the way out, which ends the lanes still waiting
+            pool.shutdown(wait=False, cancel_futures=True)
+    for item in runtimes_:  # the report's order is the plan's
+        for check in plan.checks:
+            if (result := answered[id(item), check.name]) is not None:
+                execution.results[check.name].append(result)
     return execution
 
 
