@@ -637,7 +637,7 @@ def test_error_histogram_bins_the_values_at_and_around_every_bin_edge_as_defined
     nominal = (10.0 ** (np.arange(-300, 301) / 10)).view(np.int64)
     for ulps in range(-128, 129):
         values = (nominal + ulps).view(np.float64)
-        over = np.arange(values.size) % 3 == 0  # a misbinned value could not hide behind a compensating one
+        over = np.arange(values.size) % 3 == 0  # two values misbinned the opposite ways would not cancel out
         assert error_histogram(values, over) == _histogram_by_definition(values, over), ulps
     extremes = np.array([0.0, 5e-324, 2.2250738585072014e-308, 1e-30, 1.0, 1e30, 1.7976931348623157e308, np.inf])
     assert error_histogram(extremes) == _histogram_by_definition(extremes)

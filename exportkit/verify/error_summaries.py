@@ -150,10 +150,10 @@ def merge_histograms(histograms: Iterable[dict | None]) -> dict | None:
 def _largest(flat: np.ndarray, k: int) -> np.ndarray:
     """Positions of the k largest values, largest first, ties in position order; NaN and -inf never count.
 
-    One pass: the k-th largest of the block maxima bounds the k-th largest value from below (k blocks hold a value
-    at least that large), so the k largest lie in the blocks whose maximum reaches the bound; when those are few
-    (no mass of ties) only they are ranked. Otherwise the values above the bound, and the first ones equal to it,
-    are. A full argpartition over 1M elements cost as much as the whole comparison."""
+    Usually one pass: the k-th largest of the block maxima bounds the k-th largest value from below (k blocks hold
+    a value at least that large), so the k largest lie in the blocks whose maximum reaches the bound; when those are
+    few (no mass of ties) only they are ranked. Otherwise the values above the bound, and the first ones equal to
+    it, are. A full argpartition over 1M elements cost as much as the whole comparison."""
     n = flat.size
     blocks = n // _BLOCK
     bound = -np.inf
@@ -161,9 +161,9 @@ def _largest(flat: np.ndarray, k: int) -> np.ndarray:
         whole = blocks * _BLOCK
         with np.errstate(invalid="ignore"):
             maxima = np.fmax.reduce(flat[:whole].reshape(blocks, _BLOCK), axis=1)
-        ranked = maxima[~np.isnan(maxima)]
-        if ranked.size >= k:
-            bound = np.partition(ranked, ranked.size - k)[ranked.size - k]
+        present = maxima[~np.isnan(maxima)]
+        if present.size >= k:
+            bound = np.partition(present, present.size - k)[present.size - k]
             rows = np.flatnonzero(maxima >= bound)
             if rows.size <= 2 * k:
                 within = (rows[:, None] * _BLOCK + np.arange(_BLOCK)).ravel()
@@ -175,8 +175,9 @@ def _largest(flat: np.ndarray, k: int) -> np.ndarray:
 
 
 def _ranked(flat: np.ndarray, positions: np.ndarray, k: int, bound: float) -> np.ndarray:
-    """The k largest of flat[positions] (ascending positions holding every value above `bound` that can be among
-    them), largest first, ties in position order; NaN and -inf never count."""
+    """The k largest of flat[positions], largest first, ties in position order; NaN and -inf never count.
+
+    `positions` ascend and include every position whose value can be among the k largest (none below `bound`)."""
     values = flat[positions]
     keep = (values >= bound) & (values > -np.inf)
     positions, values = positions[keep], values[keep]
