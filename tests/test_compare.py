@@ -628,6 +628,21 @@ def test_error_histogram_equals_its_definition_across_chunks_zeros_edges_and_ove
     assert error_histogram(np.zeros(0)) is None
 
 
+def test_error_histogram_bins_the_values_at_and_around_every_bin_edge_as_defined():
+    """The bins come from a table of bin edges, not a log10 per value: every value within 128 ulps of each nominal
+    edge 10**(b/10) (the edges log10 defines lie up to ~110 ulps below them), walked one ulp at a time, is binned
+    as the definition bins it; so are the extremes of float64."""
+    from exportkit.verify.error_summaries import error_histogram
+
+    nominal = (10.0 ** (np.arange(-300, 301) / 10)).view(np.int64)
+    for ulps in range(-128, 129):
+        values = (nominal + ulps).view(np.float64)
+        over = np.arange(values.size) % 3 == 0  # two values misbinned the opposite ways would not cancel out
+        assert error_histogram(values, over) == _histogram_by_definition(values, over), ulps
+    extremes = np.array([0.0, 5e-324, 2.2250738585072014e-308, 1e-30, 1.0, 1e30, 1.7976931348623157e308, np.inf])
+    assert error_histogram(extremes) == _histogram_by_definition(extremes)
+
+
 def _worst_by_definition(excess, k=10):
     flat = np.asarray(excess, np.float64).ravel()
     order = sorted((i for i in range(flat.size) if flat[i] > -np.inf), key=lambda i: (-flat[i], i))
@@ -635,7 +650,7 @@ def _worst_by_definition(excess, k=10):
 
 
 @pytest.mark.parametrize("kind", ["normal", "ties", "all-equal", "mostly-minus-inf", "inf", "nan", "few", "small",
-                                  "ascending"])
+                                  "ascending", "plateau", "all-equal-long"])
 def test_worst_elements_are_the_largest_excesses_ties_in_position_order(kind):
     from exportkit.verify.error_summaries import worst_elements
 
@@ -658,6 +673,10 @@ def test_worst_elements_are_the_largest_excesses_ties_in_position_order(kind):
         x = np.round(x[:500], 1)
     elif kind == "ascending":  # the largest values all in the last block
         x = np.sort(np.round(x, 2))
+    elif kind == "plateau":  # more blocks reach the 10th largest than are worth ranking: the ties' first positions
+        x = np.minimum(np.round(np.tile(x, 3), 1), 1.0)
+    elif kind == "all-equal-long":
+        x = np.full(70_001, -1e-5)
     worst = worst_elements(x, x, x, "float", "float", np.abs(x))
     assert [w["index"][0] for w in worst] == _worst_by_definition(x)
     assert [w["excess"] for w in worst] == [float(x[w["index"][0]]) for w in worst]
