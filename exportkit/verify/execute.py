@@ -227,10 +227,11 @@ def run_plan(o: VerifyOptions, plan: Plan, runtimes_: list[Labeled]) -> Executio
             answered = {k: v for done in pool.map(run_lane, lanes.values()) for k, v in done.items()}
         finally:  # interrupted: the runtimes are closed on the way out, which ends the lanes still waiting
             pool.shutdown(wait=False, cancel_futures=True)
-    for item in runtimes_:  # the report's order is the plan's
-        for check in plan.checks:
-            if (result := answered[id(item), check.name]) is not None:
-                execution.results[check.name].append(result)
+    for check in plan.checks:  # the report's order is the plan's, whichever lane answered first
+        answers = execution.outputs[check.name]
+        execution.outputs[check.name] = {item.label: answers[item.label] for item in runtimes_ if item.label in answers}
+        execution.results[check.name] = [result for item in runtimes_
+                                         if (result := answered[id(item), check.name]) is not None]
     return execution
 
 
