@@ -468,7 +468,7 @@ def signature_name(doc: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ fixed-width float32
 # A float32 array as JSON numbers all 15 bytes wide (" 1.23456789e-05", "-0.00000000e+00"): the float32's 9
-# significant digits (to within one unit in the last), which any parse within 2**-30 of the decimal reads back as
+# significant digits (within 0.51 units of the last), which any parse within 2**-30 of the decimal reads back as
 # the same float32 (docs/performance.md has the proof; benchmarks/rest_exact.py checks every float32). It is plain
 # JSON to every server; this one reads it with numpy instead of building a Python float per number, and only when
 # the whole array is exactly in this layout (anything else is read by rapidjson as before). Both directions work
@@ -495,7 +495,7 @@ def fixed_tokens(array: np.ndarray) -> np.ndarray:
     magnitude[zero] = 1.0
     exponent = np.floor(np.log10(magnitude)).astype(np.int32)
     # magnitude * 10**(8 - exponent), rounded: within 2**-52 before the rounding, so the decimal is within 0.51
-    # units of its 9th digit of the float32 (the proof needs one unit)
+    # units of its 9th digit of the float32 (the proof has room for 2.9)
     significand = np.rint(magnitude * _TEN_TO[68 - exponent])
     for off, step in ((significand >= 1e9, 1), (significand < 1e8, -1)):  # log10 one off next to a power of ten
         if off.any():
