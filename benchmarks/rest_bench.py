@@ -108,7 +108,7 @@ def main() -> int:
         except ImportError:  # a checkout before the fixed-width layout
             pass
         else:
-            fixed = fixed_json(batch, b'{"instances":', b"}").tobytes()
+            fixed = fixed_json(batch, b'{"instances":', b"}")
             rows.append(("parse: fixed-width, numpy", median_seconds(lambda: parse_fixed_body(fixed), args.runs)))
         server.shutdown()
         server.server_close()

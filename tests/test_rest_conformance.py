@@ -413,7 +413,7 @@ def test_client_request_bodies_carry_the_values_json_dumps_would():
     from exportkit.serving.rest_client import _exact_for_orjson, decode_json
 
     rng = np.random.default_rng(5)
-    tiny = np.frombuffer(rng.integers(0, 2 ** 32, 4096, dtype=np.uint32).tobytes(), dtype=np.float32)
+    tiny = np.frombuffer(rng.integers(0, 2 ** 32, 4096, dtype=np.uint32), dtype=np.float32)
     for array in (rng.random((3, 5, 2), dtype=np.float32), tiny[np.isfinite(tiny)], rng.normal(size=7) * 1e300,
                   np.array([[1e-45, 3.4028235e38, -0.0, 1e-5]], np.float32), np.float16([0.1, 65504]),
                   np.arange(-3, 3, dtype=np.int8), np.array([True, False]), np.array([2 ** 64 - 1], np.uint64)):
@@ -458,7 +458,7 @@ def test_fixed_width_numbers_read_as_rapidjson_reads_them():
                + bytes(d[9:])) for d in digits]
     tokens += [b" 0.00000000e+00", b"-0.00000000e+00", b" 9.99999999e+99", b"-1.00000000e-99", b" 1.79769313e+99"]
     for shape in ((len(tokens),), (len(tokens) // 5, 5), (1, len(tokens) // 5, 1, 5)):
-        text = _tokens_replaced(fixed_json(np.zeros(shape, np.float32)).tobytes(), tokens)
+        text = _tokens_replaced(fixed_json(np.zeros(shape, np.float32)), tokens)
         got = read_fixed_array(text)
         assert got is not None and got.shape == shape
         assert np.array_equal(got.reshape(-1).view(np.uint64), _rapidjson_doubles(text).reshape(-1).view(np.uint64))
@@ -467,7 +467,7 @@ def test_fixed_width_numbers_read_as_rapidjson_reads_them():
     near = (powers.view(np.int32)[:, None] + np.arange(-3, 4)).astype(np.int32).view(np.float32).reshape(-1)
     values = np.concatenate([bits[np.isfinite(bits)], near[np.isfinite(near)],
                              np.float32([0.0, -0.0, 1e-45, -1e-45, 3.4028235e38, -3.4028235e38, 0.1, 1.0])])
-    text = fixed_json(values).tobytes()
+    text = fixed_json(values)
     assert text[:1] == b"[" and len(text) == 16 * values.size + 1
     for read in (read_fixed_array(text), _rapidjson_doubles(text)):
         assert np.array_equal(read.astype(np.float32).view(np.uint32), values.view(np.uint32))
@@ -479,7 +479,7 @@ def test_fixed_width_bodies_are_taken_only_whole_and_exact():
     from exportkit.serving.json_tensor import fill_predict_request, fixed_json, parse_fixed_body, parse_json
 
     values = np.random.default_rng(3).normal(size=(4, 3, 2)).astype(np.float32)
-    body = fixed_json(values, b'{"signature_name":"serving_default","instances":', b"}").tobytes()
+    body = fixed_json(values, b'{"signature_name":"serving_default","instances":', b"}")
     fixed = parse_fixed_body(body)
     assert fixed.doc == {"signature_name": "serving_default", "instances": 0}
     ordinary, row = fill_predict_request(parse_json(body), {"x": "float32"}, "serving_default")
@@ -487,7 +487,7 @@ def test_fixed_width_bodies_are_taken_only_whole_and_exact():
     assert np.array_equal(fixed.inputs({"x": "float64"})["x"],
                           fill_predict_request(parse_json(body), {"x": "float64"}, "")[0]["x"])
     assert fixed.inputs({"x": "int32"}) is None and fixed.inputs({"x": "float32", "y": "float32"}) is None
-    assert parse_fixed_body(fixed_json(values, b'{"instances":', b"}").tobytes()).doc == {"instances": 0}
+    assert parse_fixed_body(fixed_json(values, b'{"instances":', b"}")).doc == {"instances": 0}
     number = body.index(b"[ ") + 1 if b"[ " in body else body.index(b"[-") + 1
     for variant in [
         body[:number + 3] + b"x" + body[number + 4:],  # not a digit
@@ -501,7 +501,7 @@ def test_fixed_width_bodies_are_taken_only_whole_and_exact():
         body.replace(b'"serving_default"', b"7"),  # signature_name not a string
         body.replace(b'{"signature', b'{"other":1,"signature'),  # another member
         body.replace(b'"instances":', b'"inputs":'),
-        b'{"instances":' + fixed_json(values[:, :2]).tobytes()[:-1] + b"," + fixed_json(values[0]).tobytes()[1:] + b"}",
+        b'{"instances":' + fixed_json(values[:, :2])[:-1] + b"," + fixed_json(values[0])[1:] + b"}",
     ]:
         assert parse_fixed_body(variant) is None, variant[:80]
 
@@ -518,14 +518,14 @@ def test_fixed_width_bodies_answer_and_refuse_as_ordinary_ones(rest):
     values = np.random.default_rng(8).random((3, 2, 2), dtype=np.float32) * 100 - 50
     for signature in ("serving_default", "two_inputs", "strings", "double", "nonexistent"):
         head = json.dumps({"signature_name": signature}, separators=(",", ":"))[:-1].encode() + b',"instances":'
-        fixed = fixed_json(values, head, b"}").tobytes()
+        fixed = fixed_json(values, head, b"}")
         ordinary = fixed.replace(b'"instances":', b'"instances": ')
         assert call(rest, "POST", f"{PATH}/versions/1:predict", body=fixed)[::2] == \
             call(rest, "POST", f"{PATH}/versions/1:predict", body=ordinary)[::2], signature
     dumped = json.dumps({"instances": values.tolist()}).encode()
-    assert call(rest, "POST", f"{PATH}:predict", body=fixed_json(values, b'{"instances":', b"}").tobytes())[::2] == \
+    assert call(rest, "POST", f"{PATH}:predict", body=fixed_json(values, b'{"instances":', b"}"))[::2] == \
         call(rest, "POST", f"{PATH}:predict", body=dumped)[::2]
-    fixed = fixed_json(values, b'{"instances":', b"}").tobytes()
+    fixed = fixed_json(values, b'{"instances":', b"}")
     corrupted = fixed.replace(b"e+01", b"e+0x", 1)
     status, _, text = call(rest, "POST", f"{PATH}:predict", body=corrupted)
     assert status == 400 and _error(text) == f"JSON Parse error: Missing a comma or ']' after an array element. " \

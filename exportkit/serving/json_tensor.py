@@ -11,6 +11,7 @@ import itertools
 import json
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -529,9 +530,11 @@ def _block_rows(shape: tuple[int, ...]) -> int:
     return max(1, _BLOCK_NUMBERS // max(1, math.prod(shape[1:])))
 
 
-def fixed_json(array: np.ndarray, head: bytes = b"", tail: bytes = b"") -> np.ndarray:
-    """head + a finite float32 array (no dimension 0) as JSON in the fixed-width layout + tail, as bytes in a uint8
-    array: no whitespace around its brackets and commas ("[[ 1.00000000e+00, 2.00000000e+00],[...]]")."""
+def fixed_json_pieces(array: np.ndarray, head: bytes = b"", tail: bytes = b"") -> tuple[int, Iterator[memoryview]]:
+    """head + a finite float32 array (no dimension 0) as JSON in the fixed-width layout + tail, no whitespace around
+    its brackets and commas ("[[ 1.00000000e+00, 2.00000000e+00],[...]]"): (its length in bytes, its successive
+    pieces, each block's numbers written just before its piece is taken, so a client sends one while writing the
+    next)."""
     row, strides = _fixed_row(array.shape)
     step, count, at = len(row) + 1, array.shape[0], len(head)
     text = np.empty(at + count * step + 1 + len(tail), np.uint8)
@@ -542,12 +545,23 @@ def fixed_json(array: np.ndarray, head: bytes = b"", tail: bytes = b"") -> np.nd
     rows[:, -1] = ord(",")
     text[at + count * step] = ord("]")
     text[at + count * step + 1:] = np.frombuffer(tail, np.uint8)
-    block = _block_rows(array.shape)
-    for first in range(0, count, block):
-        part = array[first:first + block]
-        view = np.ndarray(part.shape, _TOKEN_BYTES, text, at + array.ndim + first * step, strides)
-        view[...] = fixed_tokens(part).view(_TOKEN_BYTES).reshape(part.shape)
-    return text
+
+    def pieces() -> Iterator[memoryview]:
+        block, done = _block_rows(array.shape), 0
+        for first in range(0, count, block):
+            part = array[first:first + block]
+            view = np.ndarray(part.shape, _TOKEN_BYTES, text, at + array.ndim + first * step, strides)
+            view[...] = fixed_tokens(part).view(_TOKEN_BYTES).reshape(part.shape)
+            end = len(text) if first + block >= count else at + 1 + (first + block) * step
+            yield text[done:end].data
+            done = end
+
+    return len(text), pieces()
+
+
+def fixed_json(array: np.ndarray, head: bytes = b"", tail: bytes = b"") -> bytes:
+    """fixed_json_pieces' text, whole."""
+    return b"".join(fixed_json_pieces(array, head, tail)[1])
 
 
 def _fixed_shape(text: bytes, start: int, stop: int) -> tuple[int, ...] | None:

@@ -6,11 +6,12 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 
 import numpy as np
 import orjson
 
-from exportkit.serving.json_tensor import BYTES_SUFFIX, example_to_json, fixed_json
+from exportkit.serving.json_tensor import BYTES_SUFFIX, example_to_json, fixed_json_pieces
 
 class RestClient:
     """A plain urllib client for TF Serving's REST API (any server: binary, embedded)."""
@@ -29,13 +30,17 @@ class RestClient:
             path += f"/versions/{int(self.version)}"
         return f"http://{self.address}{path}{verb}"
 
-    def _call(self, url: str, doc: dict | None = None, data: bytes | memoryview | None = None) -> dict:
+    def _call(self, url: str, doc: dict | None = None, data: bytes | None = None,
+              pieces: tuple[int, Iterator[memoryview]] | None = None) -> dict:
+        """GET without a body, else POST `doc` as JSON, `data`, or `pieces` (length, pieces sent as they come)."""
         from exportkit.serving.client import ServingError
 
         if doc is not None:
             data = json.dumps(doc).encode("utf-8")
-        request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST",
-                                         headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if pieces is not None:
+            headers["Content-Length"], data = str(pieces[0]), pieces[1]
+        request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 raw = response.read()
@@ -69,9 +74,8 @@ class RestClient:
         row = None not in batch and len(batch) == 1
         if row and len(arrays) == 1 and input_dtypes and _fixed_width(arrays, input_dtypes):
             ((name, array),) = arrays.items()
-            head = orjson.dumps(doc)[:-1] + b',"instances":'
-            body = fixed_json(array, head, b"}")
-            return outputs_from_json(self._call(self.url(":predict"), data=body.data), output_dtypes, row)
+            pieces = fixed_json_pieces(array, orjson.dumps(doc)[:-1] + b',"instances":', b"}")
+            return outputs_from_json(self._call(self.url(":predict"), pieces=pieces), output_dtypes, row)
         fast = {k: _exact_for_orjson(a) for k, a in arrays.items()}
         if all(a is not None for a in fast.values()):
             if row:
