@@ -1,7 +1,7 @@
 """Every float32 through the REST client's fixed-width numbers and back, as TF Serving reads them: the proof that a
 float32 input reaches the server's tensor bit for bit (docs/performance.md, "REST").
 
-    python benchmarks/rest_exact.py [--block 22] [--first 0 --last 4294967295]
+    python benchmarks/rest_exact.py [--block 16] [--first 0 --last 0xffffffff]
 
 For every bit pattern (finite ones; NaN and Inf go the json.dumps way), json_tensor.fixed_tokens writes its text and
 json_tensor's reader turns the text into the double rapidjson's StrtodNormalPrecision gives (the server's fast path;

@@ -73,7 +73,7 @@ class RestClient:
         batch = {a.shape[0] if a.ndim else None for a in arrays.values()}
         row = None not in batch and len(batch) == 1
         if row and len(arrays) == 1 and input_dtypes and _fixed_width(arrays, input_dtypes):
-            ((name, array),) = arrays.items()
+            (array,) = arrays.values()
             pieces = fixed_json_pieces(array, orjson.dumps(doc)[:-1] + b',"instances":', b"}")
             return outputs_from_json(self._call(self.url(":predict"), pieces=pieces), output_dtypes, row)
         fast = {k: _exact_for_orjson(a) for k, a in arrays.items()}
