@@ -1,11 +1,13 @@
-"""REST path benchmark: a batch of eight 96x96x3 float32 images (~4.7 MB of JSON) through `exportkit serve`'s REST
-API in this process, and the JSON parsers on the same body.
+"""REST path benchmark: a batch of 96x96x3 float32 images (8: ~4.7 MB of JSON) through `exportkit serve`'s REST API
+in this process, and the JSON parsers on the same body.
 
-    python benchmarks/rest_bench.py [--runs 7] [--out DIR]
+    python benchmarks/rest_bench.py [--runs 7] [--batch 8] [--out DIR]
 
 Prints the median wall time per Predict call (client send -> answer read, one connection per call, as verify's
-REST runtime makes them) and per parse of the body: json (stdlib), python-rapidjson as exportkit calls it
-(NM_NATIVE: rapidjson's own number parsing, as TF Serving's), python-rapidjson with Python's float parsing.
+REST runtime makes them): with a json.dumps body (what most clients send), and through exportkit's RestClient as
+verify's rest runtime calls it (float32 in the fixed-width layout where the checkout has it); and per parse of the
+json.dumps body: json (stdlib), python-rapidjson as exportkit calls it (NM_NATIVE: rapidjson's own number parsing,
+as TF Serving's), python-rapidjson with Python's float parsing; and the server's read of the fixed-width body.
 The model is a tf.compat.v1 graph (mean over each image), so the time is the REST path's, not the model's.
 Run it with PYTHONPATH pointing at another checkout to time that checkout's server on the same machine.
 """
@@ -46,14 +48,18 @@ def median_seconds(fn, runs: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--out", default=None, help="where to write the model (default: a temporary directory)")
     args = parser.parse_args()
+
+    import inspect
 
     import numpy as np
     import rapidjson
 
     from exportkit.savedmodel import resolve_model_path
     from exportkit.serving.http_handler import start_rest
+    from exportkit.serving.rest_client import RestClient
     from exportkit.serving.servable import ServedModel
     from exportkit.serving.server_core import ServerCore
     from exportkit.tfenv import import_tf
@@ -66,7 +72,7 @@ def main() -> int:
         served = ServedModel(resolve_model_path(str(version_dir)), "images", "cpu")
         served.load()
         server, port = start_rest(ServerCore([served]), 0)
-        batch = np.random.default_rng(0).random((8, 96, 96, 3), dtype=np.float32)
+        batch = np.random.default_rng(0).random((args.batch, 96, 96, 3), dtype=np.float32)
         body = json.dumps({"instances": batch.tolist()}).encode("utf-8")
 
         def predict():
@@ -80,13 +86,30 @@ def main() -> int:
             got = np.array(json.loads(answer)["predictions"], dtype=np.float32)
             np.testing.assert_allclose(got, batch.mean(axis=(1, 2)), rtol=1e-5)
 
+        client = RestClient(f"127.0.0.1:{port}", "images", timeout=120)
+        typed = "input_dtypes" in inspect.signature(client.predict).parameters  # not in a checkout before it
+
+        def client_predict():
+            extra = {"input_dtypes": {"images": "float32"}} if typed else {}
+            got = client.predict({"images": batch}, {"mean": "float32"}, **extra)["mean"]
+            np.testing.assert_allclose(got, batch.mean(axis=(1, 2)), rtol=1e-5)
+
         predict()  # warm-up
-        rows = [("REST Predict, one call", median_seconds(predict, args.runs)),
+        client_predict()
+        rows = [("REST Predict, json.dumps body", median_seconds(predict, args.runs)),
+                ("REST Predict, RestClient", median_seconds(client_predict, args.runs)),
                 ("parse: json.loads", median_seconds(lambda: json.loads(body), args.runs)),
                 ("parse: rapidjson NM_NATIVE", median_seconds(
                     lambda: rapidjson.loads(body.decode(), number_mode=rapidjson.NM_NATIVE | rapidjson.NM_NAN),
                     args.runs)),
                 ("parse: rapidjson, Python floats", median_seconds(lambda: rapidjson.loads(body.decode()), args.runs))]
+        try:
+            from exportkit.serving.json_tensor import fixed_json, parse_fixed_body
+        except ImportError:  # a checkout before the fixed-width layout
+            pass
+        else:
+            fixed = fixed_json(batch, b'{"instances":', b"}")
+            rows.append(("parse: fixed-width, numpy", median_seconds(lambda: parse_fixed_body(fixed), args.runs)))
         server.shutdown()
         server.server_close()
         served.close()

@@ -413,7 +413,7 @@ def test_client_request_bodies_carry_the_values_json_dumps_would():
     from exportkit.serving.rest_client import _exact_for_orjson, decode_json
 
     rng = np.random.default_rng(5)
-    tiny = np.frombuffer(rng.integers(0, 2 ** 32, 4096, dtype=np.uint32).tobytes(), dtype=np.float32)
+    tiny = np.frombuffer(rng.integers(0, 2 ** 32, 4096, dtype=np.uint32), dtype=np.float32)
     for array in (rng.random((3, 5, 2), dtype=np.float32), tiny[np.isfinite(tiny)], rng.normal(size=7) * 1e300,
                   np.array([[1e-45, 3.4028235e38, -0.0, 1e-5]], np.float32), np.float16([0.1, 65504]),
                   np.arange(-3, 3, dtype=np.int8), np.array([True, False]), np.array([2 ** 64 - 1], np.uint64)):
@@ -428,3 +428,126 @@ def test_client_request_bodies_carry_the_values_json_dumps_would():
         assert _exact_for_orjson(unsuitable) is None
     assert decode_json(b'{"predictions": [NaN, Infinity, 1.5]}')["predictions"][2] == 1.5
     assert decode_json(b'{"error": "\xff"}') == {"error": "\ufffd"}
+
+
+# ------------------------------------------------------------------------------------------------ fixed-width bodies
+def _tokens_replaced(text: bytes, tokens: list[bytes]) -> bytes:
+    """`text` (a fixed_json array) with its numbers replaced by `tokens`, in order."""
+    import re
+
+    numbers = iter(tokens)
+    return re.sub(rb"[ -][0-9.e+-]{14}", lambda _: next(numbers), text)
+
+
+def _rapidjson_doubles(text: bytes) -> np.ndarray:
+    from exportkit.serving.json_tensor import parse_json
+
+    return np.array(parse_json(b'{"instances":' + text + b"}")["instances"], dtype=np.float64)
+
+
+def test_fixed_width_numbers_read_as_rapidjson_reads_them():
+    """The server's numpy reader gives the doubles rapidjson gives for any digits and exponent in the layout (its
+    own rounding: StrtodNormalPrecision, not correctly rounded beyond 1e22), and every float32 the client writes
+    reads back as itself (benchmarks/rest_exact.py checks all 2**32)."""
+    from exportkit.serving.json_tensor import fixed_json, read_fixed_array
+
+    rng = np.random.default_rng(34)
+    count = 6000
+    digits = rng.integers(0, 10, (count, 11)).astype(np.uint8) + ord("0")
+    tokens = [(b"- "[rng.integers(2):][:1] + bytes(d[:1]) + b"." + bytes(d[1:9]) + b"e" + b"+-"[rng.integers(2):][:1]
+               + bytes(d[9:])) for d in digits]
+    tokens += [b" 0.00000000e+00", b"-0.00000000e+00", b" 9.99999999e+99", b"-1.00000000e-99", b" 1.79769313e+99"]
+    for shape in ((len(tokens),), (len(tokens) // 5, 5), (1, len(tokens) // 5, 1, 5)):
+        text = _tokens_replaced(fixed_json(np.zeros(shape, np.float32)), tokens)
+        got = read_fixed_array(text)
+        assert got is not None and got.shape == shape
+        assert np.array_equal(got.reshape(-1).view(np.uint64), _rapidjson_doubles(text).reshape(-1).view(np.uint64))
+    bits = rng.integers(0, 2 ** 32, 200000, dtype=np.uint32).view(np.float32)
+    powers = np.float32(10.0) ** np.arange(-45, 39, dtype=np.float32)
+    near = (powers.view(np.int32)[:, None] + np.arange(-3, 4)).astype(np.int32).view(np.float32).reshape(-1)
+    values = np.concatenate([bits[np.isfinite(bits)], near[np.isfinite(near)],
+                             np.float32([0.0, -0.0, 1e-45, -1e-45, 3.4028235e38, -3.4028235e38, 0.1, 1.0])])
+    text = fixed_json(values)
+    assert text[:1] == b"[" and len(text) == 16 * values.size + 1
+    for read in (read_fixed_array(text), _rapidjson_doubles(text)):
+        assert np.array_equal(read.astype(np.float32).view(np.uint32), values.view(np.uint32))
+
+
+def test_fixed_width_bodies_are_taken_only_whole_and_exact():
+    """parse_fixed_body takes a body only in exactly the layout; anything else (which may still be JSON, read the
+    ordinary way) is None, so its answer and refusals are the ordinary path's."""
+    from exportkit.serving.json_tensor import fill_predict_request, fixed_json, parse_fixed_body, parse_json
+
+    values = np.random.default_rng(3).normal(size=(4, 3, 2)).astype(np.float32)
+    body = fixed_json(values, b'{"signature_name":"serving_default","instances":', b"}")
+    fixed = parse_fixed_body(body)
+    assert fixed.doc == {"signature_name": "serving_default", "instances": 0}
+    ordinary, row = fill_predict_request(parse_json(body), {"x": "float32"}, "serving_default")
+    assert row and np.array_equal(fixed.inputs({"x": "float32"})["x"].view(np.uint32), ordinary["x"].view(np.uint32))
+    assert np.array_equal(fixed.inputs({"x": "float64"})["x"],
+                          fill_predict_request(parse_json(body), {"x": "float64"}, "")[0]["x"])
+    assert fixed.inputs({"x": "int32"}) is None and fixed.inputs({"x": "float32", "y": "float32"}) is None
+    assert parse_fixed_body(fixed_json(values, b'{"instances":', b"}")).doc == {"instances": 0}
+    number = body.index(b"[ ") + 1 if b"[ " in body else body.index(b"[-") + 1
+    for variant in [
+        body[:number + 3] + b"x" + body[number + 4:],  # not a digit
+        body[:number + 2] + b"," + body[number + 3:],  # a comma inside a number
+        body[:number] + b"+" + body[number + 1:],  # a sign JSON has not
+        body[:number + 11] + b"E" + body[number + 12:],  # valid JSON, not the layout
+        body[:number + 15] + b" " + body[number + 15:],  # whitespace between tokens
+        body[:number + 15] + body[number + 16:],  # a comma missing
+        body.replace(b"],[", b"], [", 1),
+        body[:-1] + b" }", body + b" ", body[:-2] + b"}",  # trailing bytes, a bracket missing
+        body.replace(b'"serving_default"', b"7"),  # signature_name not a string
+        body.replace(b'{"signature', b'{"other":1,"signature'),  # another member
+        body.replace(b'"instances":', b'"inputs":'),
+        b'{"instances":' + fixed_json(values[:, :2])[:-1] + b"," + fixed_json(values[0])[1:] + b"}",
+    ]:
+        assert parse_fixed_body(variant) is None, variant[:80]
+
+
+@pytest.mark.slow
+@pytest.mark.serving
+def test_fixed_width_bodies_answer_and_refuse_as_ordinary_ones(rest):
+    """Through the server: a fixed-width body gets the answer, byte for byte, and the refusal, word for word, that the
+    same JSON gets the ordinary way (a space after "instances": takes it off the fast path): another input map, an
+    unknown signature, a corrupted number; and the answer that json.dumps of the same float32 values gets."""
+    from exportkit.serving.json_tensor import fixed_json
+    from exportkit.serving.rest_client import RestClient
+
+    values = np.random.default_rng(8).random((3, 2, 2), dtype=np.float32) * 100 - 50
+    for signature in ("serving_default", "two_inputs", "strings", "double", "nonexistent"):
+        head = json.dumps({"signature_name": signature}, separators=(",", ":"))[:-1].encode() + b',"instances":'
+        fixed = fixed_json(values, head, b"}")
+        ordinary = fixed.replace(b'"instances":', b'"instances": ')
+        assert call(rest, "POST", f"{PATH}/versions/1:predict", body=fixed)[::2] == \
+            call(rest, "POST", f"{PATH}/versions/1:predict", body=ordinary)[::2], signature
+    dumped = json.dumps({"instances": values.tolist()}).encode()
+    assert call(rest, "POST", f"{PATH}:predict", body=fixed_json(values, b'{"instances":', b"}"))[::2] == \
+        call(rest, "POST", f"{PATH}:predict", body=dumped)[::2]
+    fixed = fixed_json(values, b'{"instances":', b"}")
+    corrupted = fixed.replace(b"e+01", b"e+0x", 1)
+    status, _, text = call(rest, "POST", f"{PATH}:predict", body=corrupted)
+    assert status == 400 and _error(text) == f"JSON Parse error: Missing a comma or ']' after an array element. " \
+                                             f"at offset: {corrupted.index(b'e+0x') + 3}"
+    client = RestClient(f"127.0.0.1:{rest}", MODEL, 1)
+    got = client.predict({"x": values}, {"y": "float32"}, input_dtypes={"x": "float32"})["y"]
+    np.testing.assert_array_equal(got, np.float32(0.5) * values + np.float32(2))
+
+
+def test_codec_float_texts_are_format_float():
+    """predict_json formats a float array at once: the texts are format_float's, element by element (TF Serving's
+    `%.6g`-if-it-reads-back, which a filter decides without formatting where it certainly does not)."""
+    from exportkit.serving.json_tensor import _float_texts, format_float
+
+    rng = np.random.default_rng(6)
+    powers = np.float32(10.0) ** np.arange(-44, 38, dtype=np.float32)
+    values = np.concatenate([
+        rng.integers(0, 2 ** 32, 30000, dtype=np.uint32).view(np.float32), rng.random(10000, dtype=np.float32),
+        (rng.random(10000) * 2000 - 1000).round(2).astype(np.float32), np.arange(-2000, 2000, dtype=np.float32) / 8,
+        (powers.view(np.int32)[:, None] + np.arange(-40, 40)).astype(np.int32).view(np.float32).reshape(-1),
+        np.float32([0, -0.0, np.nan, np.inf, -np.inf, 1e-45, 3.4028235e38, 999999.5, 9999995, 16777216])])
+    assert _float_texts(values, False) == [format_float(v) for v in values.tolist()]
+    doubles = np.concatenate([values[np.isfinite(values)].astype(np.float64), rng.normal(size=5000),
+                              rng.random(2000).round(4), [np.nan, -np.inf, 1 / 3]])
+    assert _float_texts(doubles, True) == [format_float(v, double=True) for v in doubles.tolist()]

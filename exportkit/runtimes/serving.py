@@ -329,11 +329,12 @@ class RestRuntime(Runtime):
                 got = self._client.classify(inputs[next(iter(inputs))], name)
                 return {k: got[k] for k in signature["outputs"] if k in got}
             dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
+            input_dtypes = {k: v["dtype"] for k, v in signature["inputs"].items()}
             if api == "Regress":
                 values = self._client.regress(inputs[next(iter(inputs))], name)
-                return {"outputs": regress_shaped(values, signature,
-                                                  lambda: self._client.predict(inputs, dtypes, name))}
-            return self._client.predict(inputs, dtypes, name)
+                return {"outputs": regress_shaped(values, signature, lambda: self._client.predict(
+                    inputs, dtypes, name, input_dtypes))}
+            return self._client.predict(inputs, dtypes, name, input_dtypes)
         except ServingError as err:
             if err.code == "UNAVAILABLE":
                 raise InfraError(f"REST {api.lower()} at {self.server['address']} failed: {err.message}") from None

@@ -21,7 +21,7 @@ from exportkit.savedmodel import dtype_name
 from exportkit.serving.classifier import classify
 from exportkit.serving.http_server import HttpServer, Limits, Request, Response, error_response, serve_in_thread
 from exportkit.serving.json_tensor import (classify_json, error_json, fill_example_input, fill_predict_request,
-                                           parse_json, predict_json, regress_json, signature_name)
+                                           parse_fixed_body, parse_json, predict_json, regress_json, signature_name)
 from exportkit.serving.metadata import get_model_metadata
 from exportkit.serving.model_status import get_model_status
 from exportkit.serving.predict import run_predict
@@ -110,9 +110,9 @@ def _dispatch(core, info: ModelInfo, method: str, body: bytes) -> str:
         if not info.name:
             raise invalid_argument("Missing model name in request.")
         return _metadata(core, info) if info.verb == "metadata" else _status(core, info)
-    doc = parse_json(body)
     if info.verb == "predict":
-        return _predict(core, info, doc)
+        return _predict(core, info, body)
+    doc = parse_json(body)
     from tensorflow_serving.apis import classification_pb2, regression_pb2
 
     request = classification_pb2.ClassificationRequest() if info.verb == "classify" else \
@@ -125,12 +125,16 @@ def _dispatch(core, info: ModelInfo, method: str, body: bytes) -> str:
     return regress_json(regress(core, request).result)
 
 
-def _predict(core, info: ModelInfo, doc: dict) -> str:
-    """ProcessPredictRequest: the signature's input map (GetInfoMap), the JSON codec, Predict, JSON again."""
+def _predict(core, info: ModelInfo, body: bytes) -> str:
+    """ProcessPredictRequest: the signature's input map (GetInfoMap), the JSON codec, Predict, JSON again. A body in
+    the fixed-width layout (json_tensor.FixedBody) has its array read by numpy; it takes the ordinary path wherever
+    its answer could differ from the ordinary one's (another input map), so every refusal keeps its words."""
     from tensorflow_serving.apis import predict_pb2
 
     from exportkit.serving.tensors import to_ndarray, to_tensor_proto
 
+    fixed = parse_fixed_body(body)
+    doc = fixed.doc if fixed else parse_json(body)
     request = predict_pb2.PredictRequest()
     _model_spec(request.model_spec, info)
     request.model_spec.signature_name = signature_name(doc)
@@ -140,7 +144,10 @@ def _predict(core, info: ModelInfo, doc: dict) -> str:
     if signature is None:
         raise invalid_argument(f'Serving signature name: "{name}" not found in signature def')
     infomap = {k: dtype_name(v.dtype) for k, v in signature.inputs.items()}
-    arrays, row = fill_predict_request(doc, infomap, request.model_spec.signature_name)
+    arrays, row = (fixed.inputs(infomap) if fixed else None), True
+    if arrays is None:
+        doc = parse_json(body) if fixed else doc
+        arrays, row = fill_predict_request(doc, infomap, request.model_spec.signature_name)
     for key, value in arrays.items():
         request.inputs[key].CopyFrom(to_tensor_proto(value, dtype=signature.inputs[key].dtype))
     response = run_predict(servable, request)

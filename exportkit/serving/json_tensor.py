@@ -11,6 +11,8 @@ import itertools
 import json
 import math
 import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -465,6 +467,231 @@ def signature_name(doc: dict) -> str:
     return name
 
 
+# ------------------------------------------------------------------------------------------------ fixed-width float32
+# A float32 array as JSON numbers all 15 bytes wide (" 1.23456789e-05", "-0.00000000e+00"): the float32's 9
+# significant digits (within 0.51 units of the last), which any parse within 2**-30 of the decimal reads back as
+# the same float32 (docs/performance.md has the proof; benchmarks/rest_exact.py checks every float32). It is plain
+# JSON to every server; this one reads it with numpy instead of building a Python float per number, and only when
+# the whole array is exactly in this layout (anything else is read by rapidjson as before). Both directions work
+# through the array in blocks of rows, so no temporary is larger than a block: fresh memory costs more than the
+# arithmetic on it.
+FIXED_TOKEN = np.dtype({"names": ["sign", "lead", "point", "high", "low", "e", "exponent_sign", "exponent"],
+                        "formats": ["u1", "u1", "u1", "<u4", "<u4", "u1", "u1", "<u2"],
+                        "offsets": [0, 1, 2, 3, 7, 11, 12, 13], "itemsize": 15})
+_TOKEN_BYTES = np.dtype((np.void, FIXED_TOKEN.itemsize))
+_FOUR_DIGITS = np.frombuffer(b"".join(b"%04d" % i for i in range(10000)), "<u4")  # ASCII, as the tokens hold them
+_TWO_DIGITS = np.frombuffer(b"".join(b"%02d" % i for i in range(100)), "<u2")
+_FIXED_MAX_RANK = 32
+_BLOCK_NUMBERS = 1 << 16
+# rapidjson's Pow10 table (internal/pow10.h): the correctly rounded doubles of the literals 1e0 ... 1e308
+_POW10 = np.array([float(f"1e{k}") for k in range(309)])
+_TEN_TO = np.array([float(f"1e{k}") for k in range(-60, 61)])  # 10**k at k + 60, for the encoders' scaling
+
+
+def fixed_tokens(array: np.ndarray) -> np.ndarray:
+    """A finite float32 array's numbers as FIXED_TOKEN records: sign (" " or "-"), d.dddddddd, e, sign, 2 digits."""
+    value = np.ravel(array).astype(np.float64)
+    magnitude = np.abs(value)
+    zero = magnitude == 0
+    magnitude[zero] = 1.0
+    exponent = np.floor(np.log10(magnitude)).astype(np.int32)
+    # magnitude * 10**(8 - exponent), rounded: within 2**-52 before the rounding, so the decimal is within 0.51
+    # units of its 9th digit of the float32 (the proof has room for 2.9)
+    significand = np.rint(magnitude * _TEN_TO[68 - exponent])
+    for off, step in ((significand >= 1e9, 1), (significand < 1e8, -1)):  # log10 one off next to a power of ten
+        if off.any():
+            exponent[off] += step
+            significand[off] = np.rint(magnitude[off] * _TEN_TO[68 - exponent[off]])
+    significand = significand.astype(np.int32)
+    significand[zero] = exponent[zero] = 0
+    tokens = np.empty(value.size, FIXED_TOKEN)
+    tokens["sign"] = np.where(np.signbit(value), ord("-"), ord(" "))
+    tokens["lead"] = significand // 100000000 + ord("0")
+    tokens["point"] = ord(".")
+    tokens["high"] = _FOUR_DIGITS[significand // 10000 % 10000]
+    tokens["low"] = _FOUR_DIGITS[significand % 10000]
+    tokens["e"] = ord("e")
+    tokens["exponent_sign"] = np.where(exponent < 0, ord("-"), ord("+"))
+    tokens["exponent"] = _TWO_DIGITS[np.abs(exponent)]
+    return tokens
+
+
+def _fixed_row(shape: tuple[int, ...]) -> tuple[bytes, list[int]]:
+    """The text of one element of the outermost dimension, blanks for its tokens; the distance between consecutive
+    indices of each dimension in the whole array's text (its tokens are a strided view of the text)."""
+    row, strides = b" " * FIXED_TOKEN.itemsize, [FIXED_TOKEN.itemsize + 1]
+    for size in reversed(shape[1:]):
+        row = b"[" + b",".join([row] * size) + b"]"
+        strides.insert(0, len(row) + 1)
+    return row, strides
+
+
+def _block_rows(shape: tuple[int, ...]) -> int:
+    return max(1, _BLOCK_NUMBERS // max(1, math.prod(shape[1:])))
+
+
+def fixed_json_pieces(array: np.ndarray, head: bytes = b"", tail: bytes = b"") -> tuple[int, Iterator[memoryview]]:
+    """head + a finite float32 array (no dimension 0) as JSON in the fixed-width layout + tail, no whitespace around
+    its brackets and commas ("[[ 1.00000000e+00, 2.00000000e+00],[...]]"): (its length in bytes, its successive
+    pieces, each block's numbers written just before its piece is taken, so a client sends one while writing the
+    next)."""
+    row, strides = _fixed_row(array.shape)
+    step, count, at = len(row) + 1, array.shape[0], len(head)
+    text = np.empty(at + count * step + 1 + len(tail), np.uint8)
+    text[:at] = np.frombuffer(head, np.uint8)
+    text[at] = ord("[")
+    rows = text[at + 1:at + 1 + count * step].reshape(count, step)
+    rows[:, :-1] = np.frombuffer(row, np.uint8)
+    rows[:, -1] = ord(",")
+    text[at + count * step] = ord("]")
+    text[at + count * step + 1:] = np.frombuffer(tail, np.uint8)
+
+    def pieces() -> Iterator[memoryview]:
+        block, done = _block_rows(array.shape), 0
+        for first in range(0, count, block):
+            part = array[first:first + block]
+            view = np.ndarray(part.shape, _TOKEN_BYTES, text, at + array.ndim + first * step, strides)
+            view[...] = fixed_tokens(part).view(_TOKEN_BYTES).reshape(part.shape)
+            end = len(text) if first + block >= count else at + 1 + (first + block) * step
+            yield text[done:end].data
+            done = end
+
+    return len(text), pieces()
+
+
+def fixed_json(array: np.ndarray, head: bytes = b"", tail: bytes = b"") -> bytes:
+    """fixed_json_pieces' text, whole."""
+    return b"".join(fixed_json_pieces(array, head, tail)[1])
+
+
+def _fixed_shape(text: bytes, start: int, stop: int) -> tuple[int, ...] | None:
+    """The shape text[start:stop] has if it is a fixed_json array, from its first element's brackets; None if it
+    cannot be one."""
+    head = text[start:start + _FIXED_MAX_RANK + 1]
+    rank = len(head) - len(head.lstrip(b"["))
+    if not 0 < rank <= _FIXED_MAX_RANK or text[stop - 1:stop] != b"]":
+        return None
+    shape, width = [], FIXED_TOKEN.itemsize
+    for level in range(rank - 1, -1, -1):
+        # the first list of this level starts at `level` and ends with the first run of (rank - level) "]"
+        span = text.find(b"]" * (rank - level), start, stop) - start + rank - 2 * level if level else stop - start
+        size, rest = divmod(span - 1, width + 1)
+        if rest or size < 1:
+            return None
+        shape.append(size)
+        width = span
+    return tuple(reversed(shape))
+
+
+def read_fixed_array(text: bytes, start: int = 0, stop: int | None = None) -> np.ndarray | None:
+    """The doubles rapidjson reads from text[start:stop] if it is a fixed_json array (in its shape), else None (then
+    the JSON parser reads it)."""
+    stop = len(text) if stop is None else stop
+    shape = _fixed_shape(text, start, stop)
+    if shape is None:
+        return None
+    row, strides = _fixed_row(shape)
+    step, count = len(row) + 1, shape[0]
+    if stop - start != count * step + 1:
+        return None
+    block = _block_rows(shape)
+    expected = np.tile(np.frombuffer(row + b",", np.uint8), min(block, count))
+    values = np.empty(shape)
+    for first in range(0, count, block):
+        rows = min(block, count - first)
+        at = start + 1 + first * step
+        view = np.ndarray((rows,) + shape[1:], _TOKEN_BYTES, text, at + len(shape) - 1, strides)
+        np.ndarray(view.shape, _TOKEN_BYTES, expected, len(shape) - 1, strides)[...] = view
+        size = rows * step - (first + rows == count)  # the last row is followed by the closing "]"
+        if not np.array_equal(expected[:size], np.frombuffer(text, np.uint8, size, at)):
+            return None
+        numbers = _read_tokens(np.ascontiguousarray(view).reshape(-1).view(FIXED_TOKEN))
+        if numbers is None:
+            return None
+        values[first:first + rows] = numbers.reshape(view.shape)
+    return values
+
+
+def _read_tokens(tokens: np.ndarray) -> np.ndarray | None:
+    """The doubles rapidjson reads from FIXED_TOKEN records, None unless every one has the token's characters."""
+    sign, lead, exponent_sign = tokens["sign"], tokens["lead"] - ord("0"), tokens["exponent_sign"]
+    high, low, exponent = tokens["high"], tokens["low"], tokens["exponent"]
+    if not (((sign == ord(" ")) | (sign == ord("-"))).all() and (lead <= 9).all() and
+            (tokens["point"] == ord(".")).all() and (tokens["e"] == ord("e")).all() and
+            ((exponent_sign == ord("+")) | (exponent_sign == ord("-"))).all() and
+            _digits(high, 0xFFFFFFFF) and _digits(low, 0xFFFFFFFF) and _digits(exponent.astype(np.uint32), 0xFFFF)):
+        return None
+    # reader.h ParseNumber: the digits as one integer (exact in a double), then internal/strtod.h
+    # StrtodNormalPrecision (TF Serving parses without kParseFullPrecisionFlag): one division or multiplication by
+    # a Pow10 double, the minus sign last
+    values = _four_digits(high).astype(np.float64)
+    values *= 1e4
+    values += _four_digits(low)
+    values += lead * 1e8
+    exponent = exponent - 0x3030
+    power = ((exponent & 0xFF) * 10 + (exponent >> 8)).astype(np.int32)
+    np.negative(power, out=power, where=exponent_sign == ord("-"))
+    power -= 8
+    scale = _POW10[np.abs(power)]
+    up = power >= 0
+    if up.any():
+        values[up] *= scale[up]
+        scale[up] = 1.0
+    values /= scale
+    np.negative(values, out=values, where=sign == ord("-"))
+    return values
+
+
+def _digits(word: np.ndarray, mask: int) -> bool:
+    """Every byte of the (little-endian) words is an ASCII digit."""
+    return bool((((word & (0xF0F0F0F0 & mask)) == (0x30303030 & mask)) &
+                 (((word + (0x06060606 & mask)) & (0xF0F0F0F0 & mask)) == (0x30303030 & mask))).all())
+
+
+def _four_digits(word: np.ndarray) -> np.ndarray:
+    """The number four ASCII digits in a little-endian word spell (SWAR: pairs, then the pair of pairs)."""
+    word = word - 0x30303030
+    word = (word * 10 + (word >> 8)) & 0x00FF00FF
+    return (word * 100 + (word >> 16)) & 0xFFFF
+
+
+@dataclass(frozen=True)
+class FixedBody:
+    """A Predict body `{"signature_name": "...", "instances": <a fixed_json array>}`, read without its array's numbers
+    becoming Python objects."""
+    doc: dict  # the body as parse_json reads it, with 0 in place of the array
+    values: np.ndarray  # the array's numbers as TF Serving's parse reads them (doubles), in the array's shape
+
+    def inputs(self, infomap: dict) -> dict[str, np.ndarray] | None:
+        """What fill_predict_request gives for this body, if the signature has one float input; None otherwise
+        (then the whole body is read the ordinary way, so every refusal keeps its words)."""
+        if len(infomap) != 1 or next(iter(infomap.values())) not in ("float32", "float64"):
+            return None
+        ((name, dtype),) = infomap.items()
+        with np.errstate(over="ignore"):  # a double beyond float32's range is inf, as GetFloat() gives
+            return {name: self.values.astype(dtype)}
+
+
+def parse_fixed_body(body: bytes) -> FixedBody | None:
+    """A FixedBody when `body` is one (its "instances" the last member, in the fixed layout, and no other member
+    than "signature_name", a string), else None. What is read is what parse_json and fill_predict_request read: the
+    rest of the body goes through parse_json, the numbers through rapidjson's own arithmetic (read_fixed_array)."""
+    start = body.find(b'"instances":[')
+    if start < 0 or not body.endswith(b"]}"):
+        return None
+    at = start + len(b'"instances":')
+    values = read_fixed_array(body, at, len(body) - 1)
+    if values is None:
+        return None
+    try:
+        doc = parse_json(body[:at] + b"0}")
+    except RpcError:
+        return None
+    if set(doc) - {"signature_name"} != {"instances"} or not isinstance(doc.get("signature_name", ""), str):
+        return None
+    return FixedBody(doc, values)
+
+
 # ------------------------------------------------------------------------------------------------ tensors -> JSON
 def _json_scalar(value, dtype: str, as_bytes: bool) -> str:
     if dtype in ("float32", "float64"):
@@ -482,20 +709,43 @@ def _json_scalar(value, dtype: str, as_bytes: bool) -> str:
     raise _invalid(f"Failed to write JSON value for tensor type: {_TF_TYPE_NAMES.get(dtype, dtype)}")
 
 
-def _float_texts(value: np.ndarray, double: bool) -> np.ndarray:
-    """format_float over an array at once (the same text for every element)."""
-    v = value.astype(np.float64)
-    texts = np.char.mod("%.6g", v)
+def _float_texts(value: np.ndarray, double: bool) -> list[str]:
+    """format_float of every element (C order): the same texts, formatted by Python a list at a time (numpy's
+    char functions took ~2 us an element), `%.6g` read back by numpy only where it may read back as the value."""
+    with np.errstate(invalid="ignore"):  # a signalling NaN
+        v = np.ravel(value).astype(np.float64)
+    numbers = v.tolist()
+    short = np.ones(v.shape, bool) if double else _may_be_six_digits(v)
+    texts = [format(f, ".6g" if s else ".9g") for f, s in zip(numbers, short.tolist())]
     cast = np.float64 if double else np.float32
     finite = np.isfinite(v)
-    reread = np.where(finite, texts, "0").astype(np.float64).astype(cast)
-    long = finite & (reread != v.astype(cast))
-    if long.any():
-        texts = np.where(long, np.char.mod("%.17g" if double else "%.9g", v), texts)
-    plain = finite & (np.char.find(texts, ".") < 0) & (np.char.find(texts, "e") < 0)
-    texts = np.where(plain, np.char.add(texts, ".0"), texts)
-    texts = np.where(np.isnan(v), "NaN", texts)
-    return np.where(np.isinf(v), np.where(v < 0, "-Infinity", "Infinity"), texts)
+    tried = np.flatnonzero(short & finite)
+    reread = np.array([texts[i] for i in tried.tolist()], dtype=np.float64)
+    with np.errstate(over="ignore"):
+        long = tried[reread.astype(cast) != v[tried].astype(cast)]
+    spec = ".17g" if double else ".9g"
+    for i in long.tolist():
+        texts[i] = format(numbers[i], spec)
+    texts = [t if "." in t or "e" in t or "n" in t else t + ".0" for t in texts]  # "n": nan, inf (below)
+    for i in np.flatnonzero(~finite).tolist():
+        texts[i] = "NaN" if math.isnan(numbers[i]) else "-Infinity" if numbers[i] < 0 else "Infinity"
+    return texts
+
+
+def _may_be_six_digits(v: np.ndarray) -> np.ndarray:
+    """False where a float32's `%.6g` certainly does not read back as it: the 6-digit decimal nearest to it is
+    more than half a float32 spacing away (computed to ~1e-9 of a 6th digit's unit, decided with a 1e-6 margin).
+    Most model outputs need 9 digits; this skips formatting and reading them twice."""
+    magnitude = np.abs(v)
+    usual = np.isfinite(magnitude) & (magnitude > 0)
+    magnitude = np.where(usual, magnitude, 1.0)
+    scale = _TEN_TO[65 - np.floor(np.log10(magnitude)).astype(np.int64)]  # 10**(5 - exponent): 6 digits
+    scaled = magnitude * scale
+    off = np.abs(scaled - np.rint(scaled))
+    with np.errstate(over="ignore"):  # the float32 maximum's spacing: inf, so never certain
+        half_spacing = np.spacing(magnitude.astype(np.float32)).astype(np.float64) / 2 * scale
+    certain = usual & (scaled >= 1e5) & (scaled < 1e6) & (off > half_spacing + 1e-6)
+    return ~certain
 
 
 def _json_array(value: np.ndarray, dtype: str, as_bytes: bool) -> str:
@@ -504,14 +754,27 @@ def _json_array(value: np.ndarray, dtype: str, as_bytes: bool) -> str:
     if value.ndim == 0:
         return _json_scalar(value.item() if dtype != "string" else value[()], dtype, as_bytes)
     if dtype in ("float32", "float64") and value.size:
-        return _nested(_float_texts(value, dtype == "float64"))
+        return _nested(_float_texts(value, dtype == "float64"), value.shape)
     return "[" + ", ".join(_json_array(v, dtype, as_bytes) for v in value) + "]"
 
 
-def _nested(texts: np.ndarray) -> str:
-    if texts.ndim == 1:
-        return "[" + ", ".join(texts.tolist()) + "]"
-    return "[" + ", ".join(_nested(t) for t in texts) + "]"
+def _row_texts(value: np.ndarray, dtype: str, as_bytes: bool) -> list[str]:
+    """_json_array of each value[i], the floats formatted in one pass."""
+    if dtype not in ("float32", "float64") or not value.size:
+        return [_json_array(v, dtype, as_bytes) for v in value]
+    texts = _float_texts(value, dtype == "float64")
+    if value.ndim == 1:
+        return texts
+    step = len(texts) // len(value)
+    return [_nested(texts[i * step:(i + 1) * step], value.shape[1:]) for i in range(len(value))]
+
+
+def _nested(texts: list[str], shape: tuple[int, ...]) -> str:
+    """The JSON array of `shape` (no dimension 0) around a flat list of number texts in C order."""
+    if len(shape) == 1:
+        return "[" + ", ".join(texts) + "]"
+    step = len(texts) // shape[0]
+    return "[" + ", ".join(_nested(texts[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])) + "]"
 
 
 def _dtype_of(value: np.ndarray) -> str:
@@ -538,11 +801,11 @@ def predict_json(outputs: dict[str, np.ndarray], row: bool) -> str:
         if batch is not None and arrays[n].shape[0] != batch:
             raise _invalid(f"Tensor name: {n} has inconsistent batch size: {arrays[n].shape[0]} expecting: {batch}")
         batch = arrays[n].shape[0]
+    rows = {n: _row_texts(arrays[n], kinds[n], as_bytes[n]) for n in names}
     items = []
     for i in range(batch):
-        parts = {n: _json_array(arrays[n][i], kinds[n], as_bytes[n]) for n in names}
-        items.append(("{" + ", ".join(f"{json.dumps(n)}: {parts[n]}" for n in names) + "}") if many
-                     else parts[names[0]])
+        items.append(("{" + ", ".join(f"{json.dumps(n)}: {rows[n][i]}" for n in names) + "}") if many
+                     else rows[names[0]][i])
     return '{\n    "predictions": [' + ",\n        ".join(items) + "\n    ]\n}"
 
 

@@ -6,11 +6,12 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 
 import numpy as np
 import orjson
 
-from exportkit.serving.json_tensor import BYTES_SUFFIX, example_to_json
+from exportkit.serving.json_tensor import BYTES_SUFFIX, example_to_json, fixed_json_pieces
 
 class RestClient:
     """A plain urllib client for TF Serving's REST API (any server: binary, embedded)."""
@@ -29,13 +30,17 @@ class RestClient:
             path += f"/versions/{int(self.version)}"
         return f"http://{self.address}{path}{verb}"
 
-    def _call(self, url: str, doc: dict | None = None, data: bytes | None = None) -> dict:
+    def _call(self, url: str, doc: dict | None = None, data: bytes | None = None,
+              pieces: tuple[int, Iterator[memoryview]] | None = None) -> dict:
+        """GET without a body, else POST `doc` as JSON, `data`, or `pieces` (length, pieces sent as they come)."""
         from exportkit.serving.client import ServingError
 
         if doc is not None:
             data = json.dumps(doc).encode("utf-8")
-        request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST",
-                                         headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if pieces is not None:
+            headers["Content-Length"], data = str(pieces[0]), pieces[1]
+        request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 raw = response.read()
@@ -57,12 +62,20 @@ class RestClient:
         return self._call(self.url("/metadata"))
 
     def predict(self, inputs: dict[str, np.ndarray], output_dtypes: dict[str, str],
-                signature_name: str | None = None) -> dict[str, np.ndarray]:
-        """Predict in the row format (`instances`) when every input has the batch dimension, else columnar."""
+                signature_name: str | None = None, input_dtypes: dict[str, str] | None = None
+                ) -> dict[str, np.ndarray]:
+        """Predict in the row format (`instances`) when every input has the batch dimension, else columnar.
+        `input_dtypes` (the signature's): a single float32 input goes in json_tensor's fixed-width layout (9 digits,
+        which reach a float32 tensor as exactly the same float32, and which this package's server reads with
+        numpy); without them every float goes as its float64's shortest text."""
         doc = {"signature_name": signature_name or self.signature_name}
         arrays = {k: np.asarray(v) for k, v in inputs.items()}
         batch = {a.shape[0] if a.ndim else None for a in arrays.values()}
         row = None not in batch and len(batch) == 1
+        if row and len(arrays) == 1 and input_dtypes and _fixed_width(arrays, input_dtypes):
+            (array,) = arrays.values()
+            pieces = fixed_json_pieces(array, orjson.dumps(doc)[:-1] + b',"instances":', b"}")
+            return outputs_from_json(self._call(self.url(":predict"), pieces=pieces), output_dtypes, row)
         fast = {k: _exact_for_orjson(a) for k, a in arrays.items()}
         if all(a is not None for a in fast.values()):
             if row:
@@ -102,6 +115,13 @@ class RestClient:
         doc = {"signature_name": signature_name or self.signature_name,
                "examples": [example_to_json(bytes(e)) for e in np.asarray(examples, dtype=object).reshape(-1)]}
         return np.array(self._call(self.url(":regress"), doc)["results"], dtype=np.float32)
+
+
+def _fixed_width(arrays: dict[str, np.ndarray], input_dtypes: dict[str, str]) -> bool:
+    """Whether the one array may go in the fixed-width layout: float32 for a float32 input, finite, no dimension 0."""
+    ((name, array),) = arrays.items()
+    return (input_dtypes.get(name) == "float32" and array.dtype == np.float32 and array.size > 0
+            and bool(np.isfinite(array).all()))
 
 
 def _exact_for_orjson(arr: np.ndarray) -> np.ndarray | None:
