@@ -90,10 +90,11 @@ class TfWorker:
         return worker
 
     @staticmethod
-    def discard_prestarted() -> None:
-        """End the prestarted workers nobody took (killed: they hold nothing but a TensorFlow import)."""
-        while _PRESTARTED:
-            worker = _PRESTARTED.popitem()[1]
+    def discard_prestarted(keep: tuple = ()) -> None:
+        """End the prestarted workers nobody took, but those for the devices in `keep` (killed: they hold nothing
+        but a TensorFlow import)."""
+        for device in [d for d in _PRESTARTED if d not in keep]:
+            worker = _PRESTARTED.pop(device)
             worker._proc.kill()
             worker.close()
 

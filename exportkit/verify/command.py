@@ -54,9 +54,10 @@ def run_verify(o: VerifyOptions) -> VerifyReport:
     model that fails is a report that did not pass; bad usage raises UsageError; `report.stopped` holds why the
     run stopped early (a graph verify refuses to execute, or an infrastructure failure)."""
     devices, names, per_output = _options(o)
-    if not o.data and uses_worker(o, names):  # its TensorFlow import overlaps the reading and planning below
-        for device in devices:
-            TfWorker.prestart(device)
+    needed = () if o.data or not uses_worker(o, names) else tuple(devices)
+    TfWorker.discard_prestarted(keep=needed)  # one the CLI started for a run that needs none (or another device)
+    for device in needed:  # its TensorFlow import overlaps the reading and planning below
+        TfWorker.prestart(device)
     try:
         return _verify(o, devices, names, per_output)
     finally:
