@@ -29,15 +29,14 @@ def np_to_datatype() -> dict:
     return _NP_TO_DT
 
 
-_DT_TO_NP: dict | None = None
+_DT_TO_NP: dict = {}  # DataType enum -> numpy dtype (None: not numeric), filled as enums are met
 
 
 def _dt_to_np(enum: int) -> np.dtype | None:
-    global _DT_TO_NP
-    if _DT_TO_NP is None:
-        _DT_TO_NP = {v: k for k, v in np_to_datatype().items()}
-    name = _DT_TO_NP.get(enum)
-    return None if name is None else numpy_dtype(name)
+    if enum not in _DT_TO_NP:
+        name = next((n for n, e in np_to_datatype().items() if e == enum), None)
+        _DT_TO_NP[enum] = None if name is None else numpy_dtype(name)
+    return _DT_TO_NP[enum]
 
 
 def _enum(dtype) -> int | None:
