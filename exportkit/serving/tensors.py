@@ -6,6 +6,8 @@ TensorFlow's own `make_tensor_proto`/`make_ndarray`.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from exportkit.dtypes import numpy_dtype
@@ -82,7 +84,7 @@ def to_ndarray(proto) -> np.ndarray:
     np_dtype = _dt_to_np(proto.dtype)
     if proto.tensor_content and np_dtype is not None:
         return np.frombuffer(proto.tensor_content, dtype=np_dtype).reshape(shape).copy()
-    size = int(np.prod(shape, dtype=np.int64))
+    size = math.prod(shape)  # (np.prod of a tuple: a few microseconds of every Predict answer)
     if np_dtype is not None and size:  # typed fields (Tensor::AsProtoField), all elements written
         name = "bfloat16" if np_dtype.name == "bfloat16" else np_dtype.name
         values = getattr(proto, _PROTO_FIELD.get(name, ""), None) if name in _PROTO_FIELD else None
