@@ -88,3 +88,53 @@ def test_shared_worker_reports_every_path(exported):
         assert rows[name]["status"] == "ok", rows[name]
     assert rows["saved_model"]["device"] == "cpu:0"  # where the worker computed it, as in-process it said
     assert rows["serving"]["server"]["kind"] == "embedded"
+
+
+def test_one_load_at_a_time_gives_the_same_report_and_drops_the_tf2_load(exported, monkeypatch):
+    """Over ONE_LOAD_AT_A_TIME_BYTES the TF2 load answers first and is unloaded before the TF1 load (one copy of
+    the variables): the report must be the one both loads at once give, and the TF2 load must really be gone."""
+    from exportkit.api import verify
+    from exportkit.runtimes.session import WorkerRuntime
+    from exportkit.verify import execute
+
+    path = exported("mixed_functional.keras").path
+    both = verify(path, runtimes="golden,saved_model,session,serving,rest").to_dict()
+    released = []
+    original = WorkerRuntime.release
+
+    def release(runtime):
+        original(runtime)
+        released.append((runtime.name, runtime.worker.request(op="run", loader=runtime.name, dir="-", inputs="x",
+                                                              outputs="y", signature="serving_default")))
+
+    monkeypatch.setattr(WorkerRuntime, "release", release)
+    monkeypatch.setattr(execute, "ONE_LOAD_AT_A_TIME_BYTES", 0)
+    one = verify(path, runtimes="golden,saved_model,session,serving,rest").to_dict()
+    assert [name for name, _ in released] == ["saved_model"]
+    reply = released[0][1]  # the worker holds no TF2 load any more: a run there finds no model to run
+    assert reply["ok"] is False and "KeyError" in reply["message"] and "saved_model" in reply["message"], reply
+
+    def without_timings(doc):
+        drop = {"seconds", "latency", "server", "toolchain"}
+        return [{k: v for k, v in r.items() if k not in drop} for r in doc["runtimes"]], doc["passed"], doc["findings"]
+
+    assert without_timings(one) == without_timings(both)
+    assert one["passed"] and [r["name"] for r in one["runtimes"]] == ["golden", "saved_model", "session", "serving",
+                                                                       "rest"]
+
+
+def test_a_prestarted_worker_is_taken_or_ended():
+    """verify's worker starts before its model is known; one nobody takes is killed, whatever happened."""
+    from exportkit.runtimes.session import TfWorker
+
+    TfWorker.prestart("cpu")
+    worker = TfWorker.for_model(".", "cpu")
+    assert worker.process is not None and worker.path  # the prestarted process, now pointed at a model
+    assert TfWorker.for_model(".", "cpu") is not worker  # taken once: the next caller gets a fresh one
+    worker.close()
+    from exportkit.runtimes import session
+
+    TfWorker.prestart("cpu")  # nothing takes this one
+    process = session._PRESTARTED["cpu"].process
+    TfWorker.discard_prestarted(keep=("gpu",))
+    assert "cpu" not in session._PRESTARTED and process.poll() is not None

@@ -68,7 +68,7 @@ class TfWorker:
 
     @classmethod
     def prestart(cls, device: str | None = "cpu") -> None:
-        """Start a worker for `device` before its model is known: its TensorFlow import (~3 s, the longest step of
+        """Start a worker for `device` before its model is known: its TensorFlow import (2-3 s, the longest step of
         a verify) then overlaps everything the caller does first. `for_model` hands it out; `discard_prestarted`
         ends the ones nobody took."""
         if device not in _PRESTARTED:
@@ -198,8 +198,7 @@ class TfWorker:
                 self._requests.sendall((json.dumps(payload) + "\n").encode(), getattr(socket, "MSG_NOSIGNAL", 0))
         except OSError as err:  # EPIPE, ECONNRESET: it died
             self._await_ready()  # (having said why, if it could not start)
-            with self._arrived:
-                raise self._died() from err
+            raise self._died() from err
         return request_id
 
     def _await_ready(self) -> None:
