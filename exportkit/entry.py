@@ -1,5 +1,5 @@
 """The `exportkit` command. `exportkit verify` starts its TensorFlow worker before the CLI's own imports (~0.4 s):
-the worker's TensorFlow import (~3 s, the longest step of a verify) then overlaps them too. The worker loads nothing
+the worker's TensorFlow import (2-3 s, the longest step of a verify) then overlaps them too. The worker loads nothing
 until verify has read and planned the model; one this run does not use (another device in exportkit.toml, a plan
 without it) is ended before verify returns (TfWorker.discard_prestarted)."""
 import sys

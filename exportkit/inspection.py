@@ -14,7 +14,7 @@ from pathlib import Path
 
 from exportkit.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
 from exportkit.findings import Finding, has_errors
-from exportkit.layout import ASSET_DIRS, read_manifest
+from exportkit.layout import ASSET_DIRS, read_manifest, variables_bytes
 from exportkit.spec import source_options
 
 SOURCE_SUFFIXES = (".h5", ".hdf5", ".keras")
@@ -62,16 +62,6 @@ def _files_under(root: Path, top: Path) -> list[str]:
             out.append((Path(dirpath) / name).relative_to(top).as_posix())
     return out
 
-
-def _dir_bytes(root: Path) -> int:
-    total = 0
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
-            try:
-                total += (Path(dirpath) / name).stat().st_size
-            except OSError:
-                pass
-    return total
 
 
 LARGEST_SHOWN = 5
@@ -134,7 +124,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
         signatures=signatures_of(meta_graph),
         ops=op_counts(meta_graph),
         assets=assets,
-        variables_bytes=_dir_bytes(directory / "variables"),
+        variables_bytes=variables_bytes(directory),
         variables=_variables_summary(directory),
         manifest=manifest,
         findings=findings,

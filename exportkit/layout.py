@@ -12,6 +12,7 @@ One place reads and writes these, so export, verify, inspect and the server agre
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from exportkit.batches import load_batches, save_batches
@@ -28,8 +29,16 @@ REFERENCE_OUTPUTS = "reference_outputs"  # outputs of the model as trained (expo
 
 
 def variables_bytes(version_dir: str | Path) -> int:
-    """Bytes of the variables' data shards (variables/variables.data-*): what every load holds in memory."""
-    return sum(f.stat().st_size for f in (Path(version_dir) / "variables").glob("variables.data-*") if f.is_file())
+    """Bytes of the files under variables/ (what every load reads and holds): inspect reports it, verify decides
+    from it whether to load one way at a time."""
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(Path(version_dir) / "variables"):
+        for name in filenames:
+            try:
+                total += (Path(dirpath) / name).stat().st_size
+            except OSError:
+                pass
+    return total
 
 
 def warmup_path(version_dir: str | Path) -> Path:
