@@ -506,6 +506,30 @@ def test_fixed_width_bodies_are_taken_only_whole_and_exact():
         assert parse_fixed_body(variant) is None, variant[:80]
 
 
+def test_fixed_width_bodies_read_as_they_arrive_read_as_whole_ones():
+    """The server reads a body while it arrives (FixedBodyReader, fed what each recv gives): whatever the pieces,
+    it gets what parse_fixed_body gets from the whole body, a FixedBody or None, and a trickle of one-byte pieces
+    costs no more than a bounded copy per byte (the head and a row are what it holds)."""
+    from exportkit.serving.json_tensor import FixedBodyReader, fixed_json, parse_fixed_body
+
+    rng = np.random.default_rng(12)
+    for shape in ((5,), (3, 4), (2, 3, 700), (9, 2, 2, 3)):
+        values = rng.normal(size=shape).astype(np.float32)
+        body = fixed_json(values, b'{"signature_name":"s","instances":', b"}")
+        whole = parse_fixed_body(body)
+        bodies = [body, body[:-1] + b" ", body.replace(b"e-", b"e+", 1), body[:40] + b"x" + body[41:], body + b"}"]
+        for variant in bodies:
+            for size in (1, 15, 16, 999, len(variant)):
+                reader = FixedBodyReader(len(variant))
+                for start in range(0, len(variant), size):
+                    reader.feed(variant[start:start + size])
+                got, expected = reader.body(variant), parse_fixed_body(variant)
+                assert (got is None) == (expected is None), (shape, size, variant[:60])
+                if got is not None:
+                    assert got.doc == expected.doc and np.array_equal(got.values, expected.values)
+        assert whole is not None and parse_fixed_body(bodies[1]) is None and parse_fixed_body(bodies[3]) is None
+
+
 @pytest.mark.slow
 @pytest.mark.serving
 def test_fixed_width_bodies_answer_and_refuse_as_ordinary_ones(rest):

@@ -20,8 +20,9 @@ import grpc
 from exportkit.savedmodel import dtype_name
 from exportkit.serving.classifier import classify
 from exportkit.serving.http_server import HttpServer, Limits, Request, Response, error_response, serve_in_thread
-from exportkit.serving.json_tensor import (classify_json, error_json, fill_example_input, fill_predict_request,
-                                           parse_fixed_body, parse_json, predict_json, regress_json, signature_name)
+from exportkit.serving.json_tensor import (FixedBodyReader, classify_json, error_json, fill_example_input,
+                                           fill_predict_request, parse_fixed_body, parse_json, predict_json,
+                                           regress_json, signature_name)
 from exportkit.serving.metadata import get_model_metadata
 from exportkit.serving.model_status import get_model_status
 from exportkit.serving.predict import run_predict
@@ -81,10 +82,12 @@ def _model_spec(spec, info: ModelInfo) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the handler
-def handle(core, method: str, path: str, body: bytes, timeout_in_ms: int = 0) -> tuple[int, str]:
+def handle(core, method: str, path: str, body: bytes, timeout_in_ms: int = 0,
+           reader: FixedBodyReader | None = None) -> tuple[int, str]:
     """(HTTP status, JSON body) for one request, like HttpRestApiHandler::ProcessRequest. `timeout_in_ms`
-    (--rest_api_timeout_in_ms) is every Session.run's RunOptions timeout (http_rest_api_handler.cc). Counted as
-    http_server.cc does: the URL's model name and verb ("" for GET), entrypoint REST."""
+    (--rest_api_timeout_in_ms) is every Session.run's RunOptions timeout (http_rest_api_handler.cc); `reader`, the
+    body's if it was read as it arrived. Counted as http_server.cc does: the URL's model name and verb ("" for GET),
+    entrypoint REST."""
     started = time.monotonic()
     model_name = verb = ""
     status = "OK"
@@ -92,7 +95,7 @@ def handle(core, method: str, path: str, body: bytes, timeout_in_ms: int = 0) ->
         info = parse_model_info(method, path)
         model_name, verb = info.name, info.verb if method == "POST" else ""
         with request_scope(timeout_in_ms / 1000):
-            return 200, _dispatch(core, info, method, body)
+            return 200, _dispatch(core, info, method, body, reader)
     except RpcError as err:
         status = err.code.name
         return HTTP_STATUS.get(err.code.name, 500), error_json(err.message)
@@ -105,13 +108,13 @@ def handle(core, method: str, path: str, body: bytes, timeout_in_ms: int = 0) ->
             core.metrics.request(model_name, verb, "REST", status, (time.monotonic() - started) * 1e6)
 
 
-def _dispatch(core, info: ModelInfo, method: str, body: bytes) -> str:
+def _dispatch(core, info: ModelInfo, method: str, body: bytes, reader: FixedBodyReader | None) -> str:
     if method == "GET":
         if not info.name:
             raise invalid_argument("Missing model name in request.")
         return _metadata(core, info) if info.verb == "metadata" else _status(core, info)
     if info.verb == "predict":
-        return _predict(core, info, body)
+        return _predict(core, info, body, reader)
     doc = parse_json(body)
     from tensorflow_serving.apis import classification_pb2, regression_pb2
 
@@ -125,7 +128,7 @@ def _dispatch(core, info: ModelInfo, method: str, body: bytes) -> str:
     return regress_json(regress(core, request).result)
 
 
-def _predict(core, info: ModelInfo, body: bytes) -> str:
+def _predict(core, info: ModelInfo, body: bytes, reader: FixedBodyReader | None) -> str:
     """ProcessPredictRequest: the signature's input map (GetInfoMap), the JSON codec, Predict, JSON again. A body in
     the fixed-width layout (json_tensor.FixedBody) has its array read by numpy; it takes the ordinary path wherever
     its answer could differ from the ordinary one's (another input map), so every refusal keeps its words."""
@@ -133,7 +136,7 @@ def _predict(core, info: ModelInfo, body: bytes) -> str:
 
     from exportkit.serving.tensors import to_ndarray, to_tensor_proto
 
-    fixed = parse_fixed_body(body)
+    fixed = reader.body(body) if reader else parse_fixed_body(body)
     doc = fixed.doc if fixed else parse_json(body)
     request = predict_pb2.PredictRequest()
     _model_spec(request.model_spec, info)
@@ -204,6 +207,13 @@ class RestApiHandler:
             return error_response(HTTP_STATUS[err.code.name], err.message)
         return None
 
+    def reader(self, method: str, target: str, headers: dict[str, str]) -> FixedBodyReader | None:
+        """A Predict body is read as it arrives, in case it is in json_tensor's fixed-width layout."""
+        path = urllib.parse.urlsplit(target).path
+        if method != "POST" or path in self.routes or not path.lower().endswith(":predict"):
+            return None
+        return FixedBodyReader(int(headers["content-length"]))
+
     def __call__(self, request: Request) -> Response:
         path = urllib.parse.urlsplit(request.target).path
         if path in self.routes:
@@ -215,7 +225,7 @@ class RestApiHandler:
                 return Response(200, b"", None)
             return error_response(HTTP_STATUS[grpc.StatusCode.FAILED_PRECONDITION.name],
                                   "Origin header is missing in CORS preflight")
-        status, text = handle(self.core, request.method, path, request.body, self.timeout_in_ms)
+        status, text = handle(self.core, request.method, path, request.body, self.timeout_in_ms, request.reader)
         # surrogateescape: string outputs that are not UTF-8 go out as their raw bytes, as TF Serving sends them.
         return Response(status, text.encode("utf-8", "surrogateescape"))
 

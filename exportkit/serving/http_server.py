@@ -40,12 +40,18 @@ class Limits:
     max_connections: int = 512
 
 
+class BodyReader(Protocol):
+    def feed(self, data: bytes) -> None:
+        """The body's next bytes, as they arrive: what is done with them overlaps the client's sending."""
+
+
 @dataclass(frozen=True)
 class Request:
     method: str  # upper case, as sent
     target: str  # path and query, as sent
     headers: dict[str, str]  # lower-case names
     body: bytes
+    reader: BodyReader | None = None  # the handler's reader, fed the whole body
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,9 @@ class Response:
 class Handler(Protocol):
     def check(self, method: str, target: str) -> Response | None:
         """An answer from the request line alone (then the body is never read), or None to read it."""
+
+    def reader(self, method: str, target: str, headers: dict[str, str]) -> BodyReader | None:
+        """Something to read the (declared, uncompressed) body as it arrives, or None."""
 
     def __call__(self, request: Request) -> Response:
         """The answer to a whole request."""
@@ -188,6 +197,9 @@ class HttpServer:
                                 f"{self.limits.max_body_bytes} bytes")
         if conn.they_are_waiting_for_100_continue:
             self._send_bytes(client, conn.send(h11.InformationalResponse(status_code=100, headers=[])))
+        method, target = head.method.decode("ascii", "replace"), head.target.decode("ascii", "replace")
+        gzip = "gzip" in headers.get("content-encoding", "").lower()  # net_http's auto_uncompress_input, on by default
+        reader = None if declared is None or gzip else self.handler.reader(method, target, headers)
         chunks, size = [], 0
         deadline = time.monotonic() + self.limits.body_seconds
         while True:
@@ -201,10 +213,12 @@ class HttpServer:
             if size > self.limits.max_body_bytes:
                 raise _Refused(413, f"Request body is larger than the limit of {self.limits.max_body_bytes} bytes")
             chunks.append(event.data)
+            if reader is not None:
+                reader.feed(event.data)
         body = b"".join(chunks)
-        if "gzip" in headers.get("content-encoding", "").lower():  # net_http's auto_uncompress_input, on by default
+        if gzip:
             body = self._gunzip(body)
-        return Request(head.method.decode("ascii", "replace"), head.target.decode("ascii", "replace"), headers, body)
+        return Request(method, target, headers, body, reader)
 
     def _gunzip(self, data: bytes) -> bytes:
         most = self.limits.max_body_bytes  # also what a small gzip body may grow to
