@@ -22,14 +22,14 @@ from exportkit.verify.tolerances import Tolerance
 @contextlib.contextmanager
 def summaries_off():
     """compare_arrays without its summaries: the bare comparison the ratio is taken against."""
-    saved = compare.error_histogram, compare.worst_elements, compare.sample_pairs
-    compare.error_histogram = lambda *args, **kwargs: None
+    saved = compare.error_histograms, compare.worst_elements, compare.sample_pairs
+    compare.error_histograms = lambda *args, **kwargs: (None, None)
     compare.worst_elements = lambda *args, **kwargs: []
     compare.sample_pairs = lambda *args, **kwargs: None
     try:
         yield
     finally:
-        compare.error_histogram, compare.worst_elements, compare.sample_pairs = saved
+        compare.error_histograms, compare.worst_elements, compare.sample_pairs = saved
 
 
 def arrays(n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -41,7 +41,7 @@ import numpy as np
 
 from exportkit.data.stats import category_of, element_errors, scalar_value, to_bytes
 from exportkit.dtypes import name_of_array
-from exportkit.verify.error_summaries import error_histogram, merge_summaries, sample_pairs, worst_elements
+from exportkit.verify.error_summaries import error_histograms, merge_summaries, sample_pairs, worst_elements
 from exportkit.verify.tolerances import Tolerance, default_tolerance
 
 # --------------------------------------------------------------------------------------------- results
@@ -257,8 +257,7 @@ def _compare_numeric(res: OutputComparison, e: np.ndarray, a: np.ndarray, ce: st
     excess = np.where(finite, diff - allowed, -np.inf)
     excess[nonfinite_bad] = np.inf
     failing = m > nf  # any finite element over tolerance
-    res.abs_err_histogram = error_histogram(fin_diff, _selected(over, finite, fin_diff.size, failing))
-    res.rel_err_histogram = error_histogram(rel, _selected(over, nz, rel.size, failing))
+    res.abs_err_histogram, res.rel_err_histogram = error_histograms(fin_diff, rel, err, over if failing else None)
     res.worst_elements = worst_elements(e, a, excess, ce, ca, diff)
     if "float" in (ce, ca):
         res.sample_pairs = sample_pairs(e, a, finite)
@@ -280,13 +279,6 @@ def _compare_numeric(res: OutputComparison, e: np.ndarray, a: np.ndarray, ce: st
     res.passed = not reasons
     res.reason = "; ".join(reasons) or None
     return res
-
-
-def _selected(mask: np.ndarray, where: np.ndarray, size: int, any_set: bool) -> np.ndarray:
-    """mask[where] (`size` elements), without the copy when `where` selects all or `mask` has nothing set."""
-    if not any_set:
-        return np.broadcast_to(False, (size,))
-    return mask.ravel() if size == mask.size else mask[where]
 
 
 def _structural(key: str, reason: str, arr: np.ndarray, side: str, tol: Tolerance) -> OutputComparison:

@@ -1,6 +1,6 @@
 """Fixed-size summaries for reports that show *where* outputs disagree (never the whole arrays):
 
-* `abs_err_histogram` / `rel_err_histogram`: counts of the finite errors in log-spaced bins
+* `abs_err_histogram` / `rel_err_histogram` (`error_histograms`): counts of the finite errors in log-spaced bins
   (`SHOWN_BINS_PER_DECADE` per decade, cut to the occupied range), `over` counting the elements of each bin that
   fail the tolerance, and `zeros` the exact matches;
 * `worst_elements`: the `WORST_ELEMENTS` elements furthest beyond their allowance, with their indices;
@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from exportkit.data.stats import BINS_PER_DECADE, LOG_HI, LOG_LO, LogHistogram, scalar_value
+from exportkit.data.stats import BINS_PER_DECADE, LOG_HI, LOG_LO, ElementErrors, LogHistogram, scalar_value
 
 SHOWN_BINS_PER_DECADE = 10  # histogram bins shown per decade (data.stats counts 100 per decade)
 WORST_ELEMENTS = 10
@@ -64,14 +64,15 @@ def _key_table() -> tuple[np.ndarray, np.ndarray]:
     return table, edges
 
 
-def _bin_counts(values: np.ndarray, over: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Counts of the values by index (see `_plain_indices`), and of the `over` ones.
+def _bin_counts(values: np.ndarray) -> np.ndarray:
+    """Counts of the values by index (see `_plain_indices`).
 
     A chunk at a time into two reused buffers: the key (a shift of the float's bits), its index from the table
-    (one look-up), and for the few values whose key straddles a bin edge one comparison with that edge."""
+    (one look-up), counted with np.add.at (faster than np.bincount, which first looks for the largest index); the
+    few values whose key straddles a bin edge are counted at their upper index there, and moved after one
+    comparison with that edge."""
     table, edges = _key_table()
-    counts = np.zeros(_INDICES, dtype=np.int64)
-    over_counts = None if over is None else np.zeros(_INDICES, dtype=np.int64)
+    counts = np.zeros(2 * _INDICES, dtype=np.int64)  # _INDICES + upper: a straddling key's
     bits = values.view(np.int64)
     keys = np.empty(min(values.size, _CHUNK), dtype=np.intp)
     indices = np.empty(keys.size, dtype=np.intp)
@@ -80,35 +81,43 @@ def _bin_counts(values: np.ndarray, over: np.ndarray | None) -> tuple[np.ndarray
         key, index = keys[:chunk.size], indices[:chunk.size]
         np.right_shift(chunk, _KEY_SHIFT, out=key)
         np.take(table, key, out=index, mode="wrap")  # "wrap": no bounds check (every key is in the table)
-        found = np.bincount(index, minlength=_INDICES)
-        if found[_INDICES:].any():
+        straddling = counts[_INDICES:].sum()
+        np.add.at(counts, index, 1)
+        if counts[_INDICES:].sum() != straddling:
             at = np.flatnonzero(index >= _INDICES)
             upper = index[at] - _INDICES
-            exact = upper - (values[start:start + _CHUNK][at] < edges[upper])
-            index[at] = exact
-            found[:_INDICES] += np.bincount(exact, minlength=_INDICES)
-        counts += found[:_INDICES]
-        if over is not None:
-            failing = over[start:start + _CHUNK]
-            if failing.any():
-                over_counts += np.bincount(index[failing], minlength=_INDICES)
-    return counts, over_counts
+            np.add.at(counts, upper - (values[start:start + _CHUNK][at] < edges[upper]), 1)
+    return counts[:_INDICES]
 
 
-def error_histogram(values: np.ndarray, over: np.ndarray | None = None) -> dict | None:
-    """Non-negative errors in log bins; `over` marks the values whose element fails the tolerance.
+def error_histogram(values: np.ndarray, failing: np.ndarray | None = None) -> dict | None:
+    """Non-negative errors in log bins; `failing`, the values (among them) of the elements that fail the tolerance,
+    counted again as each bin's `over`.
 
-    The bins are those of `histogram_summary` (data.stats' grid, coarsened), counted with np.bincount."""
+    The bins are those of `histogram_summary` (data.stats' grid, coarsened)."""
     values = np.asarray(values, dtype=np.float64).ravel()
     if not values.size:
         return None
-    every, every_over = _bin_counts(values, None if over is None else np.asarray(over, dtype=bool).ravel())
+    every = _bin_counts(values)
+    every_over = None if failing is None else _bin_counts(np.asarray(failing, dtype=np.float64).ravel())
     counts = every[1:]
     occupied = np.flatnonzero(counts)
     lo, hi = (int(occupied[0]), int(occupied[-1]) + 1) if occupied.size else (0, 0)
     return {"start": (lo + _LO_BIN) / SHOWN_BINS_PER_DECADE if occupied.size else None,
             "bins_per_decade": SHOWN_BINS_PER_DECADE, "counts": counts[lo:hi].tolist(),
             "over": None if every_over is None else every_over[1:][lo:hi].tolist(), "zeros": int(every[0])}
+
+
+def error_histograms(abs_errors: np.ndarray, rel_errors: np.ndarray, errors: ElementErrors,
+                     over: np.ndarray | None) -> tuple[dict | None, dict | None]:
+    """The histograms of an output's finite absolute and relative errors (compare.py's), with `over` counting those
+    of the `over` elements (None: none fails). The failing elements' errors are taken at their positions: cheap
+    when few fail, as usual."""
+    where = np.empty(0, np.intp) if over is None else np.flatnonzero(over)
+    diff, mag = errors.diff.ravel(), errors.mag.ravel()
+    where_rel = where[mag[where] > 0]
+    return (error_histogram(abs_errors, diff[where]),
+            error_histogram(rel_errors, diff[where_rel] / mag[where_rel]))
 
 
 def histogram_summary(hist: LogHistogram) -> dict | None:
