@@ -864,8 +864,33 @@ def _json_scalar(value, dtype: str, as_bytes: bool) -> str:
 
 
 def _float_texts(value: np.ndarray, double: bool) -> list[str]:
-    """format_float of every element (C order): the same texts, formatted by Python a list at a time (numpy's
-    char functions took ~2 us an element), `%.6g` read back by numpy only where it may read back as the value."""
+    """format_float of every element (C order)."""
+    if _by_cells(value, double):
+        return _float32_rows(np.ravel(value), 0)[0].split(", ")
+    return _python_float_texts(value, double)
+
+
+def _float_rows(value: np.ndarray, double: bool) -> list[str]:
+    """format_float of every element (C order), ", "-joined a row (last dimension) at a time."""
+    step = value.shape[-1]
+    if _by_cells(value, double):
+        return _float32_rows(value, step)
+    texts = _python_float_texts(value, double)
+    return [", ".join(texts[i:i + step]) for i in range(0, len(texts), step)]
+
+
+def _by_cells(value: np.ndarray, double: bool) -> bool:
+    """Whether _float32_rows formats the array: float32, and enough numbers to pay for its ~45 numpy calls."""
+    return not double and value.dtype == np.float32 and value.size >= _CELLS_FROM
+
+
+_CELLS_FROM = 256  # below: ~90 us of numpy calls cost more than Python takes (15 us + 430 ns a number)
+_CELLS_BLOCK = 1 << 14  # numbers a block: temporaries stay in the cache
+
+
+def _python_float_texts(value: np.ndarray, double: bool) -> list[str]:
+    """format_float of every element (C order) formatted by Python a list at a time (numpy's char functions took
+    ~2 us an element), `%.6g` read back by numpy only where it may read back as the value."""
     with np.errstate(invalid="ignore"):  # a signalling NaN
         v = np.ravel(value).astype(np.float64)
     numbers = v.tolist()
@@ -902,13 +927,129 @@ def _may_be_six_digits(v: np.ndarray) -> np.ndarray:
     return ~certain
 
 
+# format_float for a float32 array without a Python object per number: numpy writes each number's text into a cell
+# of fixed fields, NUL where the text has no character, and the NULs' removal leaves the texts one after the other.
+# The cell: sign and the digit of 10**8, the digits of 10**7 ... 10**0, point, 12 digits of fraction, "e" and the
+# exponent, separator (", ", or "\n" after a row). `%.6g` and `%.9g` both fit: positional when -4 <= exponent <
+# precision, so at most 9 digits before the point and 12 after it.
+_FLOAT_CELL = np.dtype({"names": ["head", "high", "units", "point", "f1", "f2", "f3", "exponent", "separator"],
+                        "formats": ["<u2", "<u4", "<u4", "u1", "<u4", "<u4", "<u4", "<u4", "<u2"],
+                        "offsets": [0, 2, 6, 10, 11, 15, 19, 23, 27], "itemsize": 29})
+_TEXT_BYTES = 27  # the cell without its separator
+
+
+def _words(texts, dtype="<u4") -> np.ndarray:
+    """Texts as little-endian words of the dtype's size, NUL-padded on the right: one write puts several bytes."""
+    size = np.dtype(dtype).itemsize
+    return np.frombuffer(b"".join(t.ljust(size, b"\0") for t in texts), dtype)
+
+
+# by 10 * negative + digit of 10**8
+_HEADS = _words([sign + (b"%d" % d if d else b"\0") for sign in (b"\0", b"-") for d in range(10)], "<u2")
+# four digits by number + 10000 * (whether digits precede); the units digit is always written (0.5, not .5)
+_HIGH_WORDS = np.concatenate([_words((b"%d" % i).rjust(4, b"\0") if i else b"" for i in range(10000)),
+                              _FOUR_DIGITS])
+_UNITS_WORDS = np.concatenate([_words((b"%d" % i).rjust(4, b"\0") for i in range(10000)), _FOUR_DIGITS])
+# four digits of fraction by number + 10000 * (whether digits follow) + 20000 * (".0": a positional whole number)
+_FRACTION_WORDS = np.concatenate([_words((b"%04d" % i).rstrip(b"0") for i in range(10000)), _FOUR_DIGITS,
+                                  _words([b"0"])])
+_EXPONENT_WORDS = _words([b""] + [b"e%+03d" % k for k in range(-60, 61)])  # "e-05" at k + 61, none at 0
+_NOT_FINITE = np.frombuffer(b"".join(t.ljust(_TEXT_BYTES, b"\0") for t in (b"NaN", b"-Infinity", b"Infinity")),
+                            np.uint8).reshape(3, _TEXT_BYTES)
+_SEPARATORS = np.full(_CELLS_BLOCK, ord(",") | ord(" ") << 8, np.uint16)
+
+
+def _float32_rows(value: np.ndarray, step: int) -> list[str]:
+    """format_float of every element of a float32 array (C order), ", "-joined `step` numbers at a time (all if 0)."""
+    flat = np.ravel(value)
+    step = step or flat.size
+    with np.errstate(invalid="ignore", over="ignore"):  # a signalling NaN; 6 digits read back as beyond float32
+        text = "".join(_float32_block(flat[i:i + _CELLS_BLOCK], step, i) for i in range(0, flat.size, _CELLS_BLOCK))
+    return text.split("\n")[:-1]
+
+
+def _times_ten_to(x: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """x * 10**k, rounded once where |k| <= 22 (10**|k| a double): multiplied by 10**k or divided by 10**-k."""
+    return x * _TEN_TO[60 + np.maximum(k, 0)] / _TEN_TO[60 - np.minimum(k, 0)]
+
+
+def _float32_block(value: np.ndarray, step: int, start: int) -> str:
+    """The texts of float32 numbers, each followed by ", " or, where a row of `step` ends (counted from `start`), by
+    a newline: json_tensor.cc WriteDecimal's `%.6g` if it reads back as the same float32, else `%.9g`. The digits
+    are worked out in doubles: every value is an integer below 2**53, so exact, and floor(a / 10**k) too."""
+    v = value.astype(np.float64)
+    magnitude = np.abs(v)
+    finite = np.isfinite(v)
+    usual = finite & (magnitude > 0)
+    magnitude[~usual] = 1.0
+    # 9 and 6 significant digits: magnitude * 10**(8 - exponent) and * 10**(5 - exponent). Exact where that power
+    # is at most 10**12 (24 bits times 5**12 fit in 53), so rint rounds a tie (1027997.375) to even as `%g` does;
+    # elsewhere within 2**-52 of the product, certain unless within 1e-6 of a half: Python formats those (below)
+    exponent = np.floor(np.log10(magnitude)).astype(np.intp)
+    scaled = magnitude * _TEN_TO[68 - exponent]
+    exponent += scaled >= 1e9  # log10 one off next to a power of ten
+    exponent -= scaled < 1e8
+    nine = magnitude * _TEN_TO[68 - exponent]
+    six = _times_ten_to(magnitude, 5 - exponent)  # and exact ties up to exponent 7 (1234565.0)
+    unsure = ((np.abs(nine - np.floor(nine) - 0.5) < 1e-6) & ((exponent < -4) | (exponent > 8)) |
+              (np.abs(six - np.floor(six) - 0.5) < 1e-6) & ((exponent < -7) | (exponent > 7)))
+    nine, six = np.rint(nine), np.rint(six)
+    # `%.6g` read back: the double nearest the decimal six * 10**(exponent - 5) is this, from -17 to 27 (one
+    # rounding); elsewhere within 2**-50 of it, and as a float32 certain unless the ends of that interval differ
+    reread = _times_ten_to(six, exponent - 5)
+    slack = ((exponent < -17) | (exponent > 27)) * 2 ** -50
+    low = (reread * (1 - slack)).astype(np.float32)
+    high = (reread * (1 + slack)).astype(np.float32)  # the float32 maximum's: inf, so unsure
+    unsure |= low != high
+    short = low == magnitude.astype(np.float32)
+    digits = np.where(short, six * 1000, nine)  # 9 digits either way, the 6 followed by 000
+    carry = digits >= 1e9  # 999999999.7 rounds to 10**9: 1.00000000e(exponent + 1)
+    exponent += carry
+    digits[carry] = 1e8
+    digits[~usual] = 0  # 0, -0 (the others are replaced below)
+    exponent[~usual] = 0
+    positional = (exponent >= -4) & (exponent < 9 - 3 * short)
+    point = exponent * positional  # scientific: d.dddddddd
+    unit = _TEN_TO[68 - point]
+    whole = np.floor(digits / unit)
+    fraction = (digits - whole * unit) * _TEN_TO[64 + point]  # 12 digits after the point
+    top = np.floor(whole / 1e8)
+    high4 = np.floor(whole / 1e4)
+    first4 = np.floor(fraction / 1e8)
+    low8 = fraction - first4 * 1e8
+    middle4 = np.floor(low8 / 1e4)
+    last4 = low8 - middle4 * 1e4
+
+    cells = np.empty(v.size, _FLOAT_CELL)
+    cells["head"] = _HEADS[(top + 10 * np.signbit(v)).astype(np.intp)]
+    cells["high"] = _HIGH_WORDS[(high4 - top * 1e4 + 1e4 * (top > 0)).astype(np.intp)]
+    cells["units"] = _UNITS_WORDS[(whole - high4 * 1e4 + 1e4 * (high4 > 0)).astype(np.intp)]
+    cells["point"] = (positional | (fraction > 0)) * np.uint8(ord("."))
+    cells["f1"] = _FRACTION_WORDS[(first4 + 1e4 * (low8 > 0) + 2e4 * (positional & (fraction == 0))).astype(np.intp)]
+    cells["f2"] = _FRACTION_WORDS[(middle4 + 1e4 * (last4 > 0)).astype(np.intp)]
+    cells["f3"] = _FRACTION_WORDS[last4.astype(np.intp)]
+    cells["exponent"] = _EXPONENT_WORDS[(exponent + 61) * ~positional]
+    cells["separator"] = _SEPARATORS[:v.size]
+    cells["separator"][(step - 1 - start) % step::step] = ord("\n")
+    raw = cells.view(np.uint8).reshape(v.size, _FLOAT_CELL.itemsize)
+    if not finite.all():
+        special = np.flatnonzero(~finite)
+        raw[special, :_TEXT_BYTES] = _NOT_FINITE[np.where(np.isnan(v[special]), 0, 1 + (v[special] > 0))]
+    rare = np.flatnonzero(unsure & usual)
+    if rare.size:
+        texts = [t.encode("ascii").ljust(_TEXT_BYTES, b"\0") for t in _python_float_texts(value[rare], False)]
+        raw[rare, :_TEXT_BYTES] = np.frombuffer(b"".join(texts), np.uint8).reshape(rare.size, _TEXT_BYTES)
+    return cells.tobytes().translate(None, b"\0").decode("ascii")
+
+
 def _json_array(value: np.ndarray, dtype: str, as_bytes: bool) -> str:
     if not isinstance(value, np.ndarray):
         return _json_scalar(value, dtype, as_bytes)
     if value.ndim == 0:
         return _json_scalar(value.item() if dtype != "string" else value[()], dtype, as_bytes)
     if dtype in ("float32", "float64") and value.size:
-        return _nested(_float_texts(value, dtype == "float64"), value.shape)
+        rows = _float_rows(value, dtype == "float64")
+        return "[" + (rows[0] if value.ndim == 1 else ", ".join(_nested(rows, value.shape))) + "]"
     return "[" + ", ".join(_json_array(v, dtype, as_bytes) for v in value) + "]"
 
 
@@ -916,19 +1057,18 @@ def _row_texts(value: np.ndarray, dtype: str, as_bytes: bool) -> list[str]:
     """_json_array of each value[i], the floats formatted in one pass."""
     if dtype not in ("float32", "float64") or not value.size:
         return [_json_array(v, dtype, as_bytes) for v in value]
-    texts = _float_texts(value, dtype == "float64")
     if value.ndim == 1:
-        return texts
-    step = len(texts) // len(value)
-    return [_nested(texts[i * step:(i + 1) * step], value.shape[1:]) for i in range(len(value))]
+        return _float_texts(value, dtype == "float64")
+    return _nested(_float_rows(value, dtype == "float64"), value.shape)
 
 
-def _nested(texts: list[str], shape: tuple[int, ...]) -> str:
-    """The JSON array of `shape` (no dimension 0) around a flat list of number texts in C order."""
-    if len(shape) == 1:
-        return "[" + ", ".join(texts) + "]"
-    step = len(texts) // shape[0]
-    return "[" + ", ".join(_nested(texts[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])) + "]"
+def _nested(rows: list[str], shape: tuple[int, ...]) -> list[str]:
+    """The JSON arrays value[i] of an array of `shape` (rank >= 2, no dimension 0) from its rows' texts ("1.0, 2.0",
+    C order): bracketed and joined a dimension at a time, not a Python call per row."""
+    arrays = ["[" + row + "]" for row in rows]
+    for size in reversed(shape[1:-1]):
+        arrays = ["[" + ", ".join(arrays[i:i + size]) + "]" for i in range(0, len(arrays), size)]
+    return arrays
 
 
 def _dtype_of(value: np.ndarray) -> str:
