@@ -483,10 +483,11 @@ def signature_name(doc: dict) -> str:
 FIXED_WIDTH = 15
 _RECORD = np.dtype((np.void, FIXED_WIDTH + 1))
 _U64 = np.uint64
-_FOUR_DIGITS = np.frombuffer(b"".join(b"%04d" % i for i in range(10000)), "<u4").astype(_U64)  # ASCII, in order
+_FOUR_DIGITS = np.frombuffer(b"".join(b"%04d" % i for i in range(10000)), "<u4")  # ASCII, as a word holds them
 _LEAD = (np.arange(10, dtype=_U64) + ord("0")) << _U64(8) | _U64(ord(".")) << _U64(16)  # bytes 1-2, by first digit
-_HIGH = _FOUR_DIGITS << _U64(24)  # bytes 3-6: digits 2-5
-_LOW_0, _LOW_1 = (_FOUR_DIGITS & _U64(0xFF)) << _U64(56), _FOUR_DIGITS >> _U64(8)  # digits 6-9: byte 7, bytes 8-10
+_HIGH = _FOUR_DIGITS.astype(_U64) << _U64(24)  # bytes 3-6: digits 2-5
+_LOW_0 = (_FOUR_DIGITS.astype(_U64) & _U64(0xFF)) << _U64(56)  # digits 6-9: byte 7 ...
+_LOW_1 = _FOUR_DIGITS.astype(_U64) >> _U64(8)  # ... and bytes 8-10
 _EXPONENTS = np.arange(-60, 61)
 _EXPONENT = (_U64(ord("e")) << _U64(24) | np.where(_EXPONENTS < 0, ord("-"), ord("+")).astype(_U64) << _U64(32) |
              np.frombuffer(b"".join(b"%02d" % abs(k) for k in _EXPONENTS), "<u2").astype(_U64) << _U64(40))
@@ -512,11 +513,11 @@ def fixed_words(array: np.ndarray, separators: np.ndarray | int = ord(",")) -> n
     words = np.empty((flat.size, 2), _U64)
     for start in range(0, flat.size, _CHUNK_NUMBERS):
         end = start + _CHUNK_NUMBERS
-        words[start:end] = _words(flat[start:end], separators[start:end])
+        words[start:end] = _fixed_chunk_words(flat[start:end], separators[start:end])
     return words
 
 
-def _words(array: np.ndarray, separators: np.ndarray) -> np.ndarray:
+def _fixed_chunk_words(array: np.ndarray, separators: np.ndarray) -> np.ndarray:
     """fixed_words of a chunk."""
     value = array.astype(np.float64)
     magnitude = np.abs(value)
@@ -632,14 +633,14 @@ def read_fixed_words(words: np.ndarray) -> np.ndarray | None:
     """The doubles rapidjson reads from records ((n, 2) words), None unless every one has the layout's characters."""
     values = np.empty(len(words))
     for start in range(0, len(words), _CHUNK_NUMBERS):
-        chunk = _read_words(words[start:start + _CHUNK_NUMBERS])
+        chunk = _read_fixed_chunk(words[start:start + _CHUNK_NUMBERS])
         if chunk is None:
             return None
         values[start:start + _CHUNK_NUMBERS] = chunk
     return values
 
 
-def _read_words(words: np.ndarray) -> np.ndarray | None:
+def _read_fixed_chunk(words: np.ndarray) -> np.ndarray | None:
     """read_fixed_words of a chunk."""
     first, second = words[:, 0], words[:, 1]
     sign, exponent_sign = first & _U64(0xFF), (second >> _U64(32)) & _U64(0xFF)
