@@ -7,6 +7,8 @@ TensorProto fill per input, one `np.frombuffer` per output.
 """
 from __future__ import annotations
 
+import functools
+
 import time
 from typing import Callable
 
@@ -100,7 +102,9 @@ class ServingClient:
         if version is not None:
             spec.version.value = int(version)
         self._spec = spec
-        self._np_to_dt = np_to_datatype()
+        np_to_dt = np_to_datatype()
+        # a numpy dtype's DataType, looked up by the dtype itself (np.dtype.name is a Python property)
+        self._enum_of = functools.cache(lambda dtype: None if dtype.kind in "OSU" else np_to_dt.get(dtype.name))
 
     # -- status -------------------------------------------------------------------------------------------------
     def status(self, timeout: float | None = None):
@@ -183,11 +187,10 @@ class ServingClient:
         request.model_spec.CopyFrom(self._spec)
         if signature_name is not None:
             request.model_spec.signature_name = signature_name
-        np_to_dt = self._np_to_dt
         for key, value in inputs.items():
             arr = np.asarray(value)
             proto = request.inputs[key]
-            enum = np_to_dt.get(arr.dtype.name) if arr.dtype.kind not in "OSU" else None
+            enum = self._enum_of(arr.dtype)
             if enum is not None:  # fast path: fill in place, no intermediate proto
                 proto.dtype = enum
                 proto.tensor_content = np.ascontiguousarray(arr).tobytes()

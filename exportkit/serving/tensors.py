@@ -6,6 +6,7 @@ TensorFlow's own `make_tensor_proto`/`make_ndarray`.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -78,30 +79,36 @@ def to_tensor_proto(array, dtype=None):
 
 def to_ndarray(proto) -> np.ndarray:
     """A TensorProto as an ndarray (strings come back as an object array of bytes)."""
-    from exportkit.savedmodel import protos
-
     shape = tuple(d.size for d in proto.tensor_shape.dim)
-    np_dtype = _dt_to_np(proto.dtype)
-    if proto.tensor_content and np_dtype is not None:
+    np_dtype, field = _typed_field(proto.dtype)
+    if np_dtype is not None and proto.tensor_content:
         return np.frombuffer(proto.tensor_content, dtype=np_dtype).reshape(shape).copy()
     size = math.prod(shape)  # (np.prod of a tuple: a few microseconds of every Predict answer)
-    if np_dtype is not None and size:  # typed fields (Tensor::AsProtoField), all elements written
-        name = "bfloat16" if np_dtype.name == "bfloat16" else np_dtype.name
-        values = getattr(proto, _PROTO_FIELD.get(name, ""), None) if name in _PROTO_FIELD else None
-        per_element = 2 if name.startswith("complex") else 1
-        if values is not None and len(values) == size * per_element:
-            if name in ("float16", "bfloat16"):
+    if field and size:  # typed fields (Tensor::AsProtoField), all elements written
+        values = getattr(proto, field)
+        per_element = 2 if np_dtype.kind == "c" else 1
+        if len(values) == size * per_element:
+            if field == "half_val":
                 return np.array(values, dtype=np.uint16).view(np_dtype).reshape(shape)
             if per_element == 2:
-                flat = np.array(values, dtype=np.float32 if name == "complex64" else np.float64)
+                flat = np.array(values, dtype=np.float32 if np_dtype.itemsize == 8 else np.float64)
                 return (flat[0::2] + 1j * flat[1::2]).astype(np_dtype).reshape(shape)
             return np.array(values, dtype=np_dtype).reshape(shape)
+    from exportkit.savedmodel import protos
+
     if proto.dtype == protos()["types"].DataType.Value("DT_STRING") and len(proto.string_val) == size:
         values = np.empty(size, dtype=object)
         values[:] = list(proto.string_val)
         return values.reshape(shape)
     return import_tf().make_ndarray(proto)
 
+
+@functools.cache
+def _typed_field(enum: int) -> tuple[np.dtype | None, str | None]:
+    """A DataType's numpy dtype and its typed repeated field (None, None when numpy has no such dtype): looked up
+    once, not by dtype name per answer (np.dtype.name is a Python property)."""
+    np_dtype = _dt_to_np(enum)
+    return np_dtype, None if np_dtype is None else _PROTO_FIELD.get(np_dtype.name)
 
 
 # Tensor::AsProtoField: the typed repeated field per dtype (what TF Serving's Predict answers with, kAsProtoField)
