@@ -4,6 +4,7 @@ is not a request through the server."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -135,6 +136,16 @@ def test_a_prestarted_worker_is_taken_or_ended():
     from exportkit.runtimes import session
 
     TfWorker.prestart("cpu")  # nothing takes this one
-    process = session._PRESTARTED["cpu"].process
-    TfWorker.discard_prestarted(keep=("gpu",))
-    assert "cpu" not in session._PRESTARTED and process.poll() is not None
+    process = session._PRESTARTED["cpu", None, None].process
+    TfWorker.discard_prestarted(keep=(("gpu", None, None),))
+    assert ("cpu", None, None) not in session._PRESTARTED and process.poll() is not None
+    # a managed environment's (here: this Python with the standalone worker script) goes to its session runtime
+    from exportkit.compat.envs import WORKER
+    from exportkit.runtimes.session import SessionRuntime
+
+    TfWorker.prestart("cpu", python=sys.executable, worker=str(WORKER))
+    process = session._PRESTARTED["cpu", sys.executable, str(WORKER)].process
+    runtime = SessionRuntime(".", python=sys.executable, worker=str(WORKER))
+    assert runtime.worker.process is process and not session._PRESTARTED
+    process.kill()
+    runtime.worker.close()

@@ -29,7 +29,7 @@ from exportkit.tf1_loader import loader_failure
 from exportkit.tfenv import child_env
 
 REPLY_TIMEOUT = 600.0
-_PRESTARTED: dict = {}  # device -> a TfWorker started before its model was known (TfWorker.prestart)
+_PRESTARTED: dict = {}  # (device, python, worker) -> a TfWorker started before its model was known (prestart)
 
 
 class TfWorker:
@@ -67,34 +67,38 @@ class TfWorker:
         self._users_lock = threading.Lock()
 
     @classmethod
-    def prestart(cls, device: str | None = "cpu") -> None:
-        """Start a worker for `device` before its model is known: its TensorFlow import (2-3 s, the longest step of
-        a verify) then overlaps everything the caller does first. `for_model` hands it out; `discard_prestarted`
-        ends the ones nobody took."""
-        if device not in _PRESTARTED:
+    def prestart(cls, device: str | None = "cpu", *, python: str | None = None, worker: str | None = None) -> None:
+        """Start a worker for `device` (on `python` with `worker`, a managed environment's, or this Python's) before
+        its model is known: its TensorFlow import (2-3 s, the longest step of a verify) then overlaps everything the
+        caller does first. `for_model` hands it out; `discard_prestarted` ends the ones nobody took."""
+        key = (device, python, worker)
+        if key not in _PRESTARTED:
             if not _PRESTARTED:
                 atexit.register(cls.discard_prestarted)  # e.g. a usage error before verify ran
-            worker = cls("", device)
-            worker.start()
-            _PRESTARTED[device] = worker
+            started = cls("", device, python=python, worker=worker)
+            started.start()
+            _PRESTARTED[key] = started
 
     @classmethod
-    def for_model(cls, path: str, device: str | None = "cpu", allow_tf32: bool = False) -> "TfWorker":
-        """The prestarted worker for `device` pointed at `path` (it has loaded nothing yet), else a new one."""
-        worker = _PRESTARTED.pop(device, None)
-        if worker is None or worker._proc.poll() is not None:
-            if worker is not None:
-                worker.close()
-            return cls(path, device, allow_tf32)
-        worker.path, worker.allow_tf32 = str(Path(path).resolve()), allow_tf32
-        return worker
+    def for_model(cls, path: str, device: str | None = "cpu", allow_tf32: bool = False, *, python: str | None = None,
+                  worker: str | None = None, **options) -> "TfWorker":
+        """The prestarted worker for `device` (and `python`, `worker`) pointed at `path` (it has loaded nothing yet),
+        else a new one."""
+        taken = _PRESTARTED.pop((device, python, worker), None)
+        if taken is None or taken._proc.poll() is not None:
+            if taken is not None:
+                taken.close()
+            return cls(path, device, allow_tf32, python=python, worker=worker, **options)
+        taken.path, taken.allow_tf32 = str(Path(path).resolve()), allow_tf32
+        taken._broken_remedy = options.get("broken_remedy", taken._broken_remedy)
+        return taken
 
     @staticmethod
     def discard_prestarted(keep: tuple = ()) -> None:
-        """End the prestarted workers nobody took, but those for the devices in `keep` (killed: they hold nothing
-        but a TensorFlow import)."""
-        for device in [d for d in _PRESTARTED if d not in keep]:
-            worker = _PRESTARTED.pop(device)
+        """End the prestarted workers nobody took, but those `keep` names ((device, python, worker), as `prestart`
+        was given them; killed: they hold nothing but a TensorFlow import)."""
+        for key in [k for k in _PRESTARTED if k not in keep]:
+            worker = _PRESTARTED.pop(key)
             worker._proc.kill()
             worker.close()
 
@@ -343,8 +347,8 @@ class SessionRuntime(WorkerRuntime):
     def __init__(self, path: str, signature_name: str = DEFAULT_SIGNATURE, device: str | None = "cpu",
                  allow_tf32: bool = False, *, python: str | None = None, worker: str | None = None,
                  broken_remedy: str = "check that exportkit is installed in this Python environment"):
-        super().__init__(TfWorker(path, device, allow_tf32, python=python, worker=worker, broken_remedy=broken_remedy),
-                         "session", signature_name)
+        super().__init__(TfWorker.for_model(path, device, allow_tf32, python=python, worker=worker,
+                                            broken_remedy=broken_remedy), "session", signature_name)
 
     @property
     def path(self) -> str:

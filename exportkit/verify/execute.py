@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from exportkit.dtypes import HALF_DTYPES, numpy_dtype
-from exportkit.errors import CheckFailed, InfraError
+from exportkit.errors import CheckFailed, ExportkitError, InfraError
 from exportkit.layout import variables_bytes
 from exportkit.spec import VerifyOptions
 from exportkit.verify.inputs import REAL_ORIGINS
@@ -64,6 +64,27 @@ def versioned_pythons(tf_versions) -> dict[str, str]:
     from exportkit.compat.envs import python_for
 
     return {v: python_for(v) for v in parse_versions(list(tf_versions))}
+
+
+def installed_workers(tf_versions) -> list[tuple[str, str]]:
+    """(interpreter, worker script) of each `--tf` environment already installed and sound, nothing installed or
+    raised: verify prestarts them; versioned_pythons installs or refuses the others when the plan needs them."""
+    if not tf_versions:
+        return []
+    from exportkit.compat import parse_versions
+    from exportkit.compat.envs import WORKER, python_for
+
+    found = []
+    try:
+        versions = parse_versions(list(tf_versions))
+    except ExportkitError:  # said where the plan reads them
+        return []
+    for version in versions:
+        try:
+            found.append((python_for(version, install_missing=False), str(WORKER)))
+        except ExportkitError:
+            pass
+    return found
 
 
 def uses_worker(o: VerifyOptions, names: list[str]) -> bool:
