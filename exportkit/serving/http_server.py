@@ -214,7 +214,11 @@ class HttpServer:
                 raise _Refused(413, f"Request body is larger than the limit of {self.limits.max_body_bytes} bytes")
             chunks.append(event.data)
             if reader is not None:
-                reader.feed(event.data)
+                try:
+                    reader.feed(event.data)
+                except Exception:  # noqa: BLE001 — the handler then reads the whole body its own way
+                    log.exception("REST: the body reader failed; the body is read whole")
+                    reader = None
         body = b"".join(chunks)
         if gzip:
             body = self._gunzip(body)
