@@ -474,7 +474,8 @@ def signature_name(doc: dict) -> str:
 # JSON to every server; this one reads it with numpy instead of building a Python float per number, and only when
 # the whole array is exactly in this layout (anything else is read by rapidjson as before). Both directions work
 # through the array in blocks of rows, so no temporary is larger than a block: fresh memory costs more than the
-# arithmetic on it.
+# arithmetic on it. The client sends each block as soon as it is written, and the server reads each one as it
+# arrives (FixedBodyReader), so the two overlap.
 #
 # A number's 15 bytes and the byte after it ("," or "]") are its record, written and read as two little-endian
 # 64-bit words: byte 0 the sign (" " or "-"), 1 the first digit, 2 ".", 3-10 eight digits, 11 "e", 12 the
