@@ -7,8 +7,6 @@ TensorProto fill per input, one `np.frombuffer` per output.
 """
 from __future__ import annotations
 
-import functools
-
 import time
 from typing import Callable
 
@@ -16,7 +14,7 @@ import grpc
 import numpy as np
 
 from exportkit.errors import CheckFailed, ExportkitError, InfraError
-from exportkit.serving.tensors import np_to_datatype, to_ndarray, to_tensor_proto
+from exportkit.serving.tensors import datatype_of, to_ndarray, to_tensor_proto
 from exportkit.savedmodel import DEFAULT_SIGNATURE, serving_apis
 
 GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
@@ -102,9 +100,6 @@ class ServingClient:
         if version is not None:
             spec.version.value = int(version)
         self._spec = spec
-        np_to_dt = np_to_datatype()
-        # a numpy dtype's DataType, looked up by the dtype itself (np.dtype.name is a Python property)
-        self._enum_of = functools.cache(lambda dtype: None if dtype.kind in "OSU" else np_to_dt.get(dtype.name))
 
     # -- status -------------------------------------------------------------------------------------------------
     def status(self, timeout: float | None = None):
@@ -190,7 +185,7 @@ class ServingClient:
         for key, value in inputs.items():
             arr = np.asarray(value)
             proto = request.inputs[key]
-            enum = self._enum_of(arr.dtype)
+            enum = datatype_of(arr.dtype)
             if enum is not None:  # fast path: fill in place, no intermediate proto
                 proto.dtype = enum
                 proto.tensor_content = np.ascontiguousarray(arr).tobytes()

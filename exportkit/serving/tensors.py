@@ -32,6 +32,13 @@ def np_to_datatype() -> dict:
     return _NP_TO_DT
 
 
+@functools.cache
+def datatype_of(dtype: np.dtype) -> int | None:
+    """A numpy dtype's DataType enum (None for strings, objects and dtypes TensorFlow has not), looked up once per
+    dtype: np.dtype.name is a Python property (~1.5 us), too slow for every tensor of every Predict."""
+    return None if dtype.kind in "OSU" else np_to_datatype().get(dtype.name)
+
+
 _DT_TO_NP: dict = {}  # DataType enum -> numpy dtype (None: not numeric), filled as enums are met
 
 
@@ -59,7 +66,7 @@ def to_tensor_proto(array, dtype=None):
     arr = np.asarray(array)
     want = _enum(dtype)
     tensor_pb2 = protos()["tensor"]
-    enum = np_to_datatype().get(arr.dtype.name) if arr.dtype.kind not in "OSU" else None
+    enum = datatype_of(arr.dtype)
     string = protos()["types"].DataType.Value("DT_STRING")
     if enum is not None and want in (None, enum):
         proto = tensor_pb2.TensorProto(dtype=enum, tensor_content=np.ascontiguousarray(arr).tobytes())
