@@ -644,7 +644,7 @@ def render(info: dict, profile: str, rows: list[dict], predict: dict, scaling: d
     if summaries:
         lines += ["", "Error summaries (`python benchmarks/summaries_bench.py`): `compare_arrays` on float32 with its "
                       "histograms, worst elements and sampled pairs, against the same comparison without them "
-                      "(fastest of alternating runs):", "", *summaries]
+                      "(the median ratio of alternating pairs):", "", *summaries]
     lines += render_compat(compat or {}, compat_model)
     return "\n".join(lines) + "\n"
 

@@ -610,11 +610,11 @@ def _histogram_by_definition(values, over=None):
             "zeros": int(tiny.sum())}
 
 
-def test_error_histogram_equals_its_definition_across_chunks_zeros_edges_and_overflow():
+def test_error_histogram_equals_its_definition_across_rows_zeros_edges_and_overflow():
     from exportkit.verify.error_summaries import error_histogram
 
     rng = np.random.default_rng(11)
-    n = 150_001  # more than two of the chunks it is counted in
+    n = 150_001  # not a multiple of the counting loop's 8 rows: its tail counts too
     values = np.abs(rng.normal(size=n)) * 10.0 ** rng.integers(-34, 34, size=n)
     values[::5] = 0.0
     values[1:40] = [np.inf, 1e-30, np.nextafter(1e-30, 0), np.nextafter(1e-30, 1), 1e-31, 1e30, 1e31,
@@ -627,6 +627,10 @@ def test_error_histogram_equals_its_definition_across_chunks_zeros_edges_and_ove
     only_zeros = np.zeros(70_000)
     assert error_histogram(only_zeros, np.zeros(0)) == _histogram_by_definition(only_zeros, only_zeros > 0)
     assert error_histogram(np.zeros(0)) is None
+    for size in range(1, 20):  # shorter than, equal to and just past the rows
+        assert error_histogram(values[:size]) == _histogram_by_definition(values[:size]), size
+    strided = values[::3].reshape(-1, 1)[::2]  # neither contiguous nor float64 after this
+    assert error_histogram(strided.astype(np.float32)) == _histogram_by_definition(strided.astype(np.float32))
 
 
 def test_error_histogram_bins_the_values_at_and_around_every_bin_edge_as_defined():

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from exportkit.data.stats import BINS_PER_DECADE, LOG_HI, LOG_LO, ElementErrors, LogHistogram, scalar_value
+from exportkit.verify import _log_bins
 
 SHOWN_BINS_PER_DECADE = 10  # histogram bins shown per decade (data.stats counts 100 per decade)
 WORST_ELEMENTS = 10
@@ -25,8 +26,7 @@ SAMPLE_PAIRS = 256
 
 _LO_BIN, _HI_BIN = LOG_LO * SHOWN_BINS_PER_DECADE, LOG_HI * SHOWN_BINS_PER_DECADE - 1
 _INDICES = _HI_BIN - _LO_BIN + 2  # index 0: zeros (and below 1e-30); 1 + b - _LO_BIN: bin b
-_KEY_SHIFT = 52 - 8  # a value's key: its float64 bits >> this (sign, exponent and 8 mantissa bits)
-_CHUNK = 1 << 16  # elements binned at a time: the temporaries stay in cache
+_KEY_SHIFT = 52 - 8  # a value's key: its float64 bits >> this (exponent and 8 mantissa bits); as in _log_bins.c
 _BLOCK = 1024  # elements per block maximum of the worst elements' bound (shorter rows reduce slower)
 
 
@@ -57,7 +57,7 @@ def _key_table() -> tuple[np.ndarray, np.ndarray]:
     assert np.all(np.diff(keys) > 0), "two bin edges in one key"
     inside = (above & ((1 << _KEY_SHIFT) - 1)) != 0  # the edge is not its key's first value
     size = 1 << (63 - _KEY_SHIFT)
-    table = np.cumsum(np.bincount(keys + inside, minlength=size)[:size])  # edges at or below each key's start
+    table = np.cumsum(np.bincount(keys + inside, minlength=size)[:size]).astype(np.int32)  # edges below its start
     table[keys[inside]] = _INDICES + upper[inside]
     edges = np.full(_INDICES, np.inf)
     edges[upper] = above.view(np.float64)
@@ -65,29 +65,11 @@ def _key_table() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _bin_counts(values: np.ndarray) -> np.ndarray:
-    """Counts of the values by index (see `_plain_indices`).
-
-    A chunk at a time into two reused buffers: the key (a shift of the float's bits), its index from the table
-    (one look-up), counted with np.add.at (faster than np.bincount, which first looks for the largest index); the
-    few values whose key straddles a bin edge are counted at their upper index there, and moved after one
-    comparison with that edge."""
+    """Counts of the float64 values by index (see `_plain_indices`), in one pass of verify/_log_bins.c."""
     table, edges = _key_table()
-    counts = np.zeros(2 * _INDICES, dtype=np.int64)  # _INDICES + upper: a straddling key's
-    bits = values.view(np.int64)
-    keys = np.empty(min(values.size, _CHUNK), dtype=np.intp)
-    indices = np.empty(keys.size, dtype=np.intp)
-    for start in range(0, values.size, _CHUNK):
-        chunk = bits[start:start + _CHUNK]
-        key, index = keys[:chunk.size], indices[:chunk.size]
-        np.right_shift(chunk, _KEY_SHIFT, out=key)
-        np.take(table, key, out=index, mode="wrap")  # "wrap": no bounds check (every key is in the table)
-        straddling = counts[_INDICES:].sum()
-        np.add.at(counts, index, 1)
-        if counts[_INDICES:].sum() != straddling:
-            at = np.flatnonzero(index >= _INDICES)
-            upper = index[at] - _INDICES
-            np.add.at(counts, upper - (values[start:start + _CHUNK][at] < edges[upper]), 1)
-    return counts[:_INDICES]
+    counts = np.zeros(_INDICES, dtype=np.int64)
+    _log_bins.count(np.ascontiguousarray(values, dtype=np.float64), table, edges, counts)
+    return counts
 
 
 def error_histogram(values: np.ndarray, failing: np.ndarray | None = None) -> dict | None:
