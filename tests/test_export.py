@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import invoke, run_cli, tree_snapshot
+from exportkit.sources.load import sha256_of
 
 # sample name -> (extra export args, expected input keys, expected output keys, expected policy)
 CASES = {
@@ -31,7 +32,7 @@ def export_args(entry, out, *extra):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
-def test_every_source_format_exports_a_serving_ready_version(exported, name):
+def test_every_source_format_exports_a_serving_ready_version(exported, sample, name):
     proc, version_dir = exported(name).proc, exported(name).path
     assert proc.returncode == 0, proc.stderr
     for stage in ("load", "build", "trace", "write", "check"):
@@ -52,7 +53,7 @@ def test_every_source_format_exports_a_serving_ready_version(exported, name):
         assert not key.startswith("keras_tensor"), key
         if spec["compute_dtype"] in ("float16", "bfloat16"):
             assert spec["dtype"] == "float32", f"{key} must be cast to float32"
-    assert len(manifest["source"]["sha256"]) == 64
+    assert manifest["source"]["sha256"] == sha256_of(sample(name)["path"])  # hashed beside the load
     assert manifest["exportkit_version"] and manifest["tensorflow_version"] and manifest["keras_version"]
 
 
