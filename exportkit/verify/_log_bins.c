@@ -73,4 +73,9 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_log_bins", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__log_bins(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__log_bins(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "KEY_SHIFT", KEY_SHIFT) < 0)
+        Py_CLEAR(m);
+    return m;
+}

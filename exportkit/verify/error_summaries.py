@@ -26,7 +26,7 @@ SAMPLE_PAIRS = 256
 
 _LO_BIN, _HI_BIN = LOG_LO * SHOWN_BINS_PER_DECADE, LOG_HI * SHOWN_BINS_PER_DECADE - 1
 _INDICES = _HI_BIN - _LO_BIN + 2  # index 0: zeros (and below 1e-30); 1 + b - _LO_BIN: bin b
-_KEY_SHIFT = 52 - 8  # a value's key: its float64 bits >> this (exponent and 8 mantissa bits); as in _log_bins.c
+_KEY_SHIFT = _log_bins.KEY_SHIFT  # a value's key: its float64 bits >> this (exponent and 8 mantissa bits)
 _BLOCK = 1024  # elements per block maximum of the worst elements' bound (shorter rows reduce slower)
 
 
