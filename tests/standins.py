@@ -137,9 +137,10 @@ def cmd_run(args):
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 cwd=str(CONTAINERS))
     labels = dict(label.split("=", 1) for label in opts["--label"])
-    (CONTAINERS / f"{cid}.json").write_text(json.dumps(
-        {"id": cid, "name": name, "image": image, "labels": labels, "pid": proc.pid, "argv": argv,
-         "log": str(log), "remove": remove}))
+    record = CONTAINERS / f"{cid}.json.partial"  # renamed whole: a reader (a test polling) never sees half of it
+    record.write_text(json.dumps({"id": cid, "name": name, "image": image, "labels": labels, "pid": proc.pid,
+                                  "argv": argv, "log": str(log), "remove": remove}))
+    os.replace(record, CONTAINERS / f"{cid}.json")
     print(cid)
 
 

@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 
 import grpc
 import numpy as np
@@ -392,6 +393,33 @@ def test_binary_mode_with_standin(tmp_path, model_base, reference):
     finally:
         runtime.close()
     assert process.poll() is not None
+
+
+
+def test_a_close_while_the_server_loads_stops_it_and_starts_none_after(model_base):
+    """Ctrl-C while a lane waits for the model to load: the main thread's close() must stop that server (before,
+    load() held it in a local, so close() saw none), and a lane arriving after the close must start none."""
+    import threading
+
+    runtime = ServingRuntime(str(model_base / "2"), "embedded", model_name=MODEL, load_timeout=120)
+    runtime.start()
+    failed: list[BaseException] = []
+
+    def lane():
+        try:
+            runtime.load()
+        except BaseException as err:  # what the lane sees once its server is stopped under it
+            failed.append(err)
+
+    thread = threading.Thread(target=lane)
+    thread.start()
+    time.sleep(0.5)  # the lane is now waiting for the load (TensorFlow's import alone takes seconds)
+    runtime.close()
+    thread.join(120)
+    assert not thread.is_alive() and failed, "the load went on after close()"
+    assert runtime._handle is None or runtime._handle._stop is None  # stopped (no_children_left checks the process)
+    with pytest.raises(InfraError, match="closed"):
+        runtime.load()
 
 
 # ------------------------------------------------------------------------------------------------ load failures

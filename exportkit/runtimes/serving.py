@@ -52,6 +52,7 @@ class ServingRuntime(Runtime):
         self._device = device
         self.server: dict | None = None
         self.loaded = False
+        self._closed = False
         self._pending = None
         self._handle = None
         self._client = None
@@ -60,6 +61,8 @@ class ServingRuntime(Runtime):
         """Spawn the server now (cheap) so its TF import and model load overlap other runtimes' work."""
         from exportkit.serving.launcher import find_binary, start
 
+        if self._closed:  # closed while a lane was on its way here (Ctrl-C): no server may start after that
+            raise InfraError("the serving runtime was closed before its server started", "run the check again")
         if self._pending is not None or self._handle is not None:
             return
         embedded = self.mode == "embedded" or (self.mode == "auto" and not find_binary(self.binary))
@@ -90,14 +93,20 @@ class ServingRuntime(Runtime):
         if self.loaded:
             return
         self.start()
-        pending, self._pending = self._pending, None
-        self._handle = pending.wait()
+        try:  # `_pending` stays set while it loads: a close() from another thread (Ctrl-C, SIGTERM) then stops it
+            self._handle = self._pending.wait()
+        finally:
+            self._pending = None
+        if self._closed:
+            self._handle.stop()
+            raise InfraError("the serving runtime was closed while its server loaded the model", "run the check again")
         self.server = dict(self._handle.description, api=self.api)
         try:
             self._client = ServingClient(self._handle.address, self._handle.model_name, self._handle.model_version,
                                          self.signature_name, timeout=self.timeout)
         except BaseException:
-            self.close()
+            handle, self._handle = self._handle, None
+            handle.stop()
             raise
         self.loaded = True
 
@@ -154,6 +163,7 @@ class ServingRuntime(Runtime):
 
     def close(self) -> None:
         self.loaded = False
+        self._closed = True
         if self._pending is not None:
             self._pending.stop()
             self._pending = None
