@@ -6,8 +6,7 @@ import sys
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["verify"] and not {"-h", "--help", "--data", "--device"} & set(sys.argv) and \
-            _local_runtimes(sys.argv):
+    if needs_worker(sys.argv):
         from exportkit.runtimes.session import TfWorker
 
         TfWorker.prestart("cpu")
@@ -16,12 +15,24 @@ def main() -> None:
     cli()
 
 
-def _local_runtimes(argv: list[str]) -> bool:
-    """Whether the runtimes asked for (all by default) include one of this Python's worker (`--runtimes golden
-    --tf 2.12` does not: only a managed environment's worker runs, and verify prestarts that one)."""
-    for flag, value in zip(argv, argv[1:] + [""]):
-        if flag.startswith("--runtimes="):
-            flag, value = "--runtimes", flag.split("=", 1)[1]
-        if flag == "--runtimes" and not {"saved_model", "session", "serving", "rest"} & set(value.split(",")):
-            return False
-    return True
+def needs_worker(argv: list[str]) -> bool:
+    """Whether `exportkit ARGV` is a verify whose runtimes run in this Python's TensorFlow worker. No --runtimes: all
+    of them, `session` among them. A run that needs none (`--runtimes serving --serving docker`, `--runtimes
+    keras,saved_model`) starts none: a TensorFlow import killed halfway only takes a core from the run."""
+    if argv[1:2] != ["verify"] or {"-h", "--help", "--data", "--device"} & set(argv):
+        return False
+    from exportkit.runtimes.session import runs_in_worker
+
+    runtimes = _flag(argv, "--runtimes")
+    return runtimes is None or runs_in_worker(runtimes.split(","), _flag(argv, "--serving"))
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of `name VALUE` or `name=VALUE` in argv (the last one given), or None."""
+    value = None
+    for flag, following in zip(argv, argv[1:] + [""]):
+        if flag == name:
+            value = following
+        elif flag.startswith(name + "="):
+            value = flag.split("=", 1)[1]
+    return value

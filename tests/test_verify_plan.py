@@ -61,3 +61,20 @@ def test_per_batch_the_first_runtime_of_a_pair_that_answered_is_the_reference():
     session = by_name["session"].comparisons[0]
     assert session.batches == 2 and not session.passed  # batch 1 against saved_model, which it disagrees with
     assert not report.passed
+
+
+def test_the_cli_prestarts_a_worker_only_for_runs_that_use_one():
+    """`exportkit verify` starts its TensorFlow worker before its own imports; a run none of whose runtimes is the
+    worker's must start none (its TensorFlow import, killed halfway, would only take a core from the run)."""
+    from exportkit.entry import needs_worker
+
+    def verify(*flags):
+        return needs_worker(["exportkit", "verify", "models/ranker", *flags])
+
+    assert verify() and verify("--against", "m.keras") and verify("--serving", "docker")  # session runs
+    assert verify("--runtimes", "golden,saved_model") and verify("--runtimes=serving,rest")  # embedded by default
+    assert not verify("--runtimes", "keras,saved_model")  # saved_model runs beside eager Keras in the CLI process
+    assert not verify("--runtimes", "serving", "--serving", "docker:2.14.1")
+    assert not verify("--runtimes", "serving,rest", "--serving=127.0.0.1:8500")
+    assert not verify("--runtimes", "golden", "--tf", "2.12") and not verify("--runtimes", "session@2.12")
+    assert not verify("--data", "records.tfrecord") and not needs_worker(["exportkit", "export", "m.keras"])

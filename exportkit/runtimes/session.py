@@ -32,6 +32,16 @@ REPLY_TIMEOUT = 600.0
 _PRESTARTED: dict = {}  # (device, python, worker) -> a TfWorker started before its model was known (prestart)
 
 
+def runs_in_worker(names, serving: str | None) -> bool:
+    """Whether verify's runtimes `names`, with `--serving serving`, run in this Python's TensorFlow worker (as
+    verify.execute builds them): `session` always, `saved_model` unless eager Keras imports TensorFlow in the verify
+    process anyway, the servers when embedded. A server that turns out to be a binary only leaves a worker unused."""
+    in_worker = {"session"} | (set() if "keras" in names else {"saved_model"})
+    if (serving or "auto") in ("embedded", "auto"):
+        in_worker |= {"serving", "rest"}
+    return bool(in_worker & set(names))
+
+
 class TfWorker:
     """The worker process and its request/reply channel. `start()` spawns it (its TensorFlow import overlaps the
     caller's work); `begin_load()` sends a load without waiting, so loads overlap each other too.

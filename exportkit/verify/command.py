@@ -19,7 +19,7 @@ from exportkit.batches import parse_int_range_flags, recorded_int_ranges
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.layout import read_manifest
 from exportkit.runtimes import RUNTIME_KINDS
-from exportkit.runtimes.session import TfWorker
+from exportkit.runtimes.session import TfWorker, runs_in_worker
 from exportkit.runtimes.verdicts import signature_state, tf2_only_failures
 from exportkit.spec import VerifyOptions
 from exportkit.tfenv import toolchain
@@ -27,8 +27,7 @@ from exportkit.verify import checks
 from exportkit.verify.artifacts import check_report_options
 from exportkit.verify.tolerances import parse_tol
 from exportkit.verify.dataset import verify_data
-from exportkit.verify.execute import (Execution, installed_workers, run_plan, started, uses_worker,
-                                     versioned_pythons)
+from exportkit.verify.execute import (Execution, installed_workers, run_plan, started, versioned_pythons)
 from exportkit.verify.inputs import rows
 from exportkit.verify.latency import latency_findings
 from exportkit.verify.output import finish, save
@@ -55,7 +54,7 @@ def run_verify(o: VerifyOptions) -> VerifyReport:
     model that fails is a report that did not pass; bad usage raises UsageError; `report.stopped` holds why the
     run stopped early (a graph verify refuses to execute, or an infrastructure failure)."""
     devices, names, per_output = _options(o)
-    needed = [] if o.data or not uses_worker(o, names) else [(device, None, None) for device in devices]
+    needed = [] if o.data or not runs_in_worker(names, o.serving) else [(device, None, None) for device in devices]
     needed += [("cpu", python, worker) for python, worker in ([] if o.data else installed_workers(o.tf_versions))]
     TfWorker.discard_prestarted(keep=needed)  # one the CLI started for a run that needs none (or another device)
     for device, python, worker in needed:  # their TensorFlow imports overlap the reading and planning below

@@ -87,15 +87,6 @@ def installed_workers(tf_versions) -> list[tuple[str, str]]:
     return found
 
 
-def uses_worker(o: VerifyOptions, names: list[str]) -> bool:
-    """Whether the runtimes `names` run in this Python's TensorFlow worker (as `_build` makes them); a server that
-    turns out to be a binary or a container only leaves a prestarted worker unused."""
-    in_worker = {"session"} | (set() if "keras" in names else {"saved_model"})
-    if o.serving in ("embedded", "auto"):
-        in_worker |= {"serving", "rest"}
-    return bool(in_worker & set(names))
-
-
 def build_runtimes(o: VerifyOptions, plan: Plan) -> list[Labeled]:
     """Every planned runtime once, started; each is pointed at one signature after the other.
 
