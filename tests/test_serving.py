@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import grpc
@@ -395,12 +396,9 @@ def test_binary_mode_with_standin(tmp_path, model_base, reference):
     assert process.poll() is not None
 
 
-
 def test_a_close_while_the_server_loads_stops_it_and_starts_none_after(model_base):
     """Ctrl-C while a lane waits for the model to load: the main thread's close() must stop that server (before,
     load() held it in a local, so close() saw none), and a lane arriving after the close must start none."""
-    import threading
-
     runtime = ServingRuntime(str(model_base / "2"), "embedded", model_name=MODEL, load_timeout=120)
     runtime.start()
     failed: list[BaseException] = []

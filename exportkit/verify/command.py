@@ -27,7 +27,7 @@ from exportkit.verify import checks
 from exportkit.verify.artifacts import check_report_options
 from exportkit.verify.tolerances import parse_tol
 from exportkit.verify.dataset import verify_data
-from exportkit.verify.execute import (Execution, installed_workers, run_plan, started, versioned_pythons)
+from exportkit.verify.execute import Execution, installed_workers, run_plan, started, versioned_pythons
 from exportkit.verify.inputs import rows
 from exportkit.verify.latency import latency_findings
 from exportkit.verify.output import finish, save
