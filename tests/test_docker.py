@@ -82,6 +82,25 @@ def test_missing_image_is_infrastructure_with_the_pull_to_run(ranker, docker):
     assert not any(c[0] in ("run", "pull") for c in standins.calls(state)), "no pull unless --pull"
 
 
+
+def test_a_docker_without_its_daemon_is_not_a_missing_image(ranker, tmp_path):
+    """The docker CLI is there but its daemon is not (a CI runner, a laptop with Docker Desktop stopped): exit 3
+    saying so, not "image not on this machine" with a `docker pull` that would fail the same way."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.log"
+    docker = bin_dir / "docker"  # what Docker's own CLI prints for every command when nothing listens on its socket
+    docker.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n"
+                      "echo 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon "
+                      "running?' >&2\nexit 1\n")
+    docker.chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = run_cli("verify", ranker, "--serving", "docker:2.14.1", "--pull", "--runtimes", "serving", env=env)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "Is the docker daemon running?" in proc.stderr and "docker info" in proc.stderr, proc.stderr
+    assert "not on this machine" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not [line for line in calls.read_text().splitlines() if line.startswith(("pull", "run"))]
+
 def test_pull_fetches_a_missing_image(ranker, docker, tmp_path):
     env, state = docker
     proc = run_cli("verify", ranker, "--serving", "docker:2.15.0", "--pull", "--runtimes", "serving",

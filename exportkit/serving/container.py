@@ -89,12 +89,20 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else "(no output)"
 
 
+# How `image inspect` says an image is missing: Docker ("No such image"), Podman ("image not known", "failed to find
+# image"). Anything else (the daemon not running, no permission on its socket) is not a missing image.
+_MISSING_IMAGE = re.compile(r"no such image|image not known|failed to find image", re.IGNORECASE)
+
+
 def image_identity(cli: ContainerCli, image: str, pull: bool) -> tuple[str, str | None]:
     """(image id, repo digest or None) of a local image; pulled first only with `pull`, else InfraError."""
     def inspect() -> subprocess.CompletedProcess:
         return cli.run("image", "inspect", "--format", '{{.Id}}|{{join .RepoDigests ","}}', image, check=False)
 
     proc = inspect()
+    if proc.returncode != 0 and not _MISSING_IMAGE.search(proc.stderr + proc.stdout):  # no daemon, no permission
+        raise InfraError(f"`{cli.name} image inspect {image}` failed: {_last_line(proc.stderr or proc.stdout)}",
+                         f"check that the {cli.name} daemon is running and that you may use it (`{cli.name} info`)")
     if proc.returncode != 0 and pull:
         pulled = cli.run("pull", image, timeout=1800.0, check=False)
         if pulled.returncode != 0:
