@@ -13,6 +13,11 @@ from exportkit.runtimes import Runtime
 from exportkit.savedmodel import DEFAULT_SIGNATURE, serving_api
 
 
+def _closed_error(when: str) -> InfraError:
+    """A lane reached a runtime that verify had already closed (Ctrl-C, SIGTERM): no server may start after that."""
+    return InfraError(f"the serving runtime was closed {when}", "run the check again")
+
+
 class ServingRuntime(Runtime):
     """Runtime protocol on top of launcher + client. `server` describes who answered (kind, version, address)."""
 
@@ -62,7 +67,7 @@ class ServingRuntime(Runtime):
         from exportkit.serving.launcher import find_binary, start
 
         if self._closed:  # closed while a lane was on its way here (Ctrl-C): no server may start after that
-            raise InfraError("the serving runtime was closed before its server started", "run the check again")
+            raise _closed_error("before its server started")
         if self._pending is not None or self._handle is not None:
             return
         embedded = self.mode == "embedded" or (self.mode == "auto" and not find_binary(self.binary))
@@ -99,7 +104,7 @@ class ServingRuntime(Runtime):
             self._pending = None
         if self._closed:
             self._handle.stop()
-            raise InfraError("the serving runtime was closed while its server loaded the model", "run the check again")
+            raise _closed_error("while its server loaded the model")
         self.server = dict(self._handle.description, api=self.api)
         try:
             self._client = ServingClient(self._handle.address, self._handle.model_name, self._handle.model_version,

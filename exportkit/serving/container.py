@@ -79,9 +79,13 @@ class ContainerCli:
         except OSError as err:
             raise InfraError(f"cannot run {self.path}: {err}", "check --container-cli") from None
         if check and proc.returncode != 0:
-            raise InfraError(f"`{self.name} {' '.join(args[:2])}` failed: {_last_line(proc.stderr or proc.stdout)}",
-                             f"check that the {self.name} daemon is running and that you may use it (`{self.name} info`)")
+            raise self.failure(args, proc)
         return proc
+
+    def failure(self, args, proc: subprocess.CompletedProcess) -> InfraError:
+        """A subcommand that failed for a reason of the runtime's own (no daemon, no permission on its socket)."""
+        return InfraError(f"`{self.name} {' '.join(args[:2])}` failed: {_last_line(proc.stderr or proc.stdout)}",
+                          f"check that the {self.name} daemon is running and that you may use it (`{self.name} info`)")
 
 
 def _last_line(text: str) -> str:
@@ -101,8 +105,7 @@ def image_identity(cli: ContainerCli, image: str, pull: bool) -> tuple[str, str 
 
     proc = inspect()
     if proc.returncode != 0 and not _MISSING_IMAGE.search(proc.stderr + proc.stdout):  # no daemon, no permission
-        raise InfraError(f"`{cli.name} image inspect {image}` failed: {_last_line(proc.stderr or proc.stdout)}",
-                         f"check that the {cli.name} daemon is running and that you may use it (`{cli.name} info`)")
+        raise cli.failure(("image", "inspect"), proc)
     if proc.returncode != 0 and pull:
         pulled = cli.run("pull", image, timeout=1800.0, check=False)
         if pulled.returncode != 0:
