@@ -98,6 +98,16 @@ def tree_snapshot(path: Path) -> dict:
 SESSION_CHILDREN: set[int] = set()  # pids of session-scoped servers: allowed to outlive the test that started them
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_start():
+    """Verifies in this process fork their TensorFlow worker from one import (exportkit.warm_start()), as a release
+    suite's would; the CLI in a subprocess (run_cli) starts its worker fresh, as users run it."""
+    import exportkit
+
+    with exportkit.warm_start():
+        yield
+
+
 @pytest.fixture(autouse=True)
 def no_children_left():
     """Every process a test starts (workers, servers, stand-ins) is gone when it ends, on success and failure."""

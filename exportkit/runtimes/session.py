@@ -23,7 +23,7 @@ import numpy as np
 
 from exportkit.batches import load_batches, save_batches
 from exportkit.errors import CheckFailed, InfraError, MissingModule
-from exportkit.runtimes import Runtime
+from exportkit.runtimes import Runtime, forkserver
 from exportkit.savedmodel import DEFAULT_SIGNATURE
 from exportkit.tf1_loader import loader_failure
 from exportkit.tfenv import child_env
@@ -136,10 +136,14 @@ class TfWorker:
         # Requests go over a socket, not a pipe: a send to a worker that died is EPIPE (MSG_NOSIGNAL), never the
         # SIGPIPE that kills a CLI which restored SIGPIPE's default for `| head`.
         self._requests, theirs = socket.socketpair()
+        env = child_env(self.device)
+        server = forkserver.current()
         try:
-            self._proc = subprocess.Popen(self._command, stdin=theirs, stdout=subprocess.PIPE, stderr=self._log,
-                                          cwd=self.dir.name, env=child_env(self.device), text=True,
-                                          start_new_session=True)
+            self._proc = server and server.spawn(self._command, stdin=theirs, stderr=self._log, cwd=self.dir.name,
+                                                 env=env)
+            if self._proc is None:
+                self._proc = subprocess.Popen(self._command, stdin=theirs, stdout=subprocess.PIPE, stderr=self._log,
+                                              cwd=self.dir.name, env=env, text=True, start_new_session=True)
         finally:
             theirs.close()
         self._reader = threading.Thread(target=self._read_lines, daemon=True, name="worker-replies")

@@ -197,18 +197,23 @@ def _load(loader: str, request: dict):
     raise CheckFailed(f"unknown loader {loader!r}", "this is a bug in exportkit")
 
 
-def main() -> int:
-    # Keep our protocol channel clean: anything TF prints goes to stderr.
-    channel = sys.stdout
-    sys.stdout = sys.stderr
+def prepare():
+    """What a worker does before its ready line; the fork server (exportkit.runtimes.forkserver) does it once for
+    all the workers it forks."""
     from exportkit.compat.worker import NOT_FOR_LOADING
     from exportkit.tfenv import import_tf
 
     sys.modules.update(dict.fromkeys(NOT_FOR_LOADING))  # this process loads SavedModels only: see NOT_FOR_LOADING
+    return import_tf()
 
+
+def main() -> int:
+    # Keep our protocol channel clean: anything TF prints goes to stderr.
+    channel = sys.stdout
+    sys.stdout = sys.stderr
     worker = Worker(channel)
     try:
-        tf = import_tf()
+        tf = prepare()
     except ModuleNotFoundError as err:  # said on the ready line: the caller makes it exit 3 with the pip command
         worker.reply({}, ok=False, ready=True, kind="infra", missing_module=err.name or "tensorflow",
                      message=f"no module {err.name!r}")

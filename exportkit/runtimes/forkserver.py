@@ -1,0 +1,264 @@
+"""A process that imports TensorFlow once and forks verify's TensorFlow workers from it (`exportkit.warm_start()`).
+
+Why: a fresh worker spends ~3 CPU-s importing TensorFlow, most of a small model's verify. A caller that verifies
+many models in one process (a release suite, the pytest plugin, a script) pays it once here; each worker is then
+a fork that has imported TensorFlow and initialised none of it (no context, device, session or thread pool yet,
+which is what makes the fork safe). multiprocessing's forkserver does not fit: its children re-import the caller's
+`__main__` and inherit its sys.path, and a worker must run with no user code importable (`python -I` from a
+neutral directory), as it does when started fresh.
+
+A forked worker must be indistinguishable from a fresh one, so the server forks only what a fresh start would make
+identical: exportkit's own session worker on this Python, with the environment the server was started with
+(TensorFlow reads parts of it at import; "cpu" hides the GPUs). `ForkServer.spawn` returns None for anything else,
+and the caller starts the worker fresh.
+
+Protocol: the owner holds a SOCK_SEQPACKET socket that is the server's stdin. Each message is one worker:
+{"cwd": DIR} with four file descriptors (the worker's stdin, stdout and stderr, and a
+socket for its reports). The server forks and answers on the report socket {"pid": N}, then {"exit": CODE} when it
+has reaped the worker (CODE as Popen.returncode: -N for a signal). The server exits when its stdin closes; its
+workers end as fresh ones do, at the EOF of their own stdin.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from exportkit.tfenv import child_env
+
+WORKER_COMMAND = [sys.executable, "-I", "-m", "exportkit.runtimes.session_worker"]
+IGNORED = ("PYTEST_CURRENT_TEST",)  # pytest sets it per test; neither TensorFlow nor a worker reads it
+READY_TIMEOUT = 600.0
+
+_current: ForkServer | None = None
+_current_lock = threading.Lock()
+
+
+class ForkedProcess:
+    """A worker the server forked: the part of subprocess.Popen that TfWorker and ServerHandle use."""
+
+    def __init__(self, pid: int, stdout, reports: socket.socket):
+        self.pid, self.stdout, self.returncode = pid, stdout, None
+        self._reports = reports
+        self._lock = threading.Lock()
+
+    def _collect(self, timeout: float | None) -> None:
+        with self._lock:
+            if self.returncode is not None or not select.select([self._reports], [], [], timeout)[0]:
+                return
+            message = self._reports.recv(4096)
+            if message:
+                self.returncode = json.loads(message)["exit"]
+            else:  # the server died without reaping it: end the orphan, whose end nobody could report
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
+                self.returncode = -signal.SIGKILL
+            self._reports.close()
+
+    def poll(self) -> int | None:
+        self._collect(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._collect(timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(WORKER_COMMAND, timeout)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+class ForkServer:
+    """The owner's end: the server process, started at once (its TensorFlow import overlaps the caller's work)."""
+
+    def __init__(self):
+        self.env = child_env("cpu")
+        self.dir = tempfile.TemporaryDirectory(prefix="exportkit-forkserver-")
+        self._log = open(Path(self.dir.name) / "forkserver.log", "w+")
+        self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen([sys.executable, "-I", "-m", "exportkit.runtimes.forkserver"],
+                                            stdin=theirs, stdout=subprocess.PIPE, stderr=self._log,
+                                            cwd=self.dir.name, env=self.env, text=True, start_new_session=True)
+        finally:
+            theirs.close()
+        self._sending = threading.Lock()
+        self._ready: bool | None = None  # None until its ready line (or its end) came
+        self._imported_env: dict = {}  # its environment once the worker's start-up and TensorFlow's import set theirs
+
+    def _await_ready(self) -> bool:
+        with self._sending:
+            if self._ready is None:
+                readable = select.select([self.process.stdout], [], [], READY_TIMEOUT)[0]
+                line = self.process.stdout.readline() if readable else ""
+                ready = json.loads(line) if line else {}
+                self._ready, self._imported_env = ready.get("ok", False), ready.get("environ", {})
+            return self._ready
+
+    def _forks_alike(self, env: dict) -> bool:
+        """Would a fresh worker started with `env` end up with the environment a fork has? Each variable must be the
+        one the server was started with, or the one its start-up set (TensorFlow's import sets TF2_BEHAVIOR, for
+        one, also in a caller that imported it, and the start-up quiets the logs): a fresh worker sets it too."""
+        return all(env.get(k) in (self.env.get(k), self._imported_env.get(k))
+                   for k in env.keys() | self.env.keys() | self._imported_env.keys() if k not in IGNORED)
+
+    def spawn(self, command: list[str], *, stdin: socket.socket, stderr, cwd: str, env: dict) -> ForkedProcess | None:
+        """`command` forked from the server, or None where a fresh start could differ or the server cannot fork
+        (then start it fresh: a missing TensorFlow, say, is reported by the fresh worker as always)."""
+        if command != WORKER_COMMAND or not self._await_ready() or not self._forks_alike(env):
+            return None
+        read_end, write_end = os.pipe()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        request = {"cwd": cwd}
+        try:
+            with self._sending:
+                socket.send_fds(self._control, [json.dumps(request).encode()],
+                                [stdin.fileno(), write_end, stderr.fileno(), theirs.fileno()])
+            answered = select.select([mine], [], [], READY_TIMEOUT)[0]
+            message = mine.recv(4096) if answered else b""
+        except OSError:
+            message = b""
+        finally:
+            os.close(write_end)
+            theirs.close()
+        if not message:  # the server is gone: from now on workers start fresh
+            self._ready = False
+            os.close(read_end)
+            mine.close()
+            return None
+        return ForkedProcess(json.loads(message)["pid"], open(read_end), mine)
+
+    def close(self) -> None:
+        self._control.close()  # the server's EOF: it exits once its workers have (at once, when none is left)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
+        self._log.close()
+        self.dir.cleanup()
+
+
+def current() -> ForkServer | None:
+    """The fork server of the innermost `warm_start()`, if any."""
+    return _current
+
+
+@contextlib.contextmanager
+def warm_start():
+    """Within it, verify's TensorFlow workers (CPU, this Python) are forked from one process that imported
+    TensorFlow once: ~0.3 s a worker instead of ~3 s. Nested calls share the outer one's server."""
+    global _current
+    with _current_lock:
+        if _current is not None:
+            owner = None
+        else:
+            owner = _current = ForkServer()
+    try:
+        yield
+    finally:
+        if owner is not None:
+            with _current_lock:
+                _current = None
+            owner.close()
+
+
+# -- the server process ---------------------------------------------------------------------------------------------
+def _become_worker(request: dict, fds: list[int], inherited: list[int]) -> None:
+    """In the forked child: the worker's own session, descriptors, directory and environment, then its main."""
+    code = 1
+    try:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in inherited:  # the server's channel and wake-up pipe, its other workers' report sockets
+            os.close(fd)
+        for target, fd in enumerate(fds[:3]):
+            os.dup2(fd, target)
+        for fd in fds:
+            os.close(fd)
+        os.chdir(request["cwd"])
+        from exportkit.runtimes import session_worker
+
+        code = session_worker.main()
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def main() -> int:
+    control = socket.socket(fileno=0)  # the owner's SOCK_SEQPACKET socket
+    saved_stdout, sys.stdout = sys.stdout, sys.stderr  # anything TensorFlow prints at import stays off the channel
+    try:
+        from exportkit.runtimes import session_worker
+
+        session_worker.prepare()
+        ready = {"ok": True, "environ": dict(os.environ)}
+    except Exception as err:  # e.g. no TensorFlow: the workers start fresh and say so
+        ready = {"ok": False, "message": str(err)}
+    sys.stdout = saved_stdout
+    print(json.dumps(ready), flush=True)
+    if not ready["ok"]:
+        return 1
+    wakeup_read, wakeup = os.pipe()
+    os.set_blocking(wakeup, False)
+    signal.set_wakeup_fd(wakeup)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select() through the wake-up pipe
+    reports: dict[int, socket.socket] = {}  # pid -> its report socket
+    accepting = True
+    while accepting or reports:  # after the owner's EOF, until every worker is reaped and reported
+        readable = select.select([control, wakeup_read] if accepting else [wakeup_read], [], [])[0]
+        if wakeup_read in readable:
+            os.read(wakeup_read, 512)
+            _reap(reports)
+        if control in readable:
+            message, fds, _, _ = socket.recv_fds(control, 65536, 4)
+            if not message:  # the owner closed it, or exited
+                accepting = False
+                continue
+            pid = os.fork()
+            if pid == 0:
+                _become_worker(json.loads(message), fds,
+                               [control.fileno(), wakeup_read, wakeup] + [r.fileno() for r in reports.values()])
+            for fd in fds[:3]:
+                os.close(fd)
+            reports[pid] = report = socket.socket(fileno=fds[3])
+            with contextlib.suppress(OSError):
+                report.send(json.dumps({"pid": pid}).encode())
+    return 0
+
+
+def _reap(reports: dict[int, socket.socket]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        report = reports.pop(pid, None)
+        if report is not None:
+            with contextlib.suppress(OSError):
+                report.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
+            report.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
