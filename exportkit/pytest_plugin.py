@@ -29,8 +29,17 @@ def failure_message(report) -> str:
     return "\n".join(lines)
 
 
+@pytest.fixture(scope="session")
+def exportkit_warm_start():
+    """The session's `exportkit.warm_start()`: every verify in it forks its worker from one TensorFlow import."""
+    import exportkit
+
+    with exportkit.warm_start():
+        yield
+
+
 @pytest.fixture
-def exportkit_verify():
+def exportkit_verify(exportkit_warm_start):
     """`exportkit_verify(path, **options)`: exportkit.verify(path, **options), asserting that it passed; returns
     the VerifyReport."""
     import exportkit

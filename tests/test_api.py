@@ -50,12 +50,12 @@ def result_of(proc: subprocess.CompletedProcess) -> dict:
 def test_import_is_cheap_and_names_are_there():
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import sys, exportkit
-        names = ["export", "verify", "inspect", "compat", "diff", "record_reference", "ExportkitError",
+        names = ["export", "verify", "inspect", "compat", "diff", "record_reference", "warm_start", "ExportkitError",
                  "UsageError", "InfraError", "__version__"]
         missing = [n for n in names if not hasattr(exportkit, n)]
         heavy = [m for m in ("tensorflow", "keras", "numpy", "typer", "grpc") if m in sys.modules]
         import exportkit.verify.plan, exportkit.export.writer, exportkit.compat.registry  # the subpackages still work
-        print(missing, heavy, all(callable(getattr(exportkit, n)) for n in names[:6]))
+        print(missing, heavy, all(callable(getattr(exportkit, n)) for n in names[:7]))
         """)], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split("\n")[0] == "[] [] True", proc.stdout + proc.stderr
 
