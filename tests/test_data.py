@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -286,14 +287,18 @@ def test_beam_runner_agrees_with_in_process(capsys, data):
     assert beam["inputs"]["runner"] == "beam"
 
 
-def test_beam_names_a_bad_record_like_the_in_process_run(data, tmp_path):
+def test_beam_names_a_bad_record_like_the_in_process_run(data, tmp_path, monkeypatch):
+    """... and leaves no results directory behind (the failure is the whole answer)."""
     records = [_example(data["xs"][i], data["ks"][i]) for i in range(10)]
     records[4] = _example(None, 1)
     path = _write(tmp_path / "bad.tfrecord", records)
+    (tmp_path / "temp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
     result = invoke("verify", data["version"], "--data", path, "--against", data["keras"], "--runtimes",
                     "keras,saved_model", "--serving", "none", "--runner", "beam")
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"record {path}:4: feature 'x' is missing" in result.stderr and "fix:" in result.stderr
+    assert not list((tmp_path / "temp").glob("exportkit-beam-*"))
 
 
 @pytest.mark.slow

@@ -85,6 +85,15 @@ def run_pipeline(plan: BeamPlan, beam_options: list[str]) -> tuple[dict, int]:
             raise UsageError(f"--beam-option {item!r} is not KEY=VALUE", "write it as --beam-option direct_num_workers=2")
         args[key.strip().lstrip("-")] = value
     out_dir = args.get("temp_location") or tempfile.mkdtemp(prefix="exportkit-beam-")
+    try:
+        return _run_in(args, out_dir, plan)
+    finally:  # also when the pipeline failed: its partial results are no one's
+        if not args.get("temp_location"):
+            shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _run_in(args: dict, out_dir: str, plan: BeamPlan) -> tuple[dict, int]:
+    """run_pipeline with its results written below out_dir."""
     results = FileSystems.join(out_dir, "exportkit-verify-stats")
     try:
         with beam.Pipeline(options=PipelineOptions([f"--{k}={v}" for k, v in args.items()])) as p:
@@ -110,8 +119,6 @@ def run_pipeline(plan: BeamPlan, beam_options: list[str]) -> tuple[dict, int]:
                     skipped = dict(value)
                 else:
                     stats[kind] = value
-    if not args.get("temp_location"):
-        shutil.rmtree(out_dir, ignore_errors=True)
     if plan.replayer is not None:
         plan.replayer.skipped.update(skipped)  # what the workers skipped, counted where the driver reads it
     return stats, records
