@@ -279,11 +279,11 @@ def test_a_relative_path_fails_in_the_workers_as_in_a_container(models):
 @pytest.mark.serving
 def test_the_embedded_server_refuses_xla_as_tf_serving_does_unless_told(models):
     path = models / "jit" / "1"
-    stock = run_cli("verify", path, "--runtimes", "serving")
+    stock = invoke("verify", path, "--runtimes", "serving")
     assert stock.returncode == 1
     assert "XLA compilation disabled" in stock.stdout and "server flags: stock" in stock.stdout
-    enabled = run_cli("verify", path, "--runtimes", "serving", "--server-flag",
-                      "xla_cpu_compilation_enabled=true")
+    enabled = invoke("verify", path, "--runtimes", "serving", "--server-flag",
+                     "xla_cpu_compilation_enabled=true")
     assert enabled.returncode == 0, enabled.stdout + enabled.stderr
     assert "server flags: --xla_cpu_compilation_enabled=true" in enabled.stdout
 

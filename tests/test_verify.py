@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from conftest import REPO, has_gpu, run_cli
+from conftest import REPO, has_gpu, invoke, run_cli
 
 CUSTOM = dict(custom_objects=["sample_models.custom_layers"], python_path=[str(REPO)])
 pytestmark = pytest.mark.slow
@@ -175,7 +175,7 @@ def test_tolerance_options(capsys, tmp_path, models):
 
 def test_cli_reports_agree_json_junit_and_table(models, tmp_path):
     json_file, junit_file = tmp_path / "r.json", tmp_path / "r.xml"
-    proc = run_cli("verify", models["mixed"], "--serving", "none", "--json", json_file, "--junit", junit_file)
+    proc = invoke("verify", models["mixed"], "--serving", "none", "--json", json_file, "--junit", junit_file)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(json_file.read_text())
     assert report["passed"] is True and report["verdict"] in proc.stdout

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 import exportkit
-from conftest import run_cli
+from conftest import invoke, run_cli
 from exportkit.tfenv import import_tf
 
 pytestmark = [pytest.mark.slow, pytest.mark.serving]
@@ -30,7 +30,7 @@ def _report(path):
 
 
 def test_verify_through_the_embedded_server(ranker, tmp_path):
-    proc = run_cli("verify", ranker, "--serving", "embedded", "--json", tmp_path / "r.json")
+    proc = invoke("verify", ranker, "--serving", "embedded", "--json", tmp_path / "r.json")
     report = _report(tmp_path / "r.json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     serving = next(r for r in report["runtimes"] if r["name"] == "serving")
@@ -47,8 +47,8 @@ def test_verify_through_the_embedded_server_with_tf_servings_batching(ranker, tm
     warm-up record larger than max_batch_size fails the load as TF Serving's would."""
     params = tmp_path / "batching.config"
     params.write_text("max_batch_size { value: 4 } batch_timeout_micros { value: 0 } allowed_batch_sizes: 4\n")
-    proc = run_cli("verify", ranker, "--serving", "embedded", "--batching-parameters", params,
-                   "--json", tmp_path / "r.json")
+    proc = invoke("verify", ranker, "--serving", "embedded", "--batching-parameters", params,
+                  "--json", tmp_path / "r.json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Task size 8 is larger than maximum input batch size 4" in proc.stdout
 
@@ -59,7 +59,7 @@ def test_verify_against_a_running_server(ranker, tmp_path):
     try:
         line = server.stdout.readline()
         address = re.search(r"127\.0\.0\.1:\d+", line).group(0)
-        proc = run_cli("verify", ranker, "--serving", address, "--model-name", "ranker", "--json", tmp_path / "r.json")
+        proc = invoke("verify", ranker, "--serving", address, "--model-name", "ranker", "--json", tmp_path / "r.json")
         report = _report(tmp_path / "r.json")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         serving = next(r for r in report["runtimes"] if r["name"] == "serving")

@@ -159,7 +159,7 @@ def current() -> ForkServer | None:
 @contextlib.contextmanager
 def warm_start():
     """Within it, verify's TensorFlow workers (CPU, this Python) are forked from one process that imported
-    TensorFlow once: ~0.3 s a worker instead of ~3 s. Nested calls share the outer one's server."""
+    TensorFlow once: ~0.5 s a worker instead of ~3 s. Nested calls share the outer one's server."""
     global _current
     with _current_lock:
         if _current is not None:
