@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import subprocess
+import sys
 
 import numpy as np
 import psutil
