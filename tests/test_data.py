@@ -288,7 +288,7 @@ def test_beam_runner_agrees_with_in_process(capsys, data):
 
 
 def test_beam_names_a_bad_record_like_the_in_process_run(data, tmp_path, monkeypatch):
-    """... and leaves no results directory behind (the failure is the whole answer)."""
+    """Exit 2 naming the record, as in-process; no results directory is left behind (the failure is the answer)."""
     records = [_example(data["xs"][i], data["ks"][i]) for i in range(10)]
     records[4] = _example(None, 1)
     path = _write(tmp_path / "bad.tfrecord", records)

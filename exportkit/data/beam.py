@@ -12,9 +12,9 @@ run's on the same data. With --limit the files are read in order by one worker (
 from __future__ import annotations
 
 import base64
+import contextlib
 import pickle
 import re
-import shutil
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -84,12 +84,11 @@ def run_pipeline(plan: BeamPlan, beam_options: list[str]) -> tuple[dict, int]:
         if not sep or not key.strip():
             raise UsageError(f"--beam-option {item!r} is not KEY=VALUE", "write it as --beam-option direct_num_workers=2")
         args[key.strip().lstrip("-")] = value
-    out_dir = args.get("temp_location") or tempfile.mkdtemp(prefix="exportkit-beam-")
-    try:
+    given = args.get("temp_location")
+    # Our own directory goes also when the pipeline failed: its partial results are no one's.
+    with (contextlib.nullcontext(given) if given
+          else tempfile.TemporaryDirectory(prefix="exportkit-beam-", ignore_cleanup_errors=True)) as out_dir:
         return _run_in(args, out_dir, plan)
-    finally:  # also when the pipeline failed: its partial results are no one's
-        if not args.get("temp_location"):
-            shutil.rmtree(out_dir, ignore_errors=True)
 
 
 def _run_in(args: dict, out_dir: str, plan: BeamPlan) -> tuple[dict, int]:
