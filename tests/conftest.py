@@ -111,9 +111,13 @@ def warm_start():
 @pytest.fixture(autouse=True)
 def no_children_left():
     """Every process a test starts (workers, servers, stand-ins) is gone when it ends, on success and failure."""
+    from exportkit.runtimes import forkserver
+
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
-    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before | SESSION_CHILDREN]
+    warm = forkserver.current()  # a managed TF X.Y environment's fork server starts with its first worker
+    allowed = before | SESSION_CHILDREN | (warm.pids() if warm else set())
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in allowed]
     _, alive = psutil.wait_procs(new, timeout=15)
     left = []
     for process in alive:

@@ -28,14 +28,14 @@ def model(exported):
     return entry.path
 
 
-def _answers(path) -> dict:
-    """What the session and saved_model loaders answer on the golden batch of 8, in one worker."""
-    worker = TfWorker.for_model(str(path), "cpu")
+def _answers(path, loaders=("session", "saved_model"), **where) -> dict:
+    """What the loaders answer on the golden batch of 8, in one worker (`where`: TfWorker's python and worker)."""
+    worker = TfWorker.for_model(str(path), "cpu", **where)
     try:
         inputs = load_batches(str(path / "assets.extra" / "exportkit"), "golden_inputs")[-1]
         worker.start()
         answers = {"forked": isinstance(worker.process, forkserver.ForkedProcess)}
-        for loader in ("session", "saved_model"):
+        for loader in loaders:
             assert worker.load(loader, "serving_default")["ok"]
             reply, outputs = worker.run(loader, "serving_default", inputs, {k: v.dtype.name for k, v in inputs.items()})
             assert reply["ok"], reply["detail"]
@@ -58,12 +58,33 @@ def test_a_forked_worker_answers_bit_for_bit_as_a_fresh_one(model, monkeypatch):
             np.testing.assert_array_equal(value, forked[loader][key], err_msg=f"{loader} {key}")
 
 
+@pytest.mark.compat
+def test_a_managed_environments_worker_is_forked_from_its_own_server(model, monkeypatch):
+    """`--tf 2.12`'s standalone worker (exportkit/compat/worker.py under that environment's Python): the first
+    worker starts the environment's server, later ones fork from it, and they answer as a fresh one does."""
+    from exportkit.compat.envs import WORKER, python_for
+
+    where = {"python": python_for("2.12"), "worker": str(WORKER)}
+    command = [where["python"], "-I", where["worker"]]
+    forked = _answers(model, ["session"], **where)
+    server = forkserver.current().server(command)
+    assert psutil.Process(server.process.pid).cmdline()[0] == where["python"]  # TF 2.12's own interpreter
+    again = _answers(model, ["session"], **where)
+    monkeypatch.setattr(forkserver, "_current", None)
+    fresh = _answers(model, ["session"], **where)
+    assert forked.pop("forked") and again.pop("forked") and not fresh.pop("forked")
+    for answers in (forked, again):
+        for key, value in fresh["session"].items():
+            assert value.dtype == answers["session"][key].dtype
+            np.testing.assert_array_equal(value, answers["session"][key], err_msg=key)
+
+
 def test_a_forked_worker_has_its_own_session_directory_and_environment(model):
     worker = TfWorker.for_model(str(model), "cpu")
     try:
         worker.start()
         assert worker.load("session", "serving_default")["ok"]
-        pid, server = worker.process.pid, forkserver.current().process.pid
+        pid, server = worker.process.pid, forkserver.current().server(forkserver.WORKER_COMMAND).process.pid
         process = psutil.Process(pid)
         assert process.ppid() == server
         assert os.getsid(pid) == pid  # signals to the caller's process group do not reach it
@@ -112,7 +133,7 @@ def test_workers_start_fresh_once_the_server_is_gone(model, monkeypatch):
     """A server of this test's own (the session's stays up), killed under a running worker."""
     monkeypatch.setattr(forkserver, "_current", None)
     with exportkit.warm_start():
-        server = forkserver.current()
+        server = forkserver.current().server(forkserver.WORKER_COMMAND)
         running = TfWorker.for_model(str(model), "cpu")
         running.start()
         assert running.load("session", "serving_default")["ok"]

@@ -115,16 +115,23 @@ def environment_failure(err):
                                         f"{' '.join(str(err).split())[:300]}"}
 
 
+def prepare():
+    """What the worker does before its ready line; exportkit's fork server (exportkit/runtimes/forkserver.py) does it
+    once for all the workers it forks from this environment."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.modules.update(dict.fromkeys(NOT_FOR_LOADING))  # see NOT_FOR_LOADING
+    import numpy as np
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")
+    return np, tf
+
+
 def main():
     channel = sys.stdout
     sys.stdout = sys.stderr  # anything TensorFlow prints goes to stderr, not into the protocol
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    sys.modules.update(dict.fromkeys(NOT_FOR_LOADING))  # see NOT_FOR_LOADING
     try:
-        import numpy as np
-        import tensorflow as tf
-
-        tf.get_logger().setLevel("ERROR")
+        np, tf = prepare()
         bfloat16 = tf.bfloat16.as_numpy_dtype
     except Exception as err:  # this Python's fault: said on the ready line, which the caller turns into exit 3
         reply(channel, ok=False, ready=True, **environment_failure(err))

@@ -1,4 +1,4 @@
-"""A process that imports TensorFlow once and forks verify's TensorFlow workers from it (`exportkit.warm_start()`).
+"""Processes that import TensorFlow once and fork verify's TensorFlow workers from it (`exportkit.warm_start()`).
 
 Why: a fresh worker spends ~3 CPU-s importing TensorFlow, most of a small model's verify. A caller that verifies
 many models in one process (a release suite, the pytest plugin, a script) pays it once here; each worker is then
@@ -7,10 +7,14 @@ which is what makes the fork safe). multiprocessing's forkserver does not fit: i
 `__main__` and inherit its sys.path, and a worker must run with no user code importable (`python -I` from a
 neutral directory), as it does when started fresh.
 
-A forked worker must be indistinguishable from a fresh one, so the server forks only what a fresh start would make
-identical: exportkit's own session worker on this Python, with the environment the server was started with
-(TensorFlow reads parts of it at import; "cpu" hides the GPUs). `ForkServer.spawn` returns None for anything else,
-and the caller starts the worker fresh.
+A forked worker must be indistinguishable from a fresh one, so a server forks only what a fresh start would make
+identical: one worker command (exportkit's own session worker on this Python, started at once; a managed TF X.Y
+environment's standalone worker, exportkit/compat/worker.py, on its first worker), with the environment the server
+was started with (TensorFlow reads parts of it at import; "cpu" hides the GPUs). `WarmStart.spawn` returns None for
+anything else, and the caller starts the worker fresh.
+
+The server side of this file uses the standard library only: it runs under a managed environment's Python too,
+where exportkit is not installed (`python -I forkserver.py WORKER-ARGS`, WORKER-ARGS as the fresh worker's).
 
 Protocol: the owner holds a SOCK_SEQPACKET socket that is the server's stdin. Each message is one worker:
 {"cwd": DIR} with four file descriptors (the worker's stdin, stdout and stderr, and a
@@ -21,6 +25,8 @@ workers end as fresh ones do, at the EOF of their own stdin.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import json
 import os
 import select
@@ -32,13 +38,12 @@ import tempfile
 import threading
 from pathlib import Path
 
-from exportkit.tfenv import child_env
-
 WORKER_COMMAND = [sys.executable, "-I", "-m", "exportkit.runtimes.session_worker"]
 IGNORED = ("PYTEST_CURRENT_TEST",)  # pytest sets it per test; neither TensorFlow nor a worker reads it
+VERSIONED_WORKER = Path(__file__).parents[1] / "compat" / "worker.py"  # a managed TF X.Y environment's worker
 READY_TIMEOUT = 600.0
 
-_current: ForkServer | None = None
+_current: WarmStart | None = None
 _current_lock = threading.Lock()
 
 
@@ -70,7 +75,7 @@ class ForkedProcess:
     def wait(self, timeout: float | None = None) -> int:
         self._collect(timeout)
         if self.returncode is None:
-            raise subprocess.TimeoutExpired(WORKER_COMMAND, timeout)
+            raise subprocess.TimeoutExpired("a forked worker", timeout)
         return self.returncode
 
     def kill(self) -> None:
@@ -79,18 +84,33 @@ class ForkedProcess:
                 os.kill(self.pid, signal.SIGKILL)
 
 
-class ForkServer:
-    """The owner's end: the server process, started at once (its TensorFlow import overlaps the caller's work)."""
+def forkable(command: list[str]) -> bool:
+    """Is `command` a worker a server can fork: this Python's session worker, or the standalone worker of a managed
+    TF X.Y environment (its Python has exportkit's own copy of the script only, so any of them)."""
+    return command == WORKER_COMMAND or (len(command) == 3 and command[1] == "-I"
+                                         and os.path.realpath(command[2]) == os.path.realpath(VERSIONED_WORKER))
 
-    def __init__(self):
+
+class ForkServer:
+    """The owner's end of one worker command's server, started at once (its TensorFlow import overlaps the
+    caller's work)."""
+
+    def __init__(self, command: list[str]):
+        from exportkit.tfenv import child_env
+
+        self.command = command
         self.env = child_env("cpu")
         self.dir = tempfile.TemporaryDirectory(prefix="exportkit-forkserver-")
         self._log = open(Path(self.dir.name) / "forkserver.log", "w+")
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.process = subprocess.Popen([sys.executable, "-I", "-m", "exportkit.runtimes.forkserver"],
+            self.process = subprocess.Popen([command[0], "-I", __file__, *command[2:]],
                                             stdin=theirs, stdout=subprocess.PIPE, stderr=self._log,
                                             cwd=self.dir.name, env=self.env, text=True, start_new_session=True)
+        except OSError:
+            self._log.close()
+            self.dir.cleanup()
+            raise
         finally:
             theirs.close()
         self._sending = threading.Lock()
@@ -116,7 +136,7 @@ class ForkServer:
     def spawn(self, command: list[str], *, stdin: socket.socket, stderr, cwd: str, env: dict) -> ForkedProcess | None:
         """`command` forked from the server, or None where a fresh start could differ or the server cannot fork
         (then start it fresh: a missing TensorFlow, say, is reported by the fresh worker as always)."""
-        if command != WORKER_COMMAND or not self._await_ready() or not self._forks_alike(env):
+        if command != self.command or not self._await_ready() or not self._forks_alike(env):
             return None
         read_end, write_end = os.pipe()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -151,21 +171,58 @@ class ForkServer:
         self.dir.cleanup()
 
 
-def current() -> ForkServer | None:
-    """The fork server of the innermost `warm_start()`, if any."""
+class WarmStart:
+    """The servers of one `warm_start()`, one per worker command: this Python's session worker's from the start, a
+    managed environment's from its first worker (which waits for that server's import instead of its own)."""
+
+    def __init__(self):
+        self._servers = {tuple(WORKER_COMMAND): ForkServer(WORKER_COMMAND)}
+        self._lock = threading.Lock()
+
+    def server(self, command: list[str]) -> ForkServer | None:
+        """The server of `command`, started on first use; None if it is not forkable or its Python cannot start."""
+        if not forkable(command):
+            return None
+        with self._lock:
+            if tuple(command) not in self._servers:
+                try:
+                    self._servers[tuple(command)] = ForkServer(command)
+                except OSError:  # the fresh start says what is wrong with that Python
+                    return None
+            return self._servers[tuple(command)]
+
+    def spawn(self, command: list[str], **how) -> ForkedProcess | None:
+        """`command` forked (see ForkServer.spawn), or None: start it fresh."""
+        server = self.server(command)
+        return server and server.spawn(command, **how)
+
+    def pids(self) -> set[int]:
+        with self._lock:
+            return {s.process.pid for s in self._servers.values()}
+
+    def close(self) -> None:
+        with self._lock:
+            servers, self._servers = list(self._servers.values()), {}
+        for server in servers:
+            server.close()
+
+
+def current() -> WarmStart | None:
+    """The servers of the innermost `warm_start()`, if any."""
     return _current
 
 
 @contextlib.contextmanager
 def warm_start():
-    """Within it, verify's TensorFlow workers (CPU, this Python) are forked from one process that imported
-    TensorFlow once: ~0.5 s a worker instead of ~3 s. Nested calls share the outer one's server."""
+    """Within it, verify's TensorFlow workers (CPU, this Python or a managed TF X.Y environment) are forked from one
+    process per Python that imported TensorFlow once: ~0.5 s a worker instead of ~3 s. Nested calls share the outer
+    one's servers."""
     global _current
     with _current_lock:
         if _current is not None:
             owner = None
         else:
-            owner = _current = ForkServer()
+            owner = _current = WarmStart()
     try:
         yield
     finally:
@@ -176,7 +233,17 @@ def warm_start():
 
 
 # -- the server process ---------------------------------------------------------------------------------------------
-def _become_worker(request: dict, fds: list[int], inherited: list[int]) -> None:
+def _worker_module(args: list[str]):
+    """The worker the command line names, as a fresh start would run it: `-m MODULE` or a script's path."""
+    if args[0] == "-m":
+        return importlib.import_module(args[1])
+    spec = importlib.util.spec_from_file_location("exportkit_worker", args[0])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _become_worker(worker, request: dict, fds: list[int], inherited: list[int]) -> None:
     """In the forked child: the worker's own session, descriptors, directory and environment, then its main."""
     code = 1
     try:
@@ -190,9 +257,7 @@ def _become_worker(request: dict, fds: list[int], inherited: list[int]) -> None:
         for fd in fds:
             os.close(fd)
         os.chdir(request["cwd"])
-        from exportkit.runtimes import session_worker
-
-        code = session_worker.main()
+        code = worker.main()
     except BaseException:
         import traceback
 
@@ -207,9 +272,8 @@ def main() -> int:
     control = socket.socket(fileno=0)  # the owner's SOCK_SEQPACKET socket
     saved_stdout, sys.stdout = sys.stdout, sys.stderr  # anything TensorFlow prints at import stays off the channel
     try:
-        from exportkit.runtimes import session_worker
-
-        session_worker.prepare()
+        worker = _worker_module(sys.argv[1:])
+        worker.prepare()
         ready = {"ok": True, "environ": dict(os.environ)}
     except Exception as err:  # e.g. no TensorFlow: the workers start fresh and say so
         ready = {"ok": False, "message": str(err)}
@@ -235,7 +299,7 @@ def main() -> int:
                 continue
             pid = os.fork()
             if pid == 0:
-                _become_worker(json.loads(message), fds,
+                _become_worker(worker, json.loads(message), fds,
                                [control.fileno(), wakeup_read, wakeup] + [r.fileno() for r in reports.values()])
             for fd in fds[:3]:
                 os.close(fd)

@@ -137,10 +137,9 @@ class TfWorker:
         # SIGPIPE that kills a CLI which restored SIGPIPE's default for `| head`.
         self._requests, theirs = socket.socketpair()
         env = child_env(self.device)
-        server = forkserver.current()
+        warm = forkserver.current()
         try:
-            self._proc = server and server.spawn(self._command, stdin=theirs, stderr=self._log, cwd=self.dir.name,
-                                                 env=env)
+            self._proc = warm and warm.spawn(self._command, stdin=theirs, stderr=self._log, cwd=self.dir.name, env=env)
             if self._proc is None:
                 self._proc = subprocess.Popen(self._command, stdin=theirs, stdout=subprocess.PIPE, stderr=self._log,
                                               cwd=self.dir.name, env=env, text=True, start_new_session=True)
