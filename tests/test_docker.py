@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import standins
-from conftest import run_cli
+from conftest import SESSION_CHILDREN, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.serving]
 IMAGE = "tensorflow/serving:2.14.1"
@@ -32,13 +32,23 @@ def ranker(exported):
     return exported("ranker_ckpt").base
 
 
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    """The stand-in's dockerd: its containers are its forks (one TensorFlow import for the module's containers)."""
+    running = standins.ContainerDaemon(tmp_path_factory.mktemp("dockerd"))
+    SESSION_CHILDREN.add(running.process.pid)
+    yield running
+    running.close()
+    SESSION_CHILDREN.discard(running.process.pid)
+
+
 @pytest.fixture()
-def docker(tmp_path):
+def docker(tmp_path, daemon):
     """(env, state) with a stand-in `docker` first on PATH; IMAGE is "pulled"; :2.15.0 is only in the registry."""
     bin_dir, state = tmp_path / "bin", tmp_path / "state"
     bin_dir.mkdir()
     standins.write_docker(bin_dir, state, {IMAGE: DIGEST}, registry={"tensorflow/serving:2.15.0": DIGEST[::-1]})
-    yield standins.env_with(bin_dir, state), state
+    yield standins.env_with(bin_dir, state, daemon), state
     for container in standins.containers(state):  # a failing test must not leave servers behind
         subprocess.run([str(bin_dir / "docker"), "rm", "-f", container["id"]], env={**os.environ,
                        **standins.env_with(bin_dir, state)}, capture_output=True)
