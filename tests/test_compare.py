@@ -633,6 +633,26 @@ def test_error_histogram_equals_its_definition_across_rows_zeros_edges_and_overf
     assert error_histogram(strided.astype(np.float32)) == _histogram_by_definition(strided.astype(np.float32))
 
 
+def test_a_large_outputs_histograms_counted_side_by_side_equal_their_definition():
+    """From _PARALLEL_ELEMENTS errors on, the relative errors are counted in a second thread: the same counts."""
+    from exportkit.verify.error_summaries import _PARALLEL_ELEMENTS
+
+    rng = np.random.default_rng(12)
+    e = rng.normal(size=_PARALLEL_ELEMENTS // 2 + 1001).astype(np.float32)
+    a = e + (rng.normal(size=e.size) * 1e-6).astype(np.float32)
+    e[::1009], a[::1009] = 0.0, 1e-7  # judged by atol alone
+    a[::997] = e[::997]
+    a[::50_001] += 1e-2
+    c = compare_arrays("y", e, a, Tolerance(1e-5, 1e-5))
+    diff = np.abs(a.astype(np.float64) - e.astype(np.float64))
+    mag = np.abs(e.astype(np.float64))
+    over = diff > 1e-5 + 1e-5 * mag
+    assert 0 < over.sum() < 100 and c.mismatched == over.sum()
+    assert c.abs_err_histogram == _histogram_by_definition(diff, over)
+    nonzero = mag > 0
+    assert c.rel_err_histogram == _histogram_by_definition(diff[nonzero] / mag[nonzero], over[nonzero])
+
+
 def test_error_histogram_bins_the_values_at_and_around_every_bin_edge_as_defined():
     """The bins come from a table of bin edges, not a log10 per value: every value within 128 ulps of each nominal
     edge 10**(b/10) (the edges log10 defines lie up to ~110 ulps below them), walked one ulp at a time, is binned
