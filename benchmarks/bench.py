@@ -45,10 +45,11 @@ float32) -> GlobalAveragePooling1D -> Dense(64, relu) -> Dense(1), seeded, built
 
 Profiles (`make bench` runs the default one; times measured on 2 cores):
   default   mixed_functional.keras (custom objects): 3 runs; mobilenet_v2 (keras.applications MobileNetV2,
-            96x96x3, ~3.5M params), resnet50 (ResNet50, 64x64x3, ~25.6M params) and scale_1gb: 1 run each;
+            96x96x3, ~3.5M params), resnet50 (ResNet50, 64x64x3, ~25.6M params): 1 run each; scale_1gb: 3 runs
+            (one run of its export and baseline spans 16-24 s from one minute to the next here: Keras' load_model);
             verify --samples 1/100/1000 on mobilenet_v2, 1 run each; predict on mixed_functional.keras, 200 calls
-            per client; verify --data on 100k records. ~8 minutes (scale_1gb alone ~1 min a run: export ~12 s,
-            its baseline ~11 s, verify ~8 s, saved_model_cli run ~5 s, inspect and show ~6 s; tree RSS up to ~8 GB).
+            per client; verify --data on 100k records. ~12 minutes (scale_1gb alone ~1 min a run: export ~20 s,
+            its baseline ~18 s, verify ~7 s, saved_model_cli run ~6 s, inspect and show ~6 s; tree RSS up to ~6 GB).
   --quick   1 run of mixed_functional.keras and mobilenet_v2; verify --samples 1/100 only; no scale_1gb, no
             verify --data. ~3 minutes.
   --full    3 runs of everything; also multi_io.keras; predict also on mobilenet_v2. ~25 minutes.
@@ -96,7 +97,7 @@ PROFILES = {
     "quick": dict(runs=1, app_runs=1, scale_runs=1, models=["mixed_functional.keras", "mobilenet_v2"],
                   scaling_model="mobilenet_v2", scaling_runs=1, scaling_samples=[1, 100], predict_calls=100,
                   predict_models=["mixed_functional.keras"], data_records=0, compat_tf="2.12"),
-    "default": dict(runs=3, app_runs=1, scale_runs=1,
+    "default": dict(runs=3, app_runs=1, scale_runs=3,
                     models=["mixed_functional.keras", "tfk2_mixed.h5", "mobilenet_v2", "resnet50", "scale_1gb"],
                     scaling_model="mobilenet_v2", scaling_runs=1, scaling_samples=[1, 100, 1000], predict_calls=200,
                     predict_models=["mixed_functional.keras"], data_records=100_000, compat_tf="2.12"),
