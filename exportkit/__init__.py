@@ -59,8 +59,9 @@ def record_reference(model, path, inputs=None, samples=8, seed=0, int_range=None
 
 def warm_start():
     """A context manager: within it, the CPU TensorFlow workers of `verify` and `diff` fork from one process that
-    imported TensorFlow once, ~0.5 s a worker instead of ~3 s. For a suite or a script that verifies many models in
-    one process; the verdicts are the same as without it (exportkit.runtimes.forkserver)."""
+    imported TensorFlow once, ~0.5 s a worker instead of ~3 s; so do those of the processes started inside it (an
+    `exportkit verify` subprocess). For a suite or a script that verifies many models; the verdicts are the same as
+    without it (exportkit.runtimes.forkserver)."""
     from exportkit.runtimes.forkserver import warm_start as start
 
     return start()

@@ -101,7 +101,8 @@ SESSION_CHILDREN: set[int] = set()  # pids of session-scoped servers: allowed to
 @pytest.fixture(scope="session", autouse=True)
 def warm_start():
     """Verifies in this process fork their TensorFlow worker from one import (exportkit.warm_start()), as a release
-    suite's would; the CLI in a subprocess (run_cli) starts its worker fresh, as users run it."""
+    suite's would; so do the CLI subprocesses (run_cli) and scripts started inside it, whose environment is the
+    suite's (EXPORTKIT_WARM_START): a test that changes it gets a fresh worker, as users do."""
     import exportkit
 
     with exportkit.warm_start():

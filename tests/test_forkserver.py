@@ -3,8 +3,11 @@ started fresh (same answers, own session, directory and environment), and must b
 could differ."""
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -45,10 +48,16 @@ def _answers(path, loaders=("session", "saved_model"), **where) -> dict:
         worker.close()
 
 
+def _outside_any_warm_start(monkeypatch) -> None:
+    """As in a process no warm start runs in or was started inside: workers start fresh."""
+    monkeypatch.setattr(forkserver, "_current", None)
+    monkeypatch.delenv(forkserver.ADDRESS_VARIABLE, raising=False)
+
+
 def test_a_forked_worker_answers_bit_for_bit_as_a_fresh_one(model, monkeypatch):
     assert forkserver.current() is not None  # conftest's session-wide warm_start()
     forked = _answers(model)
-    monkeypatch.setattr(forkserver, "_current", None)
+    _outside_any_warm_start(monkeypatch)
     fresh = _answers(model)
     assert forked.pop("forked") and not fresh.pop("forked")
     for loader, outputs in fresh.items():
@@ -70,7 +79,7 @@ def test_a_managed_environments_worker_is_forked_from_its_own_server(model, monk
     server = forkserver.current().server(command)
     assert psutil.Process(server.process.pid).cmdline()[0] == where["python"]  # TF 2.12's own interpreter
     again = _answers(model, ["session"], **where)
-    monkeypatch.setattr(forkserver, "_current", None)
+    _outside_any_warm_start(monkeypatch)
     fresh = _answers(model, ["session"], **where)
     assert forked.pop("forked") and again.pop("forked") and not fresh.pop("forked")
     for answers in (forked, again):
@@ -131,7 +140,7 @@ def test_a_killed_forked_worker_is_reported_as_a_fresh_one_would_be(model):
 
 def test_workers_start_fresh_once_the_server_is_gone(model, monkeypatch):
     """A server of this test's own (the session's stays up), killed under a running worker."""
-    monkeypatch.setattr(forkserver, "_current", None)
+    _outside_any_warm_start(monkeypatch)
     with exportkit.warm_start():
         server = forkserver.current().server(forkserver.WORKER_COMMAND)
         running = TfWorker.for_model(str(model), "cpu")
@@ -155,10 +164,62 @@ def test_workers_start_fresh_once_the_server_is_gone(model, monkeypatch):
 
 def test_verify_in_a_warm_start_gives_the_report_it_gives_without(model, monkeypatch):
     warm = exportkit.verify(model, serving="embedded")
-    monkeypatch.setattr(forkserver, "_current", None)
+    _outside_any_warm_start(monkeypatch)
     cold = exportkit.verify(model, serving="embedded")
     assert warm.passed and cold.passed and warm.verdict == cold.verdict
     assert {r.name: r.status for r in warm.runtimes} == {r.name: r.status for r in cold.runtimes}
     for output, by_runtime in cold.outputs.items():
         for runtime, comparison in by_runtime.items():
             assert warm.outputs[output][runtime].max_abs_err == comparison.max_abs_err, (output, runtime)
+
+
+_INHERITED = """
+import json, sys
+import psutil
+from exportkit.runtimes import forkserver
+from exportkit.runtimes.session import TfWorker
+worker = TfWorker.for_model(sys.argv[1], "cpu")
+try:
+    worker.start()
+    loaded = worker.load("session", "serving_default")["ok"]
+    print(json.dumps({"forked": isinstance(worker.process, forkserver.ForkedProcess), "loaded": loaded,
+                      "parent": psutil.Process(worker.process.pid).ppid()}))
+finally:
+    worker.close()
+"""
+
+
+@pytest.mark.parametrize("env", [{}, {"TF_ENABLE_ONEDNN_OPTS": "0"}], ids=["same environment", "changed"])
+def test_a_process_started_inside_a_warm_start_forks_its_workers_from_it(model, env):
+    """A release script's `exportkit verify` subprocess, say: its worker forks from the server of the warm start it
+    was started in, unless its environment makes a fresh worker differ."""
+    server = forkserver.current().server(forkserver.WORKER_COMMAND).process.pid
+    assert os.environ[forkserver.ADDRESS_VARIABLE] == forkserver.current().address
+    proc = subprocess.run([sys.executable, "-c", _INHERITED, str(model)], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["loaded"]
+    assert (answer["forked"], answer["parent"] == server) == ((True, True) if not env else (False, False))
+
+
+def test_a_warm_start_names_its_address_only_while_it_lasts(monkeypatch):
+    _outside_any_warm_start(monkeypatch)
+    with exportkit.warm_start():
+        address = os.environ[forkserver.ADDRESS_VARIABLE]
+        assert os.stat(os.path.dirname(address)).st_mode & 0o077 == 0  # no other user can ask for a worker
+        with exportkit.warm_start():  # nested: the outer one's
+            assert os.environ[forkserver.ADDRESS_VARIABLE] == address
+    assert forkserver.ADDRESS_VARIABLE not in os.environ and forkserver.current() is None
+    monkeypatch.setenv(forkserver.ADDRESS_VARIABLE, address)  # inherited from a warm start that has ended
+    gone = forkserver.current()
+    assert isinstance(gone, forkserver.InheritedWarmStart)
+    with socket_pair() as (stdin, stderr):
+        assert gone.spawn(forkserver.WORKER_COMMAND, stdin=stdin, stderr=stderr, cwd="/", env={}) is None
+
+
+@contextlib.contextmanager
+def socket_pair():
+    first, second = socket.socketpair()
+    with first, second:
+        yield first, second

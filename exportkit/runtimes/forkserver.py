@@ -21,6 +21,11 @@ Protocol: the owner holds a SOCK_SEQPACKET socket that is the server's stdin. Ea
 socket for its reports). The server forks and answers on the report socket {"pid": N}, then {"exit": CODE} when it
 has reaped the worker (CODE as Popen.returncode: -N for a signal). The server exits when its stdin closes; its
 workers end as fresh ones do, at the EOF of their own stdin.
+
+Processes started inside a `warm_start()` (an `exportkit verify` a release script runs, say) fork their session
+workers from it too: `warm_start()` names, in EXPORTKIT_WARM_START, a socket the session worker's server also
+listens on (in the owner's private directory). A connection first reads the server's ready line, so the process
+can check that a fork would be alike, then asks for workers as the owner does.
 """
 from __future__ import annotations
 
@@ -39,11 +44,14 @@ import threading
 from pathlib import Path
 
 WORKER_COMMAND = [sys.executable, "-I", "-m", "exportkit.runtimes.session_worker"]
-IGNORED = ("PYTEST_CURRENT_TEST",)  # pytest sets it per test; neither TensorFlow nor a worker reads it
+ADDRESS_VARIABLE = "EXPORTKIT_WARM_START"  # the socket of the warm start a process was started inside
+IGNORED = ("PYTEST_CURRENT_TEST", ADDRESS_VARIABLE)  # set per test / per warm start; neither TensorFlow nor a worker
+# reads them
 VERSIONED_WORKER = Path(__file__).parents[1] / "compat" / "worker.py"  # a managed TF X.Y environment's worker
 READY_TIMEOUT = 600.0
 
 _current: WarmStart | None = None
+_inherited: dict[str, InheritedWarmStart] = {}  # by address
 _current_lock = threading.Lock()
 
 
@@ -91,28 +99,63 @@ def forkable(command: list[str]) -> bool:
                                          and os.path.realpath(command[2]) == os.path.realpath(VERSIONED_WORKER))
 
 
+def forks_alike(env: dict, started: dict, imported: dict) -> bool:
+    """Would a fresh worker started with `env` end up with the environment a fork of a server `started` with that
+    environment has? Each variable must be the one the server was started with, or the one its start-up set (`imported`:
+    TensorFlow's import sets TF2_BEHAVIOR, for one, also in a caller that imported it, and the start-up quiets the
+    logs): a fresh worker sets it too."""
+    return all(env.get(k) in (started.get(k), imported.get(k))
+               for k in env.keys() | started.keys() | imported.keys() if k not in IGNORED)
+
+
+def request_fork(channel: socket.socket, *, stdin: socket.socket, stderr, cwd: str) -> ForkedProcess | None:
+    """One worker forked by the server at the other end of `channel`; None if that server is gone."""
+    read_end, write_end = os.pipe()
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        socket.send_fds(channel, [json.dumps({"cwd": cwd}).encode()],
+                        [stdin.fileno(), write_end, stderr.fileno(), theirs.fileno()])
+        answered = select.select([mine], [], [], READY_TIMEOUT)[0]
+        message = mine.recv(4096) if answered else b""
+    except OSError:
+        message = b""
+    finally:
+        os.close(write_end)
+        theirs.close()
+    if not message:
+        os.close(read_end)
+        mine.close()
+        return None
+    return ForkedProcess(json.loads(message)["pid"], open(read_end), mine)
+
+
 class ForkServer:
     """The owner's end of one worker command's server, started at once (its TensorFlow import overlaps the
-    caller's work)."""
+    caller's work). With `listen`, it also serves the processes started inside the warm start (`address`)."""
 
-    def __init__(self, command: list[str]):
+    def __init__(self, command: list[str], listen: bool = False):
         from exportkit.tfenv import child_env
 
         self.command = command
         self.env = child_env("cpu")
-        self.dir = tempfile.TemporaryDirectory(prefix="exportkit-forkserver-")
+        self.dir = tempfile.TemporaryDirectory(prefix="exportkit-forkserver-")  # 0700: the socket is ours alone
         self._log = open(Path(self.dir.name) / "forkserver.log", "w+")
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener, self.address = _listener(Path(self.dir.name) / "forks.sock") if listen else (None, None)
+        extra = ["--listen-fd", str(listener.fileno())] if listener else []
         try:
-            self.process = subprocess.Popen([command[0], "-I", __file__, *command[2:]],
+            self.process = subprocess.Popen([command[0], "-I", __file__, *extra, *command[2:]],
                                             stdin=theirs, stdout=subprocess.PIPE, stderr=self._log,
-                                            cwd=self.dir.name, env=self.env, text=True, start_new_session=True)
+                                            cwd=self.dir.name, env=self.env, text=True, start_new_session=True,
+                                            pass_fds=[listener.fileno()] if listener else [])
         except OSError:
             self._log.close()
             self.dir.cleanup()
             raise
         finally:
             theirs.close()
+            if listener:
+                listener.close()
         self._sending = threading.Lock()
         self._ready: bool | None = None  # None until its ready line (or its end) came
         self._imported_env: dict = {}  # its environment once the worker's start-up and TensorFlow's import set theirs
@@ -126,38 +169,16 @@ class ForkServer:
                 self._ready, self._imported_env = ready.get("ok", False), ready.get("environ", {})
             return self._ready
 
-    def _forks_alike(self, env: dict) -> bool:
-        """Would a fresh worker started with `env` end up with the environment a fork has? Each variable must be the
-        one the server was started with, or the one its start-up set (TensorFlow's import sets TF2_BEHAVIOR, for
-        one, also in a caller that imported it, and the start-up quiets the logs): a fresh worker sets it too."""
-        return all(env.get(k) in (self.env.get(k), self._imported_env.get(k))
-                   for k in env.keys() | self.env.keys() | self._imported_env.keys() if k not in IGNORED)
-
     def spawn(self, command: list[str], *, stdin: socket.socket, stderr, cwd: str, env: dict) -> ForkedProcess | None:
         """`command` forked from the server, or None where a fresh start could differ or the server cannot fork
         (then start it fresh: a missing TensorFlow, say, is reported by the fresh worker as always)."""
-        if command != self.command or not self._await_ready() or not self._forks_alike(env):
+        if command != self.command or not self._await_ready() or not forks_alike(env, self.env, self._imported_env):
             return None
-        read_end, write_end = os.pipe()
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        request = {"cwd": cwd}
-        try:
-            with self._sending:
-                socket.send_fds(self._control, [json.dumps(request).encode()],
-                                [stdin.fileno(), write_end, stderr.fileno(), theirs.fileno()])
-            answered = select.select([mine], [], [], READY_TIMEOUT)[0]
-            message = mine.recv(4096) if answered else b""
-        except OSError:
-            message = b""
-        finally:
-            os.close(write_end)
-            theirs.close()
-        if not message:  # the server is gone: from now on workers start fresh
+        with self._sending:
+            forked = request_fork(self._control, stdin=stdin, stderr=stderr, cwd=cwd)
+        if forked is None:  # the server is gone: from now on workers start fresh
             self._ready = False
-            os.close(read_end)
-            mine.close()
-            return None
-        return ForkedProcess(json.loads(message)["pid"], open(read_end), mine)
+        return forked
 
     def close(self) -> None:
         self._control.close()  # the server's EOF: it exits once its workers have (at once, when none is left)
@@ -171,12 +192,26 @@ class ForkServer:
         self.dir.cleanup()
 
 
+def _listener(path: Path) -> tuple[socket.socket | None, str | None]:
+    """A listening socket at `path` and its address; (None, None) where the path cannot be one (too long, say)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        listener.bind(str(path))
+        listener.listen(64)
+    except OSError:
+        listener.close()
+        return None, None
+    return listener, str(path)
+
+
 class WarmStart:
     """The servers of one `warm_start()`, one per worker command: this Python's session worker's from the start, a
     managed environment's from its first worker (which waits for that server's import instead of its own)."""
 
     def __init__(self):
-        self._servers = {tuple(WORKER_COMMAND): ForkServer(WORKER_COMMAND)}
+        main = ForkServer(WORKER_COMMAND, listen=True)
+        self._servers = {tuple(WORKER_COMMAND): main}
+        self.address = main.address
         self._lock = threading.Lock()
 
     def server(self, command: list[str]) -> ForkServer | None:
@@ -207,28 +242,65 @@ class WarmStart:
             server.close()
 
 
-def current() -> WarmStart | None:
-    """The servers of the innermost `warm_start()`, if any."""
-    return _current
+class InheritedWarmStart:
+    """The warm start this process was started inside (ADDRESS_VARIABLE): its session workers fork from there."""
+
+    def __init__(self, address: str):
+        self.address = address
+
+    def spawn(self, command: list[str], *, stdin: socket.socket, stderr, cwd: str, env: dict) -> ForkedProcess | None:
+        """As WarmStart.spawn, for this Python's session worker; None (start it fresh) if the warm start is gone."""
+        if command != WORKER_COMMAND:
+            return None
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as channel:
+                channel.connect(self.address)
+                line = channel.recv(1 << 20) if select.select([channel], [], [], READY_TIMEOUT)[0] else b""
+                ready = json.loads(line) if line else {}
+                if (not ready.get("ok") or ready["command"] != command  # another Python, another venv
+                        or not forks_alike(env, ready["started"], ready["environ"])):
+                    return None
+                return request_fork(channel, stdin=stdin, stderr=stderr, cwd=cwd)
+        except OSError:
+            return None
+
+    def pids(self) -> set[int]:
+        return set()  # the servers are the starting process's
+
+
+def current() -> WarmStart | InheritedWarmStart | None:
+    """The servers of the innermost `warm_start()` of this process, else those of the one it was started inside."""
+    address = os.environ.get(ADDRESS_VARIABLE)
+    if _current is not None or not address:
+        return _current
+    with _current_lock:
+        return _inherited.setdefault(address, InheritedWarmStart(address))
 
 
 @contextlib.contextmanager
 def warm_start():
     """Within it, verify's TensorFlow workers (CPU, this Python or a managed TF X.Y environment) are forked from one
-    process per Python that imported TensorFlow once: ~0.5 s a worker instead of ~3 s. Nested calls share the outer
-    one's servers."""
+    process per Python that imported TensorFlow once: ~0.5 s a worker instead of ~3 s. So are the session workers of
+    the processes started inside it (ADDRESS_VARIABLE). Nested calls share the outer one's servers."""
     global _current
     with _current_lock:
         if _current is not None:
             owner = None
         else:
             owner = _current = WarmStart()
+            inherited = os.environ.get(ADDRESS_VARIABLE)
+            if owner.address:
+                os.environ[ADDRESS_VARIABLE] = owner.address  # for the processes started inside it
     try:
         yield
     finally:
         if owner is not None:
             with _current_lock:
                 _current = None
+                if inherited is None:
+                    os.environ.pop(ADDRESS_VARIABLE, None)
+                else:
+                    os.environ[ADDRESS_VARIABLE] = inherited
             owner.close()
 
 
@@ -270,9 +342,14 @@ def _become_worker(worker, request: dict, fds: list[int], inherited: list[int]) 
 
 def main() -> int:
     control = socket.socket(fileno=0)  # the owner's SOCK_SEQPACKET socket
+    args = sys.argv[1:]
+    listener = None  # the warm start's address, for the processes started inside it
+    if args[:1] == ["--listen-fd"]:
+        listener, args = socket.socket(fileno=int(args[1])), args[2:]
+    started = dict(os.environ)
     saved_stdout, sys.stdout = sys.stdout, sys.stderr  # anything TensorFlow prints at import stays off the channel
     try:
-        worker = _worker_module(sys.argv[1:])
+        worker = _worker_module(args)
         worker.prepare()
         ready = {"ok": True, "environ": dict(os.environ)}
     except Exception as err:  # e.g. no TensorFlow: the workers start fresh and say so
@@ -286,21 +363,39 @@ def main() -> int:
     signal.set_wakeup_fd(wakeup)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select() through the wake-up pipe
     reports: dict[int, socket.socket] = {}  # pid -> its report socket
-    accepting = True
-    while accepting or reports:  # after the owner's EOF, until every worker is reaped and reported
-        readable = select.select([control, wakeup_read] if accepting else [wakeup_read], [], [])[0]
+    channels = [control]  # the owner's, then those of processes started inside the warm start
+    while channels or reports:  # after the owner's EOF, until every worker is reaped and reported
+        readable = select.select(channels + ([listener] if listener else []) + [wakeup_read], [], [])[0]
         if wakeup_read in readable:
             os.read(wakeup_read, 512)
             _reap(reports)
-        if control in readable:
-            message, fds, _, _ = socket.recv_fds(control, 65536, 4)
-            if not message:  # the owner closed it, or exited
-                accepting = False
+        if listener in readable:
+            with contextlib.suppress(OSError):
+                channel, _ = listener.accept()
+                channel.send(json.dumps({**ready, "started": started, "command": [sys.executable, "-I", *args]}).encode())
+                channels.append(channel)
+        for channel in [c for c in channels if c in readable]:
+            try:
+                message, fds, _, _ = socket.recv_fds(channel, 65536, 4)
+            except OSError:
+                message, fds = b"", []
+            if not message and channel is control:  # the owner is done: no more workers, from anyone
+                for other in channels + ([listener] if listener else []):
+                    other.close()
+                channels, listener = [], None
+                break
+            if not message or len(fds) != 4:  # a process is done with its channel, or that is not a request
+                for fd in fds:
+                    os.close(fd)
+                if not message:
+                    channels.remove(channel)
+                    channel.close()
                 continue
             pid = os.fork()
             if pid == 0:
                 _become_worker(worker, json.loads(message), fds,
-                               [control.fileno(), wakeup_read, wakeup] + [r.fileno() for r in reports.values()])
+                               [c.fileno() for c in channels] + ([listener.fileno()] if listener else [])
+                               + [wakeup_read, wakeup] + [r.fileno() for r in reports.values()])
             for fd in fds[:3]:
                 os.close(fd)
             reports[pid] = report = socket.socket(fileno=fds[3])
