@@ -45,8 +45,8 @@ from pathlib import Path
 
 WORKER_COMMAND = [sys.executable, "-I", "-m", "exportkit.runtimes.session_worker"]
 ADDRESS_VARIABLE = "EXPORTKIT_WARM_START"  # the socket of the warm start a process was started inside
-IGNORED = ("PYTEST_CURRENT_TEST", ADDRESS_VARIABLE)  # set per test / per warm start; neither TensorFlow nor a worker
-# reads them
+# Set per test (pytest) and per warm start: neither TensorFlow nor a worker reads them.
+IGNORED = ("PYTEST_CURRENT_TEST", ADDRESS_VARIABLE)
 VERSIONED_WORKER = Path(__file__).parents[1] / "compat" / "worker.py"  # a managed TF X.Y environment's worker
 READY_TIMEOUT = 600.0
 
@@ -372,7 +372,8 @@ def main() -> int:
         if listener in readable:
             with contextlib.suppress(OSError):
                 channel, _ = listener.accept()
-                channel.send(json.dumps({**ready, "started": started, "command": [sys.executable, "-I", *args]}).encode())
+                answer = {**ready, "started": started, "command": [sys.executable, "-I", *args]}
+                channel.send(json.dumps(answer).encode())
                 channels.append(channel)
         for channel in [c for c in channels if c in readable]:
             try:
