@@ -3,7 +3,6 @@ started fresh (same answers, own session, directory and environment), and must b
 could differ."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -214,12 +213,6 @@ def test_a_warm_start_names_its_address_only_while_it_lasts(monkeypatch):
     monkeypatch.setenv(forkserver.ADDRESS_VARIABLE, address)  # inherited from a warm start that has ended
     gone = forkserver.current()
     assert isinstance(gone, forkserver.InheritedWarmStart)
-    with socket_pair() as (stdin, stderr):
+    stdin, stderr = socket.socketpair()
+    with stdin, stderr:
         assert gone.spawn(forkserver.WORKER_COMMAND, stdin=stdin, stderr=stderr, cwd="/", env={}) is None
-
-
-@contextlib.contextmanager
-def socket_pair():
-    first, second = socket.socketpair()
-    with first, second:
-        yield first, second
