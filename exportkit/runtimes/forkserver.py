@@ -51,7 +51,6 @@ VERSIONED_WORKER = Path(__file__).parents[1] / "compat" / "worker.py"  # a manag
 READY_TIMEOUT = 600.0
 
 _current: WarmStart | None = None
-_inherited: dict[str, InheritedWarmStart] = {}  # by address
 _current_lock = threading.Lock()
 
 
@@ -271,10 +270,7 @@ class InheritedWarmStart:
 def current() -> WarmStart | InheritedWarmStart | None:
     """The servers of the innermost `warm_start()` of this process, else those of the one it was started inside."""
     address = os.environ.get(ADDRESS_VARIABLE)
-    if _current is not None or not address:
-        return _current
-    with _current_lock:
-        return _inherited.setdefault(address, InheritedWarmStart(address))
+    return InheritedWarmStart(address) if _current is None and address else _current
 
 
 @contextlib.contextmanager
