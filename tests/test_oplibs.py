@@ -181,18 +181,22 @@ def custom_op_library(tmp_path_factory) -> str | None:
     if shutil.which("g++") is None:
         return None
     import hashlib
+    from importlib.metadata import packages_distributions, version
 
-    flags = subprocess.run([sys.executable, "-c", "import tensorflow as tf; print(' '.join("
-                            "tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()))"],
-                           capture_output=True, text=True, check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     source = HERE / "oplib" / "times_two.cc"
-    # Compiled once per source, TensorFlow and compiler (~20 s against TensorFlow's headers), like the managed TF
-    # environments: a one-time build in the user's cache, not part of every run.
+    # Compiled once per source, TensorFlow release and compiler (~20 s against TensorFlow's headers), like the
+    # managed TF environments: a one-time build in the user's cache, not part of every run. The key names the
+    # release, not the venv's path, so a fresh clone elsewhere finds it; TensorFlow is imported (3 s) only to build.
     compiler = subprocess.run(["g++", "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(source.read_bytes() + flags.stdout.encode() + compiler.encode()).hexdigest()[:16]
+    release = " ".join(f"{d}=={version(d)}" for d in packages_distributions().get("tensorflow", []))
+    key = hashlib.sha256(source.read_bytes() + release.encode() + compiler.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "exportkit" / "test-oplib"
     target = cache / f"times_two-{key}.so"
     if not target.exists():
+        flags = subprocess.run([sys.executable, "-c", "import tensorflow as tf; print(' '.join("
+                                "tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()))"],
+                               capture_output=True, text=True, check=True,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
         cache.mkdir(parents=True, exist_ok=True)
         partial = cache / f"{target.name}.{os.getpid()}.partial"  # renamed whole: a parallel session sees none
         subprocess.run(["g++", "-std=c++17", "-shared", "-fPIC", "-O0", "-w", str(source), "-o", str(partial),
