@@ -35,7 +35,7 @@ compat: the static analysis of all ten TF versions on a 1,000-node graph (benchm
 read cold; < 1 s) and, with a warm environment (`--compat-tf`, default 2.12; installed first if missing, not
 timed), `exportkit verify DIR --runtimes golden --tf X.Y` vs `... --runtimes golden,session` (wall; <= 1.3x),
 plus the wall time of `exportkit compat DIR --tf X.Y --run`; and `verify --data` (benchmarks/data_bench.py;
-<= 1.3x a hand-written loop); and `exportkit diff --data` on PredictionLog records (benchmarks/diff_bench.py: ms per
+<= 1.1x a hand-written loop); and `exportkit diff --data` on PredictionLog records (benchmarks/diff_bench.py: ms per
 1,000 records next to a hand-written loop over the two loaded models, peak RSS at N/10 and N records).
 
 Models: samples from `make samples` (samples.json), keras.applications models (seeded random weights,
