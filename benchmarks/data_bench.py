@@ -101,10 +101,6 @@ def run_data(measure, out: Path, records: int, log, exportkit: str) -> dict:
     return results
 
 
-def pair_median(ratios: list[float]) -> float:
-    return ratios[len(ratios) // 2]
-
-
 def render_data(results: dict) -> list[str]:
     if not results:
         return []
@@ -115,7 +111,7 @@ def render_data(results: dict) -> list[str]:
     for name, r in results.items():
         ratio = f"{r['seconds'] / loop:.2f}x" if loop and not name.startswith("memory") else "-"
         if r.get("pair_ratios"):
-            median = pair_median(r["pair_ratios"])
+            median = r["pair_ratios"][len(r["pair_ratios"]) // 2]  # they are sorted
             ratio = f"{median:.2f}x " + ("✅" if median <= TARGET else "❌")
         lines.append(f"| {name} | {r['rc']} | {r['records']} | {r['seconds']:.1f} | {r['records_per_s'] or 0:.0f} | "
                      f"{ratio} | {r['tree_rss_mb'] or 0:.0f} |")

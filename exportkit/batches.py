@@ -521,24 +521,30 @@ def tfrecord_blocks(path: str) -> Iterator[tuple[int, list[int], list[bytes], in
                 parts.append(block)
                 have += len(block)
             buf = b"".join(parts)
-            pos, first, offsets, records = 0, index, [], []
+            pos, first, offsets, records, problem = 0, index, [], [], None
             while have - pos >= 12:
                 length, length_crc = struct.unpack_from("<QI", buf, pos)
                 if _masked(crc32c(buf[pos:pos + 8])) != length_crc:
-                    raise bad("its length CRC does not match (corrupted, or not TFRecord framing)", _FIX_TFRECORD)
+                    problem = bad("its length CRC does not match (corrupted, or not TFRecord framing)", _FIX_TFRECORD)
+                    break
                 if length > (size * _DEFLATE_MAX_RATIO if gzipped else size - offset - 16):
-                    raise bad(f"declares {length} bytes, more than the file can hold (truncated, or a damaged length)")
+                    problem = bad(f"declares {length} bytes, more than the file can hold (truncated, or a damaged "
+                                  "length)")
+                    break
                 end = pos + 16 + length
                 if end > have:
                     break
                 data = buf[pos + 12:end - 4]
                 if _masked(crc32c(data)) != struct.unpack_from("<I", buf, end - 4)[0]:
-                    raise bad("its data CRC does not match (the record is corrupted)")
+                    problem = bad("its data CRC does not match (the record is corrupted)")
+                    break
                 records.append(data)
                 offsets.append(offset)
                 offset, index, pos = offset + 16 + length, index + 1, end
-            if records:
+            if records:  # the records before a bad one are given first
                 yield first, offsets, records, raw.tell()
+            if problem is not None:
+                raise problem
             buf, need = buf[pos:], (12 if have - pos < 12 else end - pos)
             if ended:
                 if buf:
