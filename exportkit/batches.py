@@ -452,7 +452,7 @@ def _load_tfrecord_examples(p: Path, specs: list[InputSpec]) -> dict[str, np.nda
                          f"input (inputs: {', '.join(s.key for s in specs)})",
                          "pass --inputs as .npz or .json keyed by input name")
     spec = example_specs[0]
-    records = [data for _, _, data, _ in tfrecord_records(str(p))]
+    records = list(tfrecord_records(str(p)))
     if not records:
         raise UsageError(f"{p} holds no records", "write at least one serialized tf.Example")
     values = np.empty(len(records), dtype=object)
@@ -482,11 +482,10 @@ def _masked(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def tfrecord_records(path: str) -> Iterator[tuple[int, int, bytes, int]]:
-    """(index, offset, data, compressed position read so far) for every record of a TFRecord file (tfrecord_blocks)."""
-    for first, offsets, records, position in tfrecord_blocks(path):
-        for i, (offset, data) in enumerate(zip(offsets, records)):
-            yield first + i, offset, data, position
+def tfrecord_records(path: str) -> Iterator[bytes]:
+    """The data of every record of a TFRecord file, checked as tfrecord_blocks checks it."""
+    for _, _, records, _ in tfrecord_blocks(path):
+        yield from records
 
 
 def tfrecord_blocks(path: str) -> Iterator[tuple[int, list[int], list[bytes], int]]:
@@ -547,10 +546,8 @@ def tfrecord_blocks(path: str) -> Iterator[tuple[int, list[int], list[bytes], in
                 raise problem
             buf, need = buf[pos:], (12 if have - pos < 12 else end - pos)
             if ended:
-                if buf:
+                if buf or failure is not None:  # bad() names a failed read as the reason
                     raise bad("truncated" if len(buf) >= 12 else "truncated (the file ends inside its length field)")
-                if failure is not None:
-                    raise bad("")
                 return
 
 

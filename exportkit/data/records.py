@@ -374,7 +374,7 @@ def records_are_logs(source: DataSource) -> bool:
 
     for path in source.files:
         if not path.endswith(".npz"):
-            for _, _, data, _ in tfrecord_records(path):
+            for data in tfrecord_records(path):
                 return is_prediction_log(data)
     return False
 
@@ -388,7 +388,7 @@ def data_signature(pattern: str | None, signatures: dict, selected: list[str]) -
     source = DataSource(pattern, []) if pattern else None
     if source is not None and records_are_logs(source):
         for path in (f for f in source.files if not f.endswith(".npz")):
-            name = next((signature_of(data) for _, _, data, _ in tfrecord_records(path)), None)
+            name = next((signature_of(data) for data in tfrecord_records(path)), None)
             if name:
                 return name
     return DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in signatures or len(selected) != 1 else selected[0]

@@ -206,7 +206,7 @@ def _records(path: str):
         if fh.read(2) == b"\x1f\x8b":
             raise ValueError(f"{path} is GZIP-compressed; TF Serving reads the warm-up file as uncompressed TFRecord")
     try:
-        for _, _, data, _ in tfrecord_records(path):
+        for data in tfrecord_records(path):
             yield data
     except UsageError as err:
         tf = sys.modules.get("tensorflow")
