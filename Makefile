@@ -13,7 +13,7 @@ export PYTHONWARNINGS ?= ignore
 install: $(STAMP)
 
 # Re-installs only when pyproject.toml, the version or the C extension changes.
-$(STAMP): pyproject.toml exportkit/version.py exportkit/verify/_log_bins.c
+$(STAMP): pyproject.toml exportkit/version.py exportkit/compare/_log_bins.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

@@ -287,7 +287,7 @@ def smcli_inputs(version_dir: Path, scratch: Path) -> tuple[list[str], str]:
     inputs too large for one argv string as `--inputs KEY=file.npy`, which is what a user does for images."""
     import numpy as np
 
-    from exportkit.layout import read_manifest
+    from exportkit.savedmodel.extras import read_manifest
 
     manifest, _ = read_manifest(version_dir)
     rng = np.random.default_rng(0)

@@ -10,8 +10,8 @@ import json
 import statistics
 import time
 
-from exportkit.compat import SUPPORTED, analysis, registry
-from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+from exportkit.tfversions import SUPPORTED, analysis, registry
+from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
 
 def padded(path: str, nodes: int):

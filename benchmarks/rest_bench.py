@@ -57,11 +57,11 @@ def main() -> int:
     import numpy as np
     import rapidjson
 
-    from exportkit.savedmodel import resolve_model_path
-    from exportkit.serving.http_handler import start_rest
-    from exportkit.serving.rest_client import RestClient
-    from exportkit.serving.servable import ServedModel
-    from exportkit.serving.server_core import ServerCore
+    from exportkit.savedmodel.reader import resolve_model_path
+    from exportkit.serving.server.http_handler import start_rest
+    from exportkit.serving.client.rest_client import RestClient
+    from exportkit.serving.server.servable import ServedModel
+    from exportkit.serving.server.server_core import ServerCore
     from exportkit.tfenv import import_tf
 
     tf = import_tf()
@@ -104,7 +104,7 @@ def main() -> int:
                     args.runs)),
                 ("parse: rapidjson, Python floats", median_seconds(lambda: rapidjson.loads(body.decode()), args.runs))]
         try:
-            from exportkit.serving.json_tensor import fixed_json, parse_fixed_body
+            from exportkit.serving.json.codec import fixed_json, parse_fixed_body
         except ImportError:  # a checkout before the fixed-width layout
             pass
         else:

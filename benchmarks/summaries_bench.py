@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from exportkit.verify import compare
-from exportkit.verify.tolerances import Tolerance
+from exportkit.compare import outputs as compare
+from exportkit.compare.tolerances import Tolerance
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ the CLI's options as keyword arguments, returning the reports the CLI renders; e
 """
 import types as _types
 
-from exportkit import compat as _compat, export as _export, verify as _verify
+from exportkit import compat as _compat, diff as _diff, export as _export, verify as _verify
 from exportkit.errors import ExportkitError, InfraError, UsageError  # noqa: F401  (exportkit.UsageError, ...)
 from exportkit.version import __version__  # noqa: F401  (exportkit.__version__)
 
@@ -24,7 +24,7 @@ class _CommandPackage(_types.ModuleType):
         return getattr(api, self.__name__.rpartition(".")[2])(*args, **kwargs)
 
 
-for _package in (_compat, _export, _verify):
+for _package in (_compat, _diff, _export, _verify):
     _package.__class__ = _CommandPackage
 del _package
 
@@ -37,12 +37,6 @@ def inspect(path, **options):
     return api.inspect(path, **options)
 
 
-def diff(old, new=None, **options):
-    """What NEW changes for the clients of OLD, as `exportkit diff OLD NEW`. See exportkit.api.diff."""
-    from exportkit import api
-
-    return api.diff(old, new, **options)
-
 
 def record_reference(model, path, inputs=None, samples=8, seed=0, int_range=None):
     """Write the inputs and the eager outputs of `model` as trained to `path` (one .npz, no pickle).
@@ -52,7 +46,7 @@ def record_reference(model, path, inputs=None, samples=8, seed=0, int_range=None
     Generated inputs follow export's rules (batches of 1 and `samples` rows, integers in the ranges derived
     from the model, or `int_range`: LO:HI for every integer input, NAME=LO:HI for one, a string or a list).
     """
-    from exportkit.reference import record_reference as record
+    from exportkit.sources.reference import record_reference as record
 
     return record(model, path, inputs=inputs, samples=samples, seed=seed, int_range=int_range)
 

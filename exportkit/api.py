@@ -49,7 +49,7 @@ def _listed(value) -> list:
 
 
 def _source_options(src: str, flags: dict):
-    from exportkit.spec import source_options
+    from exportkit.options.spec import source_options
 
     return source_options(str(src), flags.get("spec"), format=flags.get("format"), builder=flags.get("builder"),
                           builder_args=_listed(flags.get("builder_arg")), model_config=flags.get("model_config"),
@@ -73,7 +73,7 @@ _VERIFY_RENAMES = {"tf": "tf_versions", "beam_option": "beam_options", "json": "
 
 def verify_options(path, **flags):
     """VerifyOptions from the CLI's flags by name (the CLI and `verify()` both build them here)."""
-    from exportkit.spec import VerifyOptions
+    from exportkit.options.spec import VerifyOptions
 
     fields = {f.name for f in dataclasses.fields(VerifyOptions)} - {"path", "against", "tf_versions", "beam_options",
                                                                     "json_out"}
@@ -81,7 +81,7 @@ def verify_options(path, **flags):
                                                                                     "server_flag"}
     _unknown("verify", flags, known)
     if "server_flag" in flags:
-        from exportkit.serverflags import parse_server_flags
+        from exportkit.options.server_flags import parse_server_flags
 
         flags["server_flags"] = parse_server_flags([str(f) for f in _listed(flags.pop("server_flag"))])
     against = flags.pop("against", None)
@@ -119,7 +119,7 @@ def compat(path, tf=None, run=False, **options):
     """Will the SavedModel load, run and agree on TF Serving X.Y? As `exportkit compat PATH --tf ...`: predicted
     statically, observed with `run=True` (managed TF X.Y environments) and on TF Serving's image with
     `serving="docker"`. Returns the CompatReport (`.versions`, `.passed`, `.exit_code`, `.to_dict()`)."""
-    from exportkit.verify.compat_command import run_compat
+    from exportkit.compat.command import run_compat
 
     known = {"device", "signature_name", "samples", "seed", "int_range", "atol", "rtol", "tol", "serving",
              "container_cli", "pull", "load_timeout", "server", "op_library", "server_flag"}
@@ -136,8 +136,8 @@ def compat(path, tf=None, run=False, **options):
 
 
 def _launch_options(container_cli: str, pull: bool, server_flag: list):
-    from exportkit.serverflags import parse_server_flags
-    from exportkit.serving.launcher import LaunchOptions
+    from exportkit.options.server_flags import parse_server_flags
+    from exportkit.serving.launch.launcher import LaunchOptions
 
     return LaunchOptions(container_cli=container_cli, pull=pull,
                          server_flags=parse_server_flags([str(f) for f in server_flag]))
@@ -151,7 +151,7 @@ def diff(old, new=None, **options):
     answers on the same inputs (generated and golden batches, or `data=` records). OLD may be a base directory
     (its newest two versions, NEW left out), or NEW alone with `serving="HOST:PORT"` for the deployed OLD.
     Returns the DiffReport (`.passed`, `.exit_code`, `.verdict`, `.outputs`, `.gates`, `.to_dict()`)."""
-    from exportkit.verify.diff import DiffOptions, run_diff
+    from exportkit.diff.command import DiffOptions, run_diff
 
     renames = {"beam_option": "beam_options"}
     fields = {f.name for f in dataclasses.fields(DiffOptions)} - {"paths", "beam_options", "json_out", "html",
@@ -172,8 +172,8 @@ def inspect(path, **options):
     """Signatures, dtypes, shapes, ops, assets and findings of a SavedModel (no TensorFlow import), as `exportkit
     inspect PATH`; a model source (.h5, .keras, checkpoint) is described by the CLI in a child process. Returns
     an Inspection (`.signatures`, `.findings`, `.exit_code`, `.to_dict()`) or, for a source, a SourceInspection."""
-    from exportkit.inspection import is_model_source, read_info
-    from exportkit.savedmodel import check_path
+    from exportkit.inspection.command import is_model_source, read_info
+    from exportkit.savedmodel.reader import check_path
 
     p = Path(path).expanduser()
     check_path(p, "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")
@@ -292,7 +292,7 @@ class _op_libraries:
         if not self.libraries:
             self.inner = None
             return self
-        from exportkit.compat.oplibs import op_libraries_env
+        from exportkit.tfversions.oplibs import op_libraries_env
 
         self._lock.acquire()
         self.inner = op_libraries_env(self.libraries)
@@ -313,9 +313,9 @@ class _op_libraries:
 # the reports in the layers, so the methods are added here.
 
 from exportkit.export.pipeline import ExportResult as _ExportResult  # noqa: E402
-from exportkit.verify.diff_report import DiffReport as _DiffReport  # noqa: E402
-from exportkit.inspection import SavedModelInfo as _SavedModelInfo  # noqa: E402
-from exportkit.verify.matrix import CompatReport as _CompatReport  # noqa: E402
+from exportkit.diff.report import DiffReport as _DiffReport  # noqa: E402
+from exportkit.inspection.command import SavedModelInfo as _SavedModelInfo  # noqa: E402
+from exportkit.compat.report import CompatReport as _CompatReport  # noqa: E402
 from exportkit.verify.report import VerifyReport as _VerifyReport  # noqa: E402
 
 
@@ -348,7 +348,7 @@ class VerifyReport(_Document, _VerifyReport):
 
     def write_html(self, path) -> Path:
         from exportkit.verify.html import verify_html
-        from exportkit.verify.plots import require_matplotlib
+        from exportkit.report.plots import require_matplotlib
 
         require_matplotlib()
         return _write(path, verify_html(self), "HTML report")
@@ -363,9 +363,9 @@ class CompatReport(_Document, _CompatReport):
     """compat's matrix: `.versions` (one row per TF version), `.passed`, `.exit_code`, `.verdict`, `.to_dict()`."""
 
     def write_html(self, path) -> Path:
-        from exportkit.verify.compat_command import other_device_rows
+        from exportkit.compat.command import other_device_rows
         from exportkit.verify.html import compat_html
-        from exportkit.verify.plots import require_matplotlib
+        from exportkit.report.plots import require_matplotlib
 
         require_matplotlib()
         return _write(path, compat_html(self, other_device_rows(self)), "HTML report")
@@ -381,14 +381,14 @@ class DiffReport(_Document, _DiffReport):
     output: change quantiles, top-1 share, confusion, metrics), `.gates`, `.to_dict()`."""
 
     def write_html(self, path) -> Path:
-        from exportkit.verify.diff_report import diff_html
-        from exportkit.verify.plots import require_matplotlib
+        from exportkit.diff.report import diff_html
+        from exportkit.report.plots import require_matplotlib
 
         require_matplotlib()
         return _write(path, diff_html(self), "HTML report")
 
     def write_summary(self, path) -> Path:
-        from exportkit.verify.diff_report import diff_markdown
+        from exportkit.diff.report import diff_markdown
 
         return _write(path, diff_markdown(self), "summary")
 
@@ -399,7 +399,7 @@ class ExportResult(_Document, _ExportResult):
     def write_html(self, path) -> Path:
         from exportkit.export.pipeline import export_verdict
         from exportkit.verify.html import export_html
-        from exportkit.verify.plots import require_matplotlib
+        from exportkit.report.plots import require_matplotlib
 
         require_matplotlib()
         return _write(path, export_html(self.to_dict(), export_verdict(self), True), "HTML report")

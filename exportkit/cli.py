@@ -98,7 +98,7 @@ def _with_op_libraries(go, libraries):
     """`go` with --op-library (and exportkit.toml's op_libraries) passed to the workers it starts."""
 
     def wrapped():
-        from exportkit.compat.oplibs import OpLibraryError, op_libraries_env
+        from exportkit.tfversions.oplibs import OpLibraryError, op_libraries_env
         from exportkit.errors import UsageError
 
         try:
@@ -155,7 +155,7 @@ class SourceFlags(NamedTuple):
 
     def options(self, src: str):
         """The flags (plus exportkit.toml) as one SourceOptions for `src`."""
-        from exportkit.spec import source_options
+        from exportkit.options.spec import source_options
 
         return source_options(src, self.spec, format=self.format, builder=self.builder,
                               builder_args=self.builder_arg or [], model_config=self.model_config,
@@ -328,7 +328,7 @@ def inspect(
     """Signatures, dtypes, shapes, ops, assets and findings of a SavedModel (or a source's inputs and outputs)."""
 
     def go():
-        from exportkit.inspection import inspect_command
+        from exportkit.inspection.command import inspect_command
 
         return inspect_command(path, json_out=json_out, strict=strict, source=lambda: source.options(path),
             allow_incomplete_config=allow_incomplete_config, requests=requests, model_name=model_name,
@@ -346,7 +346,7 @@ def serve(ctx: typer.Context):
     op_libraries = _pop_op_libraries(argv)
 
     def go():
-        from exportkit.serving.model_server import serve_main
+        from exportkit.serving.server.model_server import serve_main
 
         return serve_main(argv)
 
@@ -384,9 +384,9 @@ def compat(
     TF Serving itself with --serving docker."""
 
     def go():
-        from exportkit.serverflags import parse_server_flags
-        from exportkit.serving.launcher import LaunchOptions
-        from exportkit.verify.compat_command import compat_command
+        from exportkit.options.server_flags import parse_server_flags
+        from exportkit.serving.launch.launcher import LaunchOptions
+        from exportkit.compat.command import compat_command
 
         return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
                               samples=samples, seed=seed, int_range=int_range or [], atol=atol, rtol=rtol, tol=tol,
@@ -429,7 +429,7 @@ def diff(
     a signature change breaks old clients or a gate fails."""
 
     def go():
-        from exportkit.verify.diff import DiffOptions, diff_command
+        from exportkit.diff.command import DiffOptions, diff_command
 
         return diff_command(DiffOptions(
             paths=list(paths), serving=serving, model_name=model_name, model_version=model_version,
@@ -450,7 +450,7 @@ def runtimes_list(debug: bool = DEBUG):
     """Every supported TensorFlow version and whether its environment is installed."""
 
     def go():
-        from exportkit.compat.envs import list_envs, root
+        from exportkit.tfversions.envs import list_envs, root
 
         typer.echo(f"managed environments in {root()}")
         for env in list_envs():
@@ -470,7 +470,7 @@ def runtimes_install(version: str = typer.Argument(..., metavar="X.Y"),
     """Create the environment of TensorFlow X.Y (tensorflow-cpu from PyPI, about a minute and 1.7 GB)."""
 
     def go():
-        from exportkit.compat.envs import install
+        from exportkit.tfversions.envs import install
 
         env = install(version, force=force)
         typer.echo(f"TensorFlow {env.version}: {env.state} (tensorflow {env.tensorflow}, numpy {env.numpy}) "
@@ -485,7 +485,7 @@ def runtimes_remove(version: str = typer.Argument(..., metavar="X.Y"), debug: bo
     """Delete the environment of TensorFlow X.Y."""
 
     def go():
-        from exportkit.compat.envs import env_dir, remove
+        from exportkit.tfversions.envs import env_dir, remove
 
         typer.echo(f"removed {env_dir(version)}" if remove(version) else f"no environment for TensorFlow {version}")
         return 0

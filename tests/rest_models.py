@@ -70,11 +70,11 @@ def shared_model_base(tmp_path_factory) -> Path:
 
 def serve_in_process(model_base: Path, **limits):
     """A ServerCore over both versions and its REST server on a free port: (server, port, versions)."""
-    from exportkit.savedmodel import resolve_model_path
-    from exportkit.serving.http_handler import start_rest
-    from exportkit.serving.http_server import Limits
-    from exportkit.serving.servable import ServedModel
-    from exportkit.serving.server_core import ServerCore
+    from exportkit.savedmodel.reader import resolve_model_path
+    from exportkit.serving.server.http_handler import start_rest
+    from exportkit.serving.server.http_server import Limits
+    from exportkit.serving.server.servable import ServedModel
+    from exportkit.serving.server.server_core import ServerCore
 
     versions = []
     for version_dir in sorted(model_base.iterdir()):

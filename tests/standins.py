@@ -324,7 +324,7 @@ _DAEMON = r'''
 import json, os, signal, socket, sys, threading
 from exportkit.runtimes import session_worker
 session_worker.prepare()  # TensorFlow imported, nothing of it initialised: what makes the fork safe
-import exportkit.cli, exportkit.entry, exportkit.serving.model_server
+import exportkit.cli, exportkit.entry, exportkit.serving.server.model_server
 
 def reap(*_):
     while True:

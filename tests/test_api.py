@@ -54,7 +54,7 @@ def test_import_is_cheap_and_names_are_there():
                  "UsageError", "InfraError", "__version__"]
         missing = [n for n in names if not hasattr(exportkit, n)]
         heavy = [m for m in ("tensorflow", "keras", "numpy", "typer", "grpc") if m in sys.modules]
-        import exportkit.verify.plan, exportkit.export.writer, exportkit.compat.registry  # the subpackages still work
+        import exportkit.verify.plan, exportkit.export.writer, exportkit.tfversions.registry  # the subpackages still work
         print(missing, heavy, all(callable(getattr(exportkit, n)) for n in names[:7]))
         """)], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split("\n")[0] == "[] [] True", proc.stdout + proc.stderr
@@ -87,7 +87,7 @@ def _cli_params(command: str) -> dict:
 def test_verify_options_are_the_cli_flags_with_the_cli_defaults():
     """Every flag of `exportkit verify` is a keyword of exportkit.verify, named after the flag, with its default."""
     from exportkit.api import verify_options
-    from exportkit.spec import VerifyOptions
+    from exportkit.options.spec import VerifyOptions
 
     defaults = verify_options("m")
     assert isinstance(defaults, VerifyOptions)

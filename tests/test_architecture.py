@@ -1,28 +1,36 @@
-"""Imports point down the layers (DESIGN.md), and no module reaches itself through its imports.
+"""Imports point down the layers (DESIGN.md, docs/development.md), and no module reaches itself through its imports.
 
-    cli / the package's Python API (exportkit/__init__: record_reference)
-        -> verify / export / inspection -> runtimes / serving / compat / data -> sources / spec / tf1_loader
-        -> lint / savedmodel / checkpoint / layout / tfenv / tfexample / examples -> batches / dtypes
-        -> findings / errors / version / files / processes
+    faces      cli, entry, __main__, the package's Python API (__init__, api), pytest_plugin
+    commands   inspection, compat, diff -> verify -> export
+    engines    data -> runtimes -> serving
+    knowledge  tfversions, tfexample, sources -> savedmodel
+    primitives report, options, compare, inputs
+    ground     errors, findings, dtypes, files, log, version, tfenv, processes
 
 Modules of one layer may import each other, but never in a circle (a circle means two modules are one concept cut
 in two, or one of them should move down). Imports inside functions count: they are the same dependency, paid later.
-A new top-level module must be given a layer here.
+A new top-level module or package must be given a layer here. The benchmarks follow the same rule: each bench
+imports only benchmarks/harness.py, never another bench.
 """
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "exportkit"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "exportkit"
 LAYERS = {
-    "cli": 7, "entry": 7, "__main__": 7, "__init__": 7, "api": 7, "pytest_plugin": 7,
-    "verify": 6, "export": 6, "inspection": 6,
-    "runtimes": 5, "serving": 5, "compat": 5, "data": 5,
-    "sources": 4, "spec": 4, "tf1_loader": 4, "reference": 4,
-    "lint": 3, "savedmodel": 3, "checkpoint": 3, "layout": 3, "tfenv": 3, "tfexample": 3, "examples": 3, "deployment": 3,
-    "batches": 2, "dtypes": 2,
-    "findings": 1, "errors": 1, "version": 1, "files": 1, "processes": 1, "log": 1, "serverflags": 1,
+    "cli": 12, "entry": 12, "__main__": 12, "__init__": 12, "api": 12, "pytest_plugin": 12,
+    "inspection": 11, "compat": 11, "diff": 11,
+    "verify": 10,
+    "export": 9,
+    "data": 8,
+    "runtimes": 7,
+    "serving": 6,
+    "tfversions": 5, "tfexample": 5, "sources": 5,
+    "savedmodel": 4,
+    "report": 3, "options": 3, "compare": 3, "inputs": 3,
+    "errors": 1, "findings": 1, "dtypes": 1, "files": 1, "log": 1, "version": 1, "tfenv": 1, "processes": 1,
 }
 
 

@@ -1,4 +1,4 @@
-"""The checkpoint index reader (exportkit/checkpoint.py) against checkpoints TensorFlow writes here, compared field by
+"""The checkpoint index reader (exportkit/savedmodel/checkpoint.py) against checkpoints TensorFlow writes here, compared field by
 field with `tf.train.load_checkpoint`; the duplicate-variables finding in inspect and verify; damaged indexes."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def bundles(tf, tmp_path_factory) -> dict[str, Path]:
     import keras
 
     from exportkit.export.pipeline import Progress, export_model
-    from exportkit.spec import export_options
+    from exportkit.options.spec import export_options
 
     root = tmp_path_factory.mktemp("bundles")
     keras.utils.set_random_seed(0)
@@ -82,14 +82,14 @@ def _saved_model(prefix: Path) -> Path:
 
 
 def _read(prefix: Path):
-    from exportkit.checkpoint import read_checkpoint
+    from exportkit.savedmodel.checkpoint import read_checkpoint
 
     return read_checkpoint(f"{prefix}.index")
 
 
 # ------------------------------------------------------------------------------------------- the reader
 def test_crc32c_matches_the_standard_check_value():
-    from exportkit.checkpoint import crc32c, unmask_crc
+    from exportkit.savedmodel.checkpoint import crc32c, unmask_crc
 
     assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C (Castagnoli) check value
     masked = ((0xE3069283 >> 15 | 0xE3069283 << 17) + 0xA282EAD8) & 0xFFFFFFFF  # crc32c.h: Mask
@@ -99,7 +99,7 @@ def test_crc32c_matches_the_standard_check_value():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["keras_export", "exportkit", "module", "sharded", "many"])
 def test_reader_agrees_with_tensorflow(bundles, tf, name):
-    from exportkit.checkpoint import crc32c, data_shard_path, unmask_crc
+    from exportkit.savedmodel.checkpoint import crc32c, data_shard_path, unmask_crc
 
     prefix = bundles[name]
     checkpoint = _read(prefix)
@@ -175,7 +175,7 @@ def test_inspect_warns_about_duplicates_and_shows_sizes(bundles):
 
 @pytest.mark.slow
 def test_equal_variables_not_written_by_keras(bundles):
-    from exportkit.lint import checkpoint_findings
+    from exportkit.savedmodel.lint import checkpoint_findings
 
     [finding] = checkpoint_findings(_saved_model(bundles["twins"]))
     assert finding.code == "duplicate-variables" and "a/.ATTRIBUTES/VARIABLE_VALUE = b/" in finding.message
@@ -194,7 +194,7 @@ def test_verify_reports_the_same_finding(bundles):
 # ------------------------------------------------------------------------------------------ damaged files
 def _data_blocks(index: bytes) -> list[tuple[int, int]]:
     """(offset, size) of each data block: the values of the index block, found through the footer."""
-    from exportkit.checkpoint import FOOTER_SIZE, _block_entries, _varint
+    from exportkit.savedmodel.checkpoint import FOOTER_SIZE, _block_entries, _varint
 
     footer = index[-FOOTER_SIZE:]
     _, pos = _varint(footer, 0, 40)
@@ -221,7 +221,7 @@ def test_index_of_several_blocks(bundles):
 def _snappy(index: bytes) -> bytes:
     """The index with its first data block marked snappy-compressed while it is not (trailer crc recomputed, so
     only the type is wrong): TF's reader says "corrupted compressed block contents"."""
-    from exportkit.checkpoint import _MASK_DELTA, crc32c
+    from exportkit.savedmodel.checkpoint import _MASK_DELTA, crc32c
 
     offset, size = _first_data_block(index)
     out = bytearray(index)
@@ -287,7 +287,7 @@ def test_truncated_or_missing_data_shard(bundles, tmp_path):
 
 
 def test_model_without_variables_has_no_checkpoint(tmp_path):
-    from exportkit.checkpoint import saved_model_checkpoint
+    from exportkit.savedmodel.checkpoint import saved_model_checkpoint
 
     assert saved_model_checkpoint(tmp_path) is None
 
@@ -298,7 +298,7 @@ def test_model_root_layout_restores_strictly(tf, tmp_path):
     import numpy as np
     import tf_keras
 
-    from exportkit.checkpoint import read_checkpoint
+    from exportkit.savedmodel.checkpoint import read_checkpoint
     from exportkit.errors import UsageError
     from exportkit.sources.load import _restore_checkpoint
 

@@ -15,8 +15,8 @@ import pytest
 
 from exportkit.dtypes import name_of_array
 from exportkit.errors import UsageError
-from exportkit.verify.compare import OutputComparison, compare_arrays, compare_batches, compare_outputs, merge_comparisons
-from exportkit.verify.tolerances import EXACT, Tolerance, default_tolerance, parse_tol, resolve_tolerance
+from exportkit.compare.outputs import OutputComparison, compare_arrays, compare_batches, compare_outputs, merge_comparisons
+from exportkit.compare.tolerances import EXACT, Tolerance, default_tolerance, parse_tol, resolve_tolerance
 
 T = Tolerance(1e-5, 1e-5)
 
@@ -37,7 +37,7 @@ def _json(c: OutputComparison) -> dict:
 
 
 def test_no_tensorflow_imported():
-    code = ("import sys, exportkit.verify.compare, exportkit.verify.tolerances, exportkit.batches, exportkit.verify.report, "
+    code = ("import sys, exportkit.compare.outputs, exportkit.compare.tolerances, exportkit.inputs.batches, exportkit.verify.report, "
             "exportkit.verify.baseline; assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -611,7 +611,7 @@ def _histogram_by_definition(values, over=None):
 
 
 def test_error_histogram_equals_its_definition_across_rows_zeros_edges_and_overflow():
-    from exportkit.verify.error_summaries import error_histogram
+    from exportkit.compare.summaries import error_histogram
 
     rng = np.random.default_rng(11)
     n = 150_001  # not a multiple of the counting loop's 8 rows: its tail counts too
@@ -635,7 +635,7 @@ def test_error_histogram_equals_its_definition_across_rows_zeros_edges_and_overf
 
 def test_a_large_outputs_histograms_counted_side_by_side_equal_their_definition():
     """From _PARALLEL_ELEMENTS errors on, the relative errors are counted in a second thread: the same counts."""
-    from exportkit.verify.error_summaries import _PARALLEL_ELEMENTS
+    from exportkit.compare.summaries import _PARALLEL_ELEMENTS
 
     rng = np.random.default_rng(12)
     e = rng.normal(size=_PARALLEL_ELEMENTS // 2 + 1001).astype(np.float32)
@@ -657,7 +657,7 @@ def test_error_histogram_bins_the_values_at_and_around_every_bin_edge_as_defined
     """The bins come from a table of bin edges, not a log10 per value: every value within 128 ulps of each nominal
     edge 10**(b/10) (the edges log10 defines lie up to ~110 ulps below them), walked one ulp at a time, is binned
     as the definition bins it; so are the extremes of float64."""
-    from exportkit.verify.error_summaries import error_histogram
+    from exportkit.compare.summaries import error_histogram
 
     nominal = (10.0 ** (np.arange(-300, 301) / 10)).view(np.int64)
     for ulps in range(-128, 129):
@@ -677,7 +677,7 @@ def _worst_by_definition(excess, k=10):
 @pytest.mark.parametrize("kind", ["normal", "ties", "all-equal", "mostly-minus-inf", "inf", "nan", "few", "small",
                                   "ascending", "plateau", "all-equal-long"])
 def test_worst_elements_are_the_largest_excesses_ties_in_position_order(kind):
-    from exportkit.verify.error_summaries import worst_elements
+    from exportkit.compare.summaries import worst_elements
 
     rng = np.random.default_rng(3)
     x = rng.normal(size=20_000)
@@ -728,7 +728,7 @@ def test_worst_elements_of_multidimensional_int_and_bool_outputs():
 
 
 def test_sample_pairs_are_evenly_spaced_over_the_finite_elements():
-    from exportkit.verify.error_summaries import SAMPLE_PAIRS, sample_pairs
+    from exportkit.compare.summaries import SAMPLE_PAIRS, sample_pairs
 
     e = np.arange(10_000, dtype=np.float32).reshape(100, 100)
     pairs = sample_pairs(e, e + 1, np.ones(e.shape, bool))

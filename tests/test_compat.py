@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from exportkit.compat import SUPPORTED, parse_versions
-from exportkit.compat import registry as registries
+from exportkit.tfversions import SUPPORTED, parse_versions
+from exportkit.tfversions import registry as registries
 from exportkit.errors import UsageError
 
 
@@ -24,13 +24,13 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
 
 
 def _meta_graph(path):
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
     return select_meta_graph(read_saved_model_proto(path))
 
 
 def _analyze(path, versions, device="cpu"):
-    from exportkit.compat.analysis import analyze
+    from exportkit.tfversions.analysis import analyze
 
     return {r.tf: r for r in analyze(_meta_graph(path), versions, device)}
 
@@ -61,11 +61,11 @@ def test_every_supported_version_ships_a_registry_taken_from_the_full_wheel():
 
 # ------------------------------------------------------------------------------------------------ walking
 def test_what_the_loader_instantiates_and_what_it_runs(corpus):
-    """As measured with TF 2.12's loader (see the module doc of exportkit.compat.analysis): an unknown op fails
+    """As measured with TF 2.12's loader (see the module doc of exportkit.tfversions.analysis): an unknown op fails
     the load in any function a top-level node calls, save path included, but not in an uncalled function;
     dtypes and kernels matter only where something runs, so a kernel-less dtype on the save path is fine."""
-    from exportkit.compat.analysis import analyze
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+    from exportkit.tfversions.analysis import analyze
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
     def edited(edit):
         meta_graph = select_meta_graph(read_saved_model_proto(corpus["plain_module"]))
@@ -140,7 +140,7 @@ def test_gpu_forecast_warns_about_cpu_fallback_but_not_about_host_ops(corpus):
 
 
 def test_static_analysis_of_ten_versions_on_a_1000_node_graph_is_under_a_second(corpus):
-    from exportkit.compat.analysis import analyze
+    from exportkit.tfversions.analysis import analyze
 
     meta_graph = _meta_graph(corpus["plain_module"])
     serve = next(f for f in meta_graph.graph_def.library.function if "__inference_serve" in f.signature.name)
@@ -210,7 +210,7 @@ def test_runtime_environment_that_cannot_be_built_exits_3_naming_the_install_com
 
 
 def test_inspect_shows_the_oldest_version_the_analysis_accepts(corpus):
-    from exportkit.inspection import read_info
+    from exportkit.inspection.command import read_info
 
     assert read_info(corpus["disallowed_dtype"]).oldest_tf_serving not in (None, "2.12")
     assert read_info(corpus["new_op_gpu_only"]).oldest_tf_serving is None  # GPU-only: no CPU server runs it

@@ -37,17 +37,17 @@ def exported_samples(sample, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def pythons() -> dict[str, str]:
-    from exportkit.compat.envs import python_for
+    from exportkit.tfversions.envs import python_for
 
     return {v: python_for(v) for v in VERSIONS}  # installs TF 2.12 on first use
 
 
 class Worker:
-    """The standalone worker of exportkit/compat/worker.py, driven over its protocol: one process per
+    """The standalone worker of exportkit/tfversions/worker.py, driven over its protocol: one process per
     version loads every model in turn (as `session@X.Y` does for one)."""
 
     def __init__(self, python: str):
-        from exportkit.compat.envs import WORKER
+        from exportkit.tfversions.envs import WORKER
         from exportkit.tfenv import child_env
 
         self.dir = tempfile.TemporaryDirectory(prefix="exportkit-compat-test-")
@@ -69,8 +69,8 @@ class Worker:
 
     def observe(self, path: Path) -> tuple[str, str | None]:
         """("ok"|"fails", error): load, then run generated batches (sizes 1 and 4) of the default signature."""
-        from exportkit.savedmodel import read_saved_model_proto, select_meta_graph, signatures_of
-        from exportkit.batches import InputSpec, generate_batches, save_batches
+        from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph, signatures_of
+        from exportkit.inputs.batches import InputSpec, generate_batches, save_batches
 
         reply = self.request(op="load", path=str(path), signature="serving_default", device="cpu")
         if not reply["ok"]:
@@ -90,8 +90,8 @@ class Worker:
 
 
 def test_predicted_agrees_with_the_real_loader_on_2_12_and_2_21(corpus, exported_samples, pythons):
-    from exportkit.compat.analysis import analyze
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+    from exportkit.tfversions.analysis import analyze
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
     models = {**corpus, **exported_samples}
     table, disagreements = [], []

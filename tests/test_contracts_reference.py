@@ -52,14 +52,14 @@ def _codes(findings) -> set[tuple[str, str, str]]:
 
 def _check(model, custom_objects=None, **kw):
     from exportkit.sources.contracts import check_contracts
-    from exportkit.verify.compare import compare_with_default_tolerances
+    from exportkit.compare.outputs import compare_with_default_tolerances
 
     return check_contracts(model, _golden(model), custom_objects or {}, compare=compare_with_default_tolerances, **kw)
 
 
 def _golden(model):
     from exportkit.sources import model_io as sig
-    from exportkit.batches import generate_batches
+    from exportkit.inputs.batches import generate_batches
 
     return generate_batches(sig.model_input_specs(model, []), samples=4, seed=0)
 
@@ -214,7 +214,7 @@ def test_inspect_source_shows_contract_findings(trained):
 def test_record_reference_file_is_self_describing(trained):
     import numpy as np
 
-    from exportkit.reference import read_reference
+    from exportkit.sources.reference import read_reference
 
     with np.load(trained / "ckpt.reference.npz", allow_pickle=False) as z:  # no pickle needed
         assert "meta" in z.files

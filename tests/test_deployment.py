@@ -1,5 +1,5 @@
 """Pitfalls every local runtime passes and the real server does not: files outside the SavedModel, XLA under TF
-Serving's stock flags (exportkit/deployment.py, serverflags.py). Models built the way others write them: a
+Serving's stock flags (exportkit/savedmodel/deployment.py, serverflags.py). Models built the way others write them: a
 tf.compat.v1 graph saved by SavedModelBuilder without an assets collection, a tf.Module with jit_compile=True, a
 Keras 3 export of a layer holding a hash table over an absolute path."""
 from __future__ import annotations
@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from conftest import has_gpu, invoke, run_cli
-from exportkit.compat import analysis
-from exportkit.deployment import file_reads
+from exportkit.tfversions import analysis
+from exportkit.savedmodel.deployment import file_reads
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.export.selfcheck import external_files_check
-from exportkit.inspection import read_info
-from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
-from exportkit.serverflags import STOCK, parse_server_flags
-from exportkit.serving.container import moving_tag
+from exportkit.inspection.command import read_info
+from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
+from exportkit.options.server_flags import STOCK, parse_server_flags
+from exportkit.serving.launch.container import moving_tag
 from exportkit.tfenv import package_version
 
 
@@ -178,8 +178,8 @@ def test_an_asset_missing_from_assets_is_an_error(models, tmp_path):
 
 
 def test_older_savedmodels_list_their_assets_in_a_collection():
-    from exportkit.deployment import asset_file_defs
-    from exportkit.savedmodel import protos
+    from exportkit.savedmodel.deployment import asset_file_defs
+    from exportkit.savedmodel.reader import protos
 
     meta_graph_pb2 = protos()["meta_graph"]
     meta_graph = meta_graph_pb2.MetaGraphDef()
@@ -214,7 +214,7 @@ def test_server_flags_parse_tensorflow_model_server_spellings():
 
 
 def test_serve_takes_tf_servings_xla_and_gpu_memory_flags():
-    from exportkit.serving.model_server import _session_config, parse_flags
+    from exportkit.serving.server.model_server import _session_config, parse_flags
 
     options = parse_flags(["m", "--xla_cpu_compilation_enabled", "--per_process_gpu_memory_fraction=0.3",
                            "--device", "gpu"])

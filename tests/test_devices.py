@@ -57,7 +57,7 @@ def test_gpu_without_gpu_is_an_infrastructure_failure():
 
 def test_device_all_also_compares_gpu_with_cpu():
     """The comparison plan of --device all, on arrays: every @gpu runtime is also held against its @cpu twin."""
-    from exportkit.verify.tolerances import Tolerance
+    from exportkit.compare.tolerances import Tolerance
     from exportkit.verify.report import RuntimeResult, VerifyReport
     from exportkit.verify.pairs import compare_all as _compare_all
 

@@ -226,7 +226,7 @@ def test_change_statistics_merge_exactly_and_metrics_are_right():
 
 
 def test_verdict_without_gates_says_whether_anything_changed():
-    from exportkit.verify.diff_report import DiffReport, OutputChange, verdict_line
+    from exportkit.diff.report import DiffReport, OutputChange, verdict_line
 
     same = OutputChange("score", "numeric", records=10, changed_records=0, changed_share=0.0,
                         abs_change={"p50": 0.0, "p99": 0.0, "p99.9": 0.0, "max": 0.0})
@@ -357,7 +357,7 @@ def test_a_warmup_file_for_tf_servings_half_plus_two(tmp_path):
                                          regression_pb2)
     from tfs_models import build_half_plus
 
-    from exportkit.layout import warmup_path
+    from exportkit.savedmodel.extras import warmup_path
     from exportkit.serving.tensors import to_tensor_proto
 
     version = build_half_plus(str(tmp_path / "half_plus_two" / "00000123"))

@@ -60,7 +60,7 @@ def test_every_source_format_exports_a_serving_ready_version(exported, sample, n
 @pytest.mark.slow
 def test_signature_as_tf_serving_sees_it(exported):
     """saved_model.pb itself (not our manifest) carries the names, dtypes and the free batch dimension."""
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph, signatures_of
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph, signatures_of
 
     version_dir = exported("mixed_functional.keras").path
     signature = signatures_of(select_meta_graph(read_saved_model_proto(version_dir)))["serving_default"]
@@ -80,16 +80,16 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample, tmp_
 
     from exportkit.sources.model_io import feed_model, keyed_outputs
     from exportkit.sources.load import load_source
-    from exportkit.spec import source_options
-    from exportkit.verify.compare import compare_outputs
-    from exportkit.verify.tolerances import default_tolerance
-    from exportkit.batches import load_batches
+    from exportkit.options.spec import source_options
+    from exportkit.compare.outputs import compare_outputs
+    from exportkit.compare.tolerances import default_tolerance
+    from exportkit.inputs.batches import load_batches
 
     script = textwrap.dedent("""
         import sys, json, importlib.util
         assert importlib.util.find_spec("sample_models") is None, "user code must not be importable"
-        from exportkit.tf1_loader import Tf1SavedModel
-        from exportkit.batches import load_batches, save_batches
+        from exportkit.savedmodel.loader import Tf1SavedModel
+        from exportkit.inputs.batches import load_batches, save_batches
         for version_dir, out_dir in json.loads(sys.argv[1]):
             model = Tf1SavedModel(version_dir)
             batches = load_batches(version_dir + "/assets.extra/exportkit", "golden_inputs")
@@ -126,8 +126,8 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample, tmp_
 @pytest.mark.parametrize("name", list(CASES))
 def test_warmup_records_are_the_golden_inputs_with_the_signature_keys_and_dtypes(exported, name):
     """One PredictionLog per golden batch, holding exactly that batch under the signature's keys and dtypes."""
-    from exportkit.batches import load_batches
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph, signatures_of
+    from exportkit.inputs.batches import load_batches
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph, signatures_of
     from exportkit.serving.tensors import to_ndarray
     from exportkit.serving.warmup import read_warmup_records
 
@@ -156,7 +156,7 @@ def test_checkpoint_exports_from_its_toml_alone_with_assets(exported):
     proc, version_dir = exported("ranker_ckpt").proc, exported("ranker_ckpt").path
     assert proc.returncode == 0
     assert (version_dir / "assets" / "vocab.txt").is_file()
-    from exportkit.savedmodel import read_saved_model_proto
+    from exportkit.savedmodel.reader import read_saved_model_proto
 
     text = str(read_saved_model_proto(version_dir))
     assert "vocab.txt" in text  # tracked by the graph (asset_file_def / object graph), not just copied

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import exportkit
-from exportkit.batches import load_batches
+from exportkit.inputs.batches import load_batches
 from exportkit.errors import InfraError
 from exportkit.runtimes import forkserver
 from exportkit.runtimes.session import TfWorker
@@ -68,9 +68,9 @@ def test_a_forked_worker_answers_bit_for_bit_as_a_fresh_one(model, monkeypatch):
 
 @pytest.mark.compat
 def test_a_managed_environments_worker_is_forked_from_its_own_server(model, monkeypatch):
-    """`--tf 2.12`'s standalone worker (exportkit/compat/worker.py under that environment's Python): the first
+    """`--tf 2.12`'s standalone worker (exportkit/tfversions/worker.py under that environment's Python): the first
     worker starts the environment's server, later ones fork from it, and they answer as a fresh one does."""
-    from exportkit.compat.envs import WORKER, python_for
+    from exportkit.tfversions.envs import WORKER, python_for
 
     where = {"python": python_for("2.12"), "worker": str(WORKER)}
     command = [where["python"], "-I", where["worker"]]

@@ -240,7 +240,7 @@ def test_export_self_check_refuses_ops_stock_tensorflow_lacks(exported, tmp_path
     from exportkit.errors import CheckFailed
     from exportkit.export.selfcheck import static_check
     from exportkit.runtimes.session import SessionRuntime
-    from exportkit.savedmodel import read_saved_model_proto
+    from exportkit.savedmodel.reader import read_saved_model_proto
 
     version = _stock_version()
     path = tmp_path / "1"

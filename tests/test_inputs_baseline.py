@@ -10,7 +10,7 @@ import pytest
 
 from exportkit.errors import UsageError
 from exportkit.verify.baseline import compare_signatures
-from exportkit.batches import (
+from exportkit.inputs.batches import (
     DEFAULT_UNKNOWN_DIM, InputSpec, generate_batches, load_batches, load_inputs, parse_int_range, save_batches,
 )
 

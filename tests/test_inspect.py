@@ -222,8 +222,8 @@ def test_py_func_is_an_error(models, env, multi_json):
     py = [f for f in doc["findings"] if f["code"] == "py-func"]
     assert py and py[0]["severity"] == "error" and "EagerPyFunc" in py[0]["message"] and "fix: " in py[0]["message"]
     assert doc["oldest_tf_serving"] is None  # the registries (TF's wheel) list a PyFunc kernel; the server has none
-    from exportkit.compat.analysis import analyze
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+    from exportkit.tfversions.analysis import analyze
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
     (result,) = analyze(select_meta_graph(read_saved_model_proto(models["pyfunc"])), ["2.21"])
     assert result.predicted == "fails" and "py-func" in [f.code for f in result.findings]
@@ -235,7 +235,7 @@ def test_a_py_func_no_signature_runs_is_no_error(tmp_path):
     the model (PyFunc's op is registered in TF's core, only its kernel is Python's)."""
     import tensorflow as tf
 
-    from exportkit.inspection import read_info
+    from exportkit.inspection.command import read_info
 
     v1 = tf.compat.v1
     with tf.Graph().as_default(), v1.Session() as sess:
@@ -274,8 +274,8 @@ def test_warnings(models, env, multi_json):
 
 
 def test_lint_missing_signature_and_denylist(models):
-    from exportkit.lint import lint_saved_model
-    from exportkit.savedmodel import read_saved_model_proto
+    from exportkit.savedmodel.lint import lint_saved_model
+    from exportkit.savedmodel.reader import read_saved_model_proto
 
     proto = read_saved_model_proto(models["multi"])
     missing = [f for f in lint_saved_model(proto, "predict", check_registry=False) if f.code == "missing-signature"]
@@ -291,7 +291,7 @@ def test_lint_missing_signature_and_denylist(models):
 
 # ------------------------------------------------------------------------------------------------ resolving
 def test_base_dir_resolves_to_highest_version(models, env, multi_json):
-    from exportkit.savedmodel import resolve_savedmodel_dir
+    from exportkit.savedmodel.reader import resolve_savedmodel_dir
 
     assert resolve_savedmodel_dir(models["base"]) == models["base"] / "10"
     proc = run_cli("inspect", models["base"], "--json", env=env)
@@ -330,8 +330,8 @@ def test_damaged_saved_model_pb_exits_2(tmp_path, env):
 def test_reading_does_not_import_tensorflow_and_tf_still_works_after(models, env, multi_json):
     script = textwrap.dedent(f"""
         import sys
-        from exportkit.inspection import read_info
-        from exportkit.savedmodel import read_saved_model_proto
+        from exportkit.inspection.command import read_info
+        from exportkit.savedmodel.reader import read_saved_model_proto
         info = read_info({str(models["multi"])!r})
         assert info.signatures["serving_default"]["inputs"]["x"]["shape"] == [-1, 3]
         leaked = sorted(m for m in sys.modules if m == "tensorflow" or m.startswith("tensorflow.python"))

@@ -32,7 +32,7 @@ def _config(models: dict) -> str:
 def server(tmp_path_factory):
     """One server started with TF Serving's flags: a two-version model (policy all, labels), the same base under
     the default latest policy, a TF2 model, a polled model; REST, a Unix socket and Prometheus on."""
-    from exportkit.serving.launcher import free_port
+    from exportkit.serving.launch.launcher import free_port
 
     root = tmp_path_factory.mktemp("model_server")
     hp = root / "half_plus"
@@ -255,7 +255,7 @@ def test_a_new_version_on_disk_loads_and_the_policy_unloads_the_old_one(server):
 # ------------------------------------------------------------------------------------------ flags and configs
 def test_flags_are_tensorflow_model_servers():
     from exportkit.errors import UsageError
-    from exportkit.serving.model_server import parse_flags
+    from exportkit.serving.server.model_server import parse_flags
 
     options = parse_flags(["--port=9000", "--rest_api_port", "9001", "--model_name=m", "--model_base_path=/m",
                            "--enable_batching", "--tensorflow_intra_op_parallelism=2"])
@@ -281,8 +281,8 @@ def test_a_bad_config_is_refused_with_tf_servings_message(tmp_path):
 
 
 def test_a_session_bundle_is_refused_with_tf_servings_message(tmp_path):
-    from exportkit.savedmodel import ModelLocation
-    from exportkit.serving.servable import ServedModel
+    from exportkit.savedmodel.reader import ModelLocation
+    from exportkit.serving.server.servable import ServedModel
 
     (tmp_path / "1").mkdir()
     (tmp_path / "1" / "export.meta").write_bytes(b"")
@@ -312,9 +312,9 @@ def _batch_size_model(version_dir: str) -> str:
 def test_batching_merges_concurrent_requests_and_pads_to_allowed_sizes(tmp_path):
     from google.protobuf import text_format
 
-    from exportkit.serving.config import ModelConfig, read_batching_parameters
-    from exportkit.serving.predict import predict
-    from exportkit.serving.server_core import ServerCore
+    from exportkit.serving.server.config import ModelConfig, read_batching_parameters
+    from exportkit.serving.server.predict import predict
+    from exportkit.serving.server.server_core import ServerCore
 
     _batch_size_model(str(tmp_path / "m" / "1"))
     params = tmp_path / "batching.config"
@@ -347,10 +347,10 @@ def test_batching_merges_concurrent_requests_and_pads_to_allowed_sizes(tmp_path)
 def test_the_method_name_check_when_asked_for(tmp_path):
     from tensorflow_serving.apis import classification_pb2
 
-    from exportkit.serving.classifier import classify
-    from exportkit.serving.config import ModelConfig
-    from exportkit.serving.server_core import ServerCore
-    from exportkit.serving.status import RpcError
+    from exportkit.serving.server.classifier import classify
+    from exportkit.serving.server.config import ModelConfig
+    from exportkit.serving.server.server_core import ServerCore
+    from exportkit.serving.server.status import RpcError
 
     build_half_plus(str(tmp_path / "m" / "1"))
     checked, default = ServerCore(method_name_check=True), ServerCore()

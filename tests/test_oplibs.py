@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exportkit.compat import analysis
-from exportkit.compat import registry as registries
-from exportkit.lint import lint_meta_graph
-from exportkit.savedmodel import protos
+from exportkit.tfversions import analysis
+from exportkit.tfversions import registry as registries
+from exportkit.savedmodel.lint import lint_meta_graph
+from exportkit.savedmodel.reader import protos
 
 HERE = Path(__file__).resolve().parent
 DT_FLOAT, DT_INT32, DT_STRING = 1, 3, 7
@@ -231,11 +231,11 @@ BATCHES = {
 
 
 class Observer:
-    """exportkit/compat/worker.py (the standalone TF1-loader worker) under `python`, loading and running models."""
+    """exportkit/tfversions/worker.py (the standalone TF1-loader worker) under `python`, loading and running models."""
 
     def __init__(self, python: str, op_libraries: str = ""):
-        from exportkit.compat.envs import WORKER
-        from exportkit.compat.oplibs import ENV
+        from exportkit.tfversions.envs import WORKER
+        from exportkit.tfversions.oplibs import ENV
         from exportkit.tfenv import child_env
 
         self.dir = tempfile.TemporaryDirectory(prefix="exportkit-oplib-test-")
@@ -256,7 +256,7 @@ class Observer:
                 return json.loads(line)
 
     def observe(self, path: str, batch) -> tuple[str, str]:
-        from exportkit.batches import save_batches
+        from exportkit.inputs.batches import save_batches
 
         reply = self._ask({"op": "load", "path": path, "signature": "serving_default", "device": "cpu"})
         if not reply["ok"]:
@@ -274,7 +274,7 @@ class Observer:
 
 
 def _predicted(path: str, version: str) -> str:
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
     result = findings_of(select_meta_graph(read_saved_model_proto(path)), version)
     return "fails" if result.predicted == "fails" else "ok"
@@ -315,7 +315,7 @@ def test_an_op_library_lets_the_runtimes_run_what_the_stock_server_lacks(user_mo
     finally:
         observer.close()
     assert _predicted(user_models["custom_op"]["path"], "2.21") == "fails"  # the stock server still lacks it
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
     mg = select_meta_graph(read_saved_model_proto(user_models["custom_op"]["path"]))
     [finding] = [f for f in lint_meta_graph(mg, server_registry=registries.load("2.21"),
@@ -326,7 +326,7 @@ def test_an_op_library_lets_the_runtimes_run_what_the_stock_server_lacks(user_mo
 @pytest.mark.slow
 @pytest.mark.compat
 def test_predicted_equals_observed_on_tf_2_12(user_models):
-    from exportkit.compat.envs import python_for
+    from exportkit.tfversions.envs import python_for
 
     rows = _agree(user_models, python_for("2.12"), "2.12", skip=("custom_op",))  # the .so is built for 2.21
     assert rows["round_robin"][0] == "fails" and "RoundRobinTrim" in rows["round_robin"][2]

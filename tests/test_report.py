@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from exportkit.findings import Finding
-from exportkit.verify.compare import compare_batches, compare_outputs
-from exportkit.verify.tolerances import Tolerance, resolve_tolerance
+from exportkit.compare.outputs import compare_batches, compare_outputs
+from exportkit.compare.tolerances import Tolerance, resolve_tolerance
 from exportkit.verify.report import (
     RuntimeResult, VerifyReport, render_text, to_json, to_junit_xml, verdict_line,
 )
@@ -261,7 +261,7 @@ def test_junit_failure_error_and_lint_counts():
     err = next(c for c in cases if c.find("error") is not None)
     assert err.get("classname") == "exportkit.verify.serving"
     assert err.find("error").get("message") == "Model failed to load: Could not find variable dense/kernel"
-    lint = [c for c in cases if c.get("classname") == "exportkit.lint"]
+    lint = [c for c in cases if c.get("classname") == "exportkit.savedmodel.lint"]
     assert [c.get("name") for c in lint] == ["py-func"]  # warnings are not testcases
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}
     assert props["path"] == "models/ranker/3" and props["server.serving"].startswith("embedded server")

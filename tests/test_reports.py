@@ -105,7 +105,7 @@ def _unknown_op_module(directory: Path) -> Path:
     stock server links (tensorflow-addons)."""
     import tensorflow as tf
 
-    from exportkit.savedmodel import read_saved_model_proto
+    from exportkit.savedmodel.reader import read_saved_model_proto
 
     class Tokenizer(tf.Module):
         def __init__(self):
@@ -337,9 +337,9 @@ def test_export_failure_leaves_a_report_and_keeps_its_exit_code(tmp_path):
 
 
 def test_comparison_summaries_are_bounded_and_merge_over_batches():
-    from exportkit.verify.compare import compare_batches
-    from exportkit.verify.error_summaries import SAMPLE_PAIRS, WORST_ELEMENTS
-    from exportkit.verify.tolerances import Tolerance
+    from exportkit.compare.outputs import compare_batches
+    from exportkit.compare.summaries import SAMPLE_PAIRS, WORST_ELEMENTS
+    from exportkit.compare.tolerances import Tolerance
 
     rng = np.random.default_rng(1)
     expected = [{"y": rng.normal(size=(500, 10)).astype(np.float32)} for _ in range(3)]
@@ -356,8 +356,8 @@ def test_comparison_summaries_are_bounded_and_merge_over_batches():
 
 
 def test_strings_name_their_differences_and_draw_nothing():
-    from exportkit.verify.compare import compare_arrays
-    from exportkit.verify.tolerances import EXACT
+    from exportkit.compare.outputs import compare_arrays
+    from exportkit.compare.tolerances import EXACT
 
     c = compare_arrays("label", np.array([b"a", b"b", b"c"]), np.array([b"a", b"x", b"c"]), EXACT)
     assert [w["index"] for w in c.worst_elements] == [[1]] and c.worst_elements[0]["excess"] == math.inf
@@ -365,7 +365,7 @@ def test_strings_name_their_differences_and_draw_nothing():
 
 
 def test_verdict_line_stays_short_with_many_failures():
-    from exportkit.verify.compare import OutputComparison
+    from exportkit.compare.outputs import OutputComparison
     from exportkit.verify.report import RuntimeResult, VerifyReport, verdict_line
 
     error = ("tf.saved_model.load failed: RuntimeError: Op type not registered 'MyOp' in binary running on vm. "
@@ -386,7 +386,7 @@ def test_report_options_are_checked_before_any_work(tmp_path, monkeypatch):
     import sys
 
     from exportkit.errors import UsageError
-    from exportkit.verify.artifacts import check_report_options, write_report
+    from exportkit.report.artifacts import check_report_options, write_report
 
     with pytest.raises(UsageError) as err:
         check_report_options(str(tmp_path / "missing" / "r.html"), None)
@@ -407,8 +407,8 @@ def test_report_options_are_checked_before_any_work(tmp_path, monkeypatch):
 def test_one_histogram_grid_for_compared_and_streamed_errors():
     """verify's histograms (computed in one pass) and --data's (coarsened from data.stats' bins) share the grid,
     so the two kinds of report draw the same bars for the same errors."""
-    from exportkit.data.stats import LogHistogram
-    from exportkit.verify.error_summaries import error_histogram, histogram_summary
+    from exportkit.compare.stats import LogHistogram
+    from exportkit.compare.summaries import error_histogram, histogram_summary
 
     values = np.concatenate([10 ** np.random.default_rng(2).uniform(-12, 3, 5000), np.zeros(7), [np.inf]])
     streamed = LogHistogram()

@@ -42,11 +42,11 @@ from tensorflow_serving.apis import (  # noqa: E402
 )
 
 from exportkit.runtimes.serving import ServingRuntime  # noqa: E402
-from exportkit.serving import launcher  # noqa: E402
-from exportkit.serving.client import ServingClient, ServingError  # noqa: E402
+from exportkit.serving.launch import launcher  # noqa: E402
+from exportkit.serving.client.grpc_client import ServingClient, ServingError  # noqa: E402
 from exportkit.serving.tensors import to_ndarray, to_tensor_proto  # noqa: E402
 from exportkit.serving.warmup import read_warmup_records, write_warmup_records  # noqa: E402
-from exportkit.tf1_loader import Tf1SavedModel  # noqa: E402
+from exportkit.savedmodel.loader import Tf1SavedModel  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.serving]
 MODEL = "ranker"
@@ -301,7 +301,7 @@ def test_remote_runtime_against_running_serve(embedded, model_base, reference):
         got = runtime.run(inputs)
         for key, value in reference.run("serving_default", inputs).items():
             np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-7)
-        from exportkit.savedmodel import signatures_of
+        from exportkit.savedmodel.reader import signatures_of
         from exportkit.verify.baseline import served_signature_findings
 
         served = runtime.served_signatures()

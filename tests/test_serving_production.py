@@ -40,7 +40,7 @@ MODEL = "toy"
      ("unload", 1)),  # UnloadIfNoAspiredVersionsReady
 ])
 def test_the_version_policy_is_availability_preserving(versions, expected):
-    from exportkit.serving.server_core import next_action
+    from exportkit.serving.server.server_core import next_action
 
     assert next_action(versions) == expected
 
@@ -50,7 +50,7 @@ def test_the_prometheus_page_is_tf_servings():
     """prometheus_exporter_test.cc's cases, byte for byte, and a real Prometheus parser reads the page."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from exportkit.serving.monitoring import Counter, Sampler, generate_page
+    from exportkit.serving.server.monitoring import Counter, Sampler, generate_page
 
     counter = Counter("/test/path/total", "name")
     counter.add(("abc",), 2)
@@ -108,8 +108,8 @@ def _outputs(response) -> dict:
 
 
 def _core(base, batching: str | None = None, **options):
-    from exportkit.serving.config import ModelConfig, _declared_messages
-    from exportkit.serving.server_core import ServerCore
+    from exportkit.serving.server.config import ModelConfig, _declared_messages
+    from exportkit.serving.server.server_core import ServerCore
 
     params = None
     if batching is not None:
@@ -151,9 +151,9 @@ def _until_taken(batcher) -> None:
 @pytest.mark.slow
 @pytest.mark.serving
 def test_batching_queue_full_large_batch_splitting_and_variable_length_padding(toy_base):
-    from exportkit.serving.predict import predict
-    from exportkit.serving.scope import request_scope
-    from exportkit.serving.status import RpcError
+    from exportkit.serving.server.predict import predict
+    from exportkit.serving.server.scope import request_scope
+    from exportkit.serving.server.status import RpcError
 
     base = toy_base / "toy"
     # max_enqueued_batches: one batch runs (slowly), one full batch waits, the next task finds the queue full
@@ -230,10 +230,10 @@ def test_a_late_copy_loads_on_retry_and_a_failed_load_shows_in_get_model_status(
     never completes ends with TF's error in GetModelStatus while the version before it keeps serving."""
     from tensorflow_serving.apis import get_model_status_pb2
 
-    from exportkit.serving.model_status import get_model_status
-    from exportkit.serving.monitoring import Metrics
-    from exportkit.serving.predict import predict
-    from exportkit.serving.server_core import LoadRetries
+    from exportkit.serving.server.model_status import get_model_status
+    from exportkit.serving.server.monitoring import Metrics
+    from exportkit.serving.server.predict import predict
+    from exportkit.serving.server.server_core import LoadRetries
 
     base = tmp_path / "toy"
     shutil.copytree(toy_base / "toy" / "1", base / "1")
@@ -285,7 +285,7 @@ def served(toy_base, tmp_path_factory):
     import grpc
     from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
-    from exportkit.serving.launcher import free_port
+    from exportkit.serving.launch.launcher import free_port
 
     root = tmp_path_factory.mktemp("served")
     base = root / MODEL

@@ -140,7 +140,7 @@ def test_a_prestarted_worker_is_taken_or_ended():
     TfWorker.discard_prestarted(keep=(("gpu", None, None),))
     assert ("cpu", None, None) not in session._PRESTARTED and process.poll() is not None
     # a managed environment's (here: this Python with the standalone worker script) goes to its session runtime
-    from exportkit.compat.envs import WORKER
+    from exportkit.tfversions.envs import WORKER
     from exportkit.runtimes.session import SessionRuntime
 
     TfWorker.prestart("cpu", python=sys.executable, worker=str(WORKER))

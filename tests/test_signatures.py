@@ -17,13 +17,13 @@ FOUR = ["serving_default", "embed:outputs=embedding", "ex:input=examples",
 
 def _export(src, out, signatures, **flags):
     from exportkit.export.pipeline import Progress, export_model
-    from exportkit.spec import export_options
+    from exportkit.options.spec import export_options
 
     return export_model(export_options(str(src), str(out), signatures=signatures, **flags), Progress(io.StringIO()))
 
 
 def _verify(capsys, path, **flags):
-    from exportkit.spec import VerifyOptions
+    from exportkit.options.spec import VerifyOptions
     from exportkit.verify.command import verify_command
 
     flags.setdefault("serving", "none")
@@ -51,7 +51,7 @@ def exports(sample, tmp_path_factory):
 
 def test_signature_specs_are_checked_before_any_work(tmp_path):
     from exportkit.errors import UsageError
-    from exportkit.spec import export_options
+    from exportkit.options.spec import export_options
 
     def fails(*signatures, needle, **flags):
         with pytest.raises(UsageError) as err:
@@ -97,8 +97,8 @@ def test_signatures_that_do_not_fit_the_model_are_usage_errors(sample, tmp_path,
 def test_every_kind_of_signature_is_written_with_its_method_warmup_and_golden_record(exports):
     from tensorflow_serving.apis import prediction_log_pb2
 
-    from exportkit.layout import read_golden, read_manifest
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph, signatures_of
+    from exportkit.savedmodel.extras import read_golden, read_manifest
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph, signatures_of
     from exportkit.serving.warmup import warmup_path
 
     version = exports["mixed"].path
@@ -196,7 +196,7 @@ def test_verify_one_signature_and_feature_spec_and_string_features(capsys, expor
     assert {r["signature"] for r in report["runtimes"]} == {"dwell"}
     code, report = _verify(capsys, exports["multi_io"].path)
     assert code == 0, report["verdict"]
-    from exportkit.layout import read_manifest
+    from exportkit.savedmodel.extras import read_manifest
 
     manifest, _ = read_manifest(exports["multi_io"].path)
     assert {f["input"]: f["feature"] for f in manifest["signatures"]["ex"]["features"]}["user"] == "u"

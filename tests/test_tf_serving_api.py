@@ -29,8 +29,8 @@ def models(tmp_path_factory):
 
 
 def _examples(version_dir: str, signature: str, n: int, seed: int = 1) -> np.ndarray:
-    from exportkit.examples import example_inputs, generate_examples
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+    from exportkit.tfexample.signatures import example_inputs, generate_examples
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
     meta_graph = select_meta_graph(read_saved_model_proto(version_dir))
     spec = next(iter(example_inputs(meta_graph, signature, version_dir).values()))
@@ -43,7 +43,7 @@ def _add_warmup_of_every_kind(version_dir: str) -> None:
     from tensorflow_serving.apis import (classification_pb2, inference_pb2, prediction_log_pb2,
                                          regression_pb2)
 
-    from exportkit.serving.client import fill_input
+    from exportkit.serving.client.grpc_client import fill_input
     from exportkit.serving.warmup import warmup_path
 
     examples = _examples(version_dir, "serving_default", 2)
@@ -84,8 +84,8 @@ def _runtime(report, name) -> dict:
 
 # ------------------------------------------------------------------------------------------------ feature specs
 def test_feature_spec_read_from_the_graph(models):
-    from exportkit.examples import check_examples, example_inputs
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+    from exportkit.tfexample.signatures import check_examples, example_inputs
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
     est = models["estimator_style"] + "/1"
     spec = example_inputs(select_meta_graph(read_saved_model_proto(est)), "classification", est)["inputs"]
@@ -113,7 +113,7 @@ def test_feature_spec_read_from_the_graph(models):
 
 
 def _parse(serialized):
-    from exportkit.examples import parse_example
+    from exportkit.tfexample.signatures import parse_example
 
     return parse_example(serialized)
 
@@ -209,8 +209,8 @@ def test_rest_against_grpc_reports_what_json_loses(models, tmp_path):
 @pytest.fixture(scope="module")
 def server(models):
     """`exportkit serve` on the Estimator-style export with gRPC and REST (warm-up of every kind replayed)."""
-    from exportkit.serving.launcher import free_port
-    from exportkit.serving.model_server import ADDRESS_RE
+    from exportkit.serving.launch.launcher import free_port
+    from exportkit.serving.server.model_server import ADDRESS_RE
 
     proc = subprocess.Popen([sys.executable, "-m", "exportkit", "serve", models["estimator_style"], "--port", "0",
                              "--rest-port", str(free_port()), "--model-name", "est"],
@@ -240,8 +240,8 @@ def test_classify_regress_multi_inference_like_tf_serving(server, models):
     import grpc
     from tensorflow_serving.apis import inference_pb2, prediction_service_pb2_grpc
 
-    from exportkit.serving.client import ServingClient, ServingError, fill_input
-    from exportkit.tf1_loader import Tf1SavedModel
+    from exportkit.serving.client.grpc_client import ServingClient, ServingError, fill_input
+    from exportkit.savedmodel.loader import Tf1SavedModel
 
     examples = _examples(models["estimator_style"] + "/1", "serving_default", 3)
     reference = Tf1SavedModel(models["estimator_style"] + "/1")
@@ -295,7 +295,7 @@ def test_classify_regress_multi_inference_like_tf_serving(server, models):
 
 @pytest.mark.serving
 def test_rest_api_formats_and_errors(server, models):
-    from exportkit.serving.json_tensor import example_to_json
+    from exportkit.serving.json.codec import example_to_json
 
     base = f"http://{server['rest']}/v1/models/est"
     with urllib.request.urlopen(base, timeout=10) as response:
@@ -337,7 +337,7 @@ def test_rest_api_formats_and_errors(server, models):
 
 
 def test_float_printing_matches_tf_serving():
-    from exportkit.serving.json_tensor import format_float, predict_json
+    from exportkit.serving.json.codec import format_float, predict_json
 
     assert format_float(np.float32(0.1)) == "0.1"  # %.6g reads back as the same float32
     assert format_float(np.float32(1.0)) == "1.0" and format_float(np.float32(1e10)) == "1e+10"
@@ -355,7 +355,7 @@ def test_inspect_requests_are_ready_to_send(server, models, tmp_path):
     from google.protobuf import json_format
     from tensorflow_serving.apis import classification_pb2, predict_pb2, regression_pb2
 
-    from exportkit.serving.client import ServingClient
+    from exportkit.serving.client.grpc_client import ServingClient
 
     result = invoke("inspect", models["estimator_style"], "--requests", tmp_path / "req", "--model-name", "est")
     assert result.returncode == 0, result.stderr
@@ -378,7 +378,7 @@ def test_rest_client_keeps_trailing_nul_bytes_of_binary_strings():
     scalars drop trailing NULs, which corrupted such Examples on their way into a REST request."""
     import base64
 
-    from exportkit.serving.rest_client import to_json_value
+    from exportkit.serving.client.rest_client import to_json_value
 
     values = np.array([b"\n\x04\x00\x01\x00", b"ab\x00\x00", b"plain"], dtype=object)
     sent = to_json_value(values)

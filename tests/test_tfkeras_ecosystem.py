@@ -48,7 +48,7 @@ def test_ecosystem_exports_inspect_without_errors(ecosystem, name):
 @pytest.mark.parametrize("name", b.ECOSYSTEM)
 def test_ecosystem_exports_load_and_agree_on_tf_2_12_and_2_21(ecosystem, name):
     """compat --run: predicted and observed (the real TF1 loaders of 2.12 and 2.21) both say it serves."""
-    from exportkit.compat.envs import info
+    from exportkit.tfversions.envs import info
 
     if info("2.12").state == "absent":
         pytest.skip("the managed TF 2.12 environment is not installed (`exportkit runtimes install 2.12`)")

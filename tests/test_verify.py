@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def _verify(capsys, path, **flags):
     """verify in this process (TensorFlow is already imported here); returns (exit code, text, JSON report)."""
-    from exportkit.spec import VerifyOptions
+    from exportkit.options.spec import VerifyOptions
     from exportkit.verify.command import verify_command
 
     flags.setdefault("serving", "none")
@@ -50,7 +50,7 @@ def test_golden_saved_model_and_session_agree(capsys, models, name):
 
 
 def test_against_the_training_source_in_eager_keras(capsys, models, sample):
-    from exportkit.spec import VerifyOptions, source_options
+    from exportkit.options.spec import VerifyOptions, source_options
     from exportkit.verify.command import verify_command
 
     against = source_options(sample("mixed_functional.keras")["path"], **CUSTOM)
@@ -144,7 +144,7 @@ def test_missing_signature_fails(capsys, models):
 
 def _nudge_golden(version_dir, delta):
     """Shift the recorded outputs a little: the export now differs from its golden record by `delta`."""
-    from exportkit.batches import load_batches, save_batches
+    from exportkit.inputs.batches import load_batches, save_batches
 
     folder = version_dir / "assets.extra/exportkit"
     outputs = load_batches(folder, "golden_outputs")
@@ -190,7 +190,7 @@ def test_cli_reports_agree_json_junit_and_table(models, tmp_path):
 
 
 def test_inputs_file_and_saving_what_reproduces_a_failure(capsys, models, tmp_path):
-    from exportkit.batches import load_batches
+    from exportkit.inputs.batches import load_batches
 
     inputs = tmp_path / "in.npz"
     np.savez(inputs, user=np.ones((3, 6), np.float32), item=np.zeros((3, 6), np.float32),
@@ -254,7 +254,7 @@ def test_device_gpu(models):
 
 
 def test_large_sample_counts_run_in_bounded_batches(capsys, models):
-    from exportkit.verify.inputs import MAX_BATCH_ROWS
+    from exportkit.inputs.loader import MAX_BATCH_ROWS
 
     samples = MAX_BATCH_ROWS * 2 + 3
     code, report = _verify(capsys, models["multi_io"], samples=samples, runtimes="saved_model,session")

@@ -18,7 +18,7 @@ from tfs_models import build_half_plus, build_half_plus_two_tf2
 
 def _verify(capsys, path, **flags):
     """verify in this process; (exit code, JSON report)."""
-    from exportkit.spec import VerifyOptions
+    from exportkit.options.spec import VerifyOptions
     from exportkit.verify.command import verify_command
 
     flags.setdefault("serving", "none")
@@ -28,7 +28,7 @@ def _verify(capsys, path, **flags):
 
 def _baseline(path, **flags):
     """verify's baseline check alone (static: no runtime starts): (findings, what was compared with what)."""
-    from exportkit.spec import VerifyOptions
+    from exportkit.options.spec import VerifyOptions
     from exportkit.verify.checks import baseline_findings
     from exportkit.verify.plan import read_model
 
@@ -45,7 +45,7 @@ def _codes(report, severity=None):
 
 
 def test_non_finite_counts_and_first_index():
-    from exportkit.verify.finite import non_finite
+    from exportkit.compare.finite import non_finite
 
     assert non_finite(np.array([[1.0, 2.0], [np.inf, np.nan]])) == (2, (1, 0))
     assert non_finite(np.ones(3)) == (0, None)
@@ -54,7 +54,7 @@ def test_non_finite_counts_and_first_index():
 
 
 def test_non_finite_findings_warning_when_every_runtime_agrees_error_against_a_finite_reference():
-    from exportkit.verify.finite import non_finite_findings
+    from exportkit.compare.finite import non_finite_findings
 
     nan = np.array([[1.0, np.nan], [1.0, 1.0]], np.float32)
     runtimes = {"saved_model": [{"y": nan, "n": np.array([1])}, None], "session": [{"y": nan}, None]}
@@ -71,7 +71,7 @@ def test_non_finite_findings_warning_when_every_runtime_agrees_error_against_a_f
 
 
 def test_non_finite_counter_streams_record_numbers():
-    from exportkit.verify.finite import NonFiniteCounter
+    from exportkit.compare.finite import NonFiniteCounter
 
     counter = NonFiniteCounter()
     counter.add("saved_model", {"y": np.ones((4, 2))}, 0)
@@ -95,7 +95,7 @@ def test_latency_summary_and_the_gate():
 
 
 def test_probe_sizes_only_for_open_dims_and_capped():
-    from exportkit.batches import InputSpec
+    from exportkit.inputs.batches import InputSpec
     from exportkit.verify.shapes import LONG_DIM, probe_batch, probe_sizes
 
     assert probe_sizes([InputSpec("x", "float32", [-1, 3])]) == []
@@ -211,10 +211,10 @@ def test_nan_outputs_long_lengths_and_the_latency_gate_in_one_run(capsys, models
 
 def test_a_passing_verdict_names_nan_and_failing_sizes():
     from exportkit.findings import Finding
-    from exportkit.verify.finite import non_finite_findings
+    from exportkit.compare.finite import non_finite_findings
     from exportkit.verify.report import RuntimeResult, VerifyReport, verdict_line
     from exportkit.verify.shapes import dim_failure
-    from exportkit.batches import InputSpec
+    from exportkit.inputs.batches import InputSpec
 
     nan = np.full((1, 2), np.nan, np.float32)
     findings = non_finite_findings({"saved_model": [{"y": nan}], "session": [{"y": nan}]})
@@ -325,7 +325,7 @@ def test_a_re_export_with_batching_warms_every_allowed_size_and_breaks_no_client
 @pytest.mark.slow
 @pytest.mark.serving
 def test_with_a_remote_server_the_deployed_model_is_the_baseline(models, tmp_path):
-    from exportkit.serving.launcher import free_port
+    from exportkit.serving.launch.launcher import free_port
 
     deployed = tmp_path / "renamed"
     shutil.copytree(models / "renamed" / "1", deployed / "1")

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from exportkit.verify.tolerances import Tolerance
+from exportkit.compare.tolerances import Tolerance
 from exportkit.verify.pairs import compare_all
 from exportkit.verify.plan import Pair, pairs_for, plan_runtimes
 from exportkit.verify.report import RuntimeResult, VerifyReport

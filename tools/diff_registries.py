@@ -11,8 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exportkit.compat import registry  # noqa: E402
-from exportkit.savedmodel import dtype_name  # noqa: E402
+from exportkit.tfversions import registry  # noqa: E402
+from exportkit.savedmodel.reader import dtype_name  # noqa: E402
 
 
 def _kernel_types(entry: dict, device: str) -> dict[str, set[int]]:

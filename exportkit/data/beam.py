@@ -25,7 +25,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from exportkit.data.predictionlog import LOGGED
 from exportkit.data.records import DataSource, ExampleParsing, Feeder
-from exportkit.data.stats import OutputStats
+from exportkit.compare.stats import OutputStats
 from exportkit.errors import CheckFailed, ExportkitError, InfraError, UsageError
 
 _ERROR = re.compile(r"exportkit-error\[(\w+)\]: (.*?) \|\| (.*?)(?:\n|$)")

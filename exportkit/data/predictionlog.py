@@ -20,7 +20,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from exportkit.errors import UsageError
-from exportkit.savedmodel import (CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES,
+from exportkit.savedmodel.reader import (CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES,
                                   DEFAULT_SIGNATURE, REGRESS_INPUTS, REGRESS_METHOD, REGRESS_OUTPUTS)
 
 LOGGED = "logged"  # the runtime of the answers the logs carry (what the deployed model said)
@@ -29,7 +29,7 @@ LOG_KINDS = ("predict_log", "classify_log", "regress_log", "multi_inference_log"
 
 @functools.cache
 def _prediction_log():
-    from exportkit.savedmodel import serving_apis
+    from exportkit.savedmodel.reader import serving_apis
 
     return serving_apis().prediction_log_pb2.PredictionLog
 
@@ -218,8 +218,8 @@ class LogReplayer:
 def _examples(input_proto) -> np.ndarray | None:
     """Input{example_list | example_list_with_context} as the serialized-Example tensor TF Serving feeds."""
     # Imported here: the serving modules import grpc (0.03-0.08 s), which verify --data on tf.Example never needs.
-    from exportkit.serving.status import RpcError
-    from exportkit.serving.util import serialized_examples
+    from exportkit.serving.server.status import RpcError
+    from exportkit.serving.server.util import serialized_examples
 
     try:
         return serialized_examples(input_proto)

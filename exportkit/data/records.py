@@ -8,7 +8,7 @@ two runners must agree to the last bit. Every record keeps its position (file nu
 offset in the uncompressed stream) so a failing record can be found and re-run.
 
 TFRecord framing is read and written in Python (uint64 length, masked CRC-32C of it, data, masked CRC-32C of the
-data: exportkit.batches.tfrecord_blocks checks both, as TensorFlow's reader does); a bad record is a UsageError
+data: exportkit.inputs.batches.tfrecord_blocks checks both, as TensorFlow's reader does); a bad record is a UsageError
 naming FILE:INDEX.
 """
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Iterator
 
 import numpy as np
 
-from exportkit.batches import InputSpec, cast_input, load_inputs, masked_crc32c, tfrecord_blocks, tfrecord_records
+from exportkit.inputs.batches import InputSpec, cast_input, load_inputs, masked_crc32c, tfrecord_blocks, tfrecord_records
 from exportkit.dtypes import is_string
 from exportkit.errors import UsageError
 from exportkit.files import StagedDir, os_error
-from exportkit.examples import check_examples
-from exportkit.tfexample import FEATURE_LISTS, storage_of
+from exportkit.tfexample.signatures import check_examples
+from exportkit.tfexample.features import FEATURE_LISTS, storage_of
 from exportkit.runtimes import Runtime
 
 DEFAULT_BATCH_SIZE = 256
@@ -322,7 +322,7 @@ class FailureWriter:
                 self._records.write(length + struct.pack("<I", masked_crc32c(length)) + data
                                     + struct.pack("<I", masked_crc32c(data)))
         else:
-            from exportkit.batches import write_npz
+            from exportkit.inputs.batches import write_npz
 
             write_npz(self._staged.stage / f"failures-{self._npz}.npz", {k: v[rows] for k, v in batch.rows.items()})
             self._npz += 1
@@ -383,7 +383,7 @@ def data_signature(pattern: str | None, signatures: dict, selected: list[str]) -
     """The signature `--data` records are the inputs of when no --signature is given: the one the first
     PredictionLog names (TF Serving's default when it names none), else serving_default (or the only one selected)."""
     from exportkit.data.predictionlog import signature_of
-    from exportkit.savedmodel import DEFAULT_SIGNATURE
+    from exportkit.savedmodel.reader import DEFAULT_SIGNATURE
 
     source = DataSource(pattern, []) if pattern else None
     if source is not None and records_are_logs(source):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit import layout
+from exportkit.savedmodel import extras as layout
 from exportkit.version import __version__
-from exportkit import reference as refs
+from exportkit.sources import reference as refs
 from exportkit.errors import CheckFailed, ExportkitError, UsageError
 from exportkit.files import print_report
 from exportkit.dtypes import HALF_DTYPES, name_of, name_of_array
@@ -26,12 +26,12 @@ from exportkit.sources.int_ranges import generated_inputs_failure, int_ranges_fo
 from exportkit.sources.kerases import prepare_process
 from exportkit.sources.load import detect_format, load_source, sha256_of
 from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs, parse_input_spec
-from exportkit.spec import ExportOptions, export_options
+from exportkit.options.spec import ExportOptions, export_options
 from exportkit.tfenv import import_tf, tensorflow_version, toolchain
-from exportkit.verify.compare import compare_batches, compare_with_default_tolerances
-from exportkit.verify.tolerances import Tolerance, default_tolerance
-from exportkit.batches import InputSpec, IntRanges, generate_batches
-from exportkit.tfexample import ExampleFeature, apply_feature_spec, derive_features, encode_examples, to_manifest
+from exportkit.compare.outputs import compare_batches, compare_with_default_tolerances
+from exportkit.compare.tolerances import Tolerance, default_tolerance
+from exportkit.inputs.batches import InputSpec, IntRanges, generate_batches
+from exportkit.tfexample.features import ExampleFeature, apply_feature_spec, derive_features, encode_examples, to_manifest
 
 SCHEMA_VERSION = 1  # of the `export --json` summary (docs/report-schema.md)
 GOLDEN_SAMPLES = 8
@@ -536,7 +536,7 @@ def summary_json(result: ExportResult) -> dict:
 
 
 def export_command(*, src, output=None, spec_path=None, json_out=None, html=None, summary=None, **flags) -> int:
-    from exportkit.verify.artifacts import check_report_options, write_export
+    from exportkit.report.artifacts import check_report_options, write_export
     from exportkit.verify.report import shorten
 
     check_report_options(html, summary)

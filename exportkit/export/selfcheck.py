@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit import lint
-from exportkit.compat import registry as registries
+from exportkit.savedmodel import lint
+from exportkit.tfversions import registry as registries
 from exportkit.errors import CheckFailed, ExportkitError
-from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
-from exportkit.tf1_loader import Tf1SavedModel, load_failure
+from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
+from exportkit.savedmodel.loader import Tf1SavedModel, load_failure
 
 REFUSED = "the version was not written; "
 
@@ -56,8 +56,8 @@ def static_check(path: str | Path, version: str) -> None:
 
 
 def external_files_check(path: str | Path) -> None:
-    """Refuse a SavedModel that reads files from outside it (exportkit.deployment): it works on this machine only."""
-    from exportkit.deployment import EXTERNAL_FILE_FIX, file_reads
+    """Refuse a SavedModel that reads files from outside it (exportkit.savedmodel.deployment): it works on this machine only."""
+    from exportkit.savedmodel.deployment import EXTERNAL_FILE_FIX, file_reads
 
     outside = [r for r in file_reads(select_meta_graph(read_saved_model_proto(path))) if r.outside]
     if outside:

@@ -1,6 +1,6 @@
 """The serving signatures: fixed input signatures named after the model's inputs, outputs keyed for serving.
 
-An export has one or more signatures (exportkit.spec.SignatureSpec), each resolved here against the model into a
+An export has one or more signatures (exportkit.options.spec.SignatureSpec), each resolved here against the model into a
 SignaturePlan: which inputs it takes (the model's tensors, or serialized tf.Example parsed in the graph), which
 outputs it returns under which keys, and its SignatureDef method (predict, classify, regress). One function
 (`signature_outputs`) maps the model's outputs to a signature's outputs, both in the traced graph and eagerly for
@@ -14,14 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exportkit.batches import InputSpec
+from exportkit.inputs.batches import InputSpec
 from exportkit.dtypes import HALF_DTYPES
 from exportkit.errors import UsageError
-from exportkit.savedmodel import (CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES, DEFAULT_SIGNATURE,
+from exportkit.savedmodel.reader import (CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES, DEFAULT_SIGNATURE,
                                   PREDICT_METHOD, REGRESS_INPUTS, REGRESS_METHOD, REGRESS_OUTPUTS)
 from exportkit.sources.model_io import feed_model, flat_outputs
-from exportkit.spec import SignatureSpec
-from exportkit.tfexample import ExampleFeature
+from exportkit.options.spec import SignatureSpec
+from exportkit.tfexample.features import ExampleFeature
 
 METHOD_NAMES = {"predict": PREDICT_METHOD, "classify": CLASSIFY_METHOD, "regress": REGRESS_METHOD}
 EXAMPLES_KEY = "examples"  # the input of a predict signature over tf.Example (TFX's serve_tf_examples_fn)

@@ -1,4 +1,4 @@
-"""Choosing the version number and staging the version directory (what goes in it: exportkit.layout).
+"""Choosing the version number and staging the version directory (what goes in it: exportkit.savedmodel.extras).
 
 Everything is written into a hidden staging sibling inside the base directory and renamed into place at the
 end, so TF Serving (which polls for integer-named directories) never sees a half-written version. The staging
@@ -186,7 +186,7 @@ def set_method_names(version_dir: Path, methods: dict[str, str]) -> None:
     signature as predict; TF Serving's Classify and Regress refuse a signature whose method_name is not theirs.
     Only the method_name strings change: graph, functions and object graph stay as written.
     """
-    from exportkit.savedmodel import PREDICT_METHOD, SAVED_MODEL_PB, protos
+    from exportkit.savedmodel.reader import PREDICT_METHOD, SAVED_MODEL_PB, protos
 
     if all(method == PREDICT_METHOD for method in methods.values()):
         return

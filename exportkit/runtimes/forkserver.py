@@ -9,7 +9,7 @@ neutral directory), as it does when started fresh.
 
 A forked worker must be indistinguishable from a fresh one, so a server forks only what a fresh start would make
 identical: one worker command (exportkit's own session worker on this Python, started at once; a managed TF X.Y
-environment's standalone worker, exportkit/compat/worker.py, on its first worker), with the environment the server
+environment's standalone worker, exportkit/tfversions/worker.py, on its first worker), with the environment the server
 was started with (TensorFlow reads parts of it at import; "cpu" hides the GPUs). `WarmStart.spawn` returns None for
 anything else, and the caller starts the worker fresh.
 
@@ -47,7 +47,7 @@ WORKER_COMMAND = [sys.executable, "-I", "-m", "exportkit.runtimes.session_worker
 ADDRESS_VARIABLE = "EXPORTKIT_WARM_START"  # the socket of the warm start a process was started inside
 # Set per test (pytest) and per warm start: neither TensorFlow nor a worker reads them.
 IGNORED = ("PYTEST_CURRENT_TEST", ADDRESS_VARIABLE)
-VERSIONED_WORKER = Path(__file__).parents[1] / "compat" / "worker.py"  # a managed TF X.Y environment's worker
+VERSIONED_WORKER = Path(__file__).parents[1] / "tfversions" / "worker.py"  # a managed TF X.Y environment's worker
 READY_TIMEOUT = 600.0
 
 _current: WarmStart | None = None

@@ -8,7 +8,7 @@ import numpy as np
 
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.runtimes import Runtime
-from exportkit.tf1_loader import failure_message
+from exportkit.savedmodel.loader import failure_message
 
 
 def require_gpu() -> None:
@@ -96,7 +96,7 @@ class SavedModelRuntime(Runtime):
 
     def _select(self) -> None:
         if self.signature_name not in self._loaded.signatures:
-            from exportkit.savedmodel import signature_names
+            from exportkit.savedmodel.reader import signature_names
 
             raise CheckFailed(f"no signature '{self.signature_name}' (available: "
                               f"{', '.join(signature_names(self._loaded.signatures)) or 'none'})",

@@ -10,7 +10,7 @@ import numpy as np
 from exportkit.errors import CheckFailed, InfraError
 from exportkit.findings import Finding
 from exportkit.runtimes import Runtime
-from exportkit.savedmodel import DEFAULT_SIGNATURE, serving_api
+from exportkit.savedmodel.reader import DEFAULT_SIGNATURE, serving_api
 
 
 def _closed_error(when: str) -> InfraError:
@@ -64,7 +64,7 @@ class ServingRuntime(Runtime):
 
     def start(self) -> None:
         """Spawn the server now (cheap) so its TF import and model load overlap other runtimes' work."""
-        from exportkit.serving.launcher import find_binary, start
+        from exportkit.serving.launch.launcher import find_binary, start
 
         if self._closed:  # closed while a lane was on its way here (Ctrl-C): no server may start after that
             raise _closed_error("before its server started")
@@ -83,8 +83,8 @@ class ServingRuntime(Runtime):
         """The server must refuse XLA (stock flags) and the model has functions that need it: an `exportkit serve`
         process of its own, which disables XLA as tensorflow_model_server does, not the worker, whose session runtime
         and loaders would be disabled with it (DisableXlaCompilation is process-wide)."""
-        from exportkit.deployment import xla_functions
-        from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+        from exportkit.savedmodel.deployment import xla_functions
+        from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
         flags = getattr(self.launch, "server_flags", None)
         if self.path is None or (flags is not None and flags.xla_enabled):
@@ -93,7 +93,7 @@ class ServingRuntime(Runtime):
 
     def load(self) -> None:
         """Wait for a server with the model AVAILABLE (CheckFailed if it fails to load, InfraError if no server)."""
-        from exportkit.serving.client import ServingClient
+        from exportkit.serving.client.grpc_client import ServingClient
 
         if self.loaded:
             return
@@ -129,7 +129,7 @@ class ServingRuntime(Runtime):
         return serving_api(self.signature)[0]
 
     def _raise(self, err, what: str):
-        from exportkit.serving.client import INFRA_CODES, as_exportkit_error
+        from exportkit.serving.client.grpc_client import INFRA_CODES, as_exportkit_error
 
         where = f"{self.server['kind']} server at {self.server['address']}" if self.server else "server"
         refused = output_refusal(err.message, f"{what} on the {where}", self.api)
@@ -149,7 +149,7 @@ class ServingRuntime(Runtime):
         raise error from None
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from exportkit.serving.client import ServingError
+        from exportkit.serving.client.grpc_client import ServingError
 
         if self._client is None:
             raise RuntimeError("ServingRuntime.run() before load()")
@@ -185,8 +185,8 @@ class ServingRuntime(Runtime):
     # -- what only a server shows -----------------------------------------------------------------------------
     def served_signatures(self) -> dict:
         """{signature name: {"inputs", "outputs"}} as the server reports them (GetModelMetadata)."""
-        from exportkit.savedmodel import tensor_info_dict
-        from exportkit.serving.client import ServingError
+        from exportkit.savedmodel.reader import tensor_info_dict
+        from exportkit.serving.client.grpc_client import ServingError
 
         try:
             served = self._client.metadata()
@@ -203,8 +203,8 @@ class ServingRuntime(Runtime):
 
         Model name/version are set to the served ones, as TF Serving ignores them during its own warm-up.
         """
-        from exportkit.layout import WARMUP
-        from exportkit.serving.client import ServingError
+        from exportkit.savedmodel.extras import WARMUP
+        from exportkit.serving.client.grpc_client import ServingError
         from exportkit.serving.warmup import read_warmup_records
 
         try:
@@ -265,10 +265,10 @@ def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str, la
     """The embedded server inside the TensorFlow worker: TF Serving's APIs over the session loader's graph and
     session, started (warm-up replayed first) when waited for, so `session` runs before the warm-up, as a fresh
     TF Serving load would answer them. `batching`: a BatchingParameters file, served with TF Serving's batching."""
-    from exportkit.serving.launcher import batching_file
+    from exportkit.serving.launch.launcher import batching_file
     from exportkit.version import __version__
-    from exportkit.savedmodel import resolve_model_path
-    from exportkit.serving.launcher import PendingServer, ServerHandle
+    from exportkit.savedmodel.reader import resolve_model_path
+    from exportkit.serving.launch.launcher import PendingServer, ServerHandle
 
     name = model_name or resolve_model_path(worker.path).default_name
 
@@ -323,7 +323,7 @@ class RestRuntime(Runtime):
         return rest_refusal(self.grpc.signature)
 
     def load(self) -> None:
-        from exportkit.serving.rest_client import RestClient
+        from exportkit.serving.client.rest_client import RestClient
 
         self.grpc.load()
         handle = self.grpc._handle
@@ -336,7 +336,7 @@ class RestRuntime(Runtime):
         self.loaded = True
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from exportkit.serving.client import ServingError
+        from exportkit.serving.client.grpc_client import ServingError
 
         api, signature, name = self.grpc.api, self.grpc.signature, self.grpc.signature_name
         try:

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit.batches import load_batches, save_batches
+from exportkit.inputs.batches import load_batches, save_batches
 from exportkit.errors import CheckFailed, InfraError, MissingModule
 from exportkit.runtimes import Runtime, forkserver
-from exportkit.savedmodel import DEFAULT_SIGNATURE
-from exportkit.tf1_loader import loader_failure
+from exportkit.savedmodel.reader import DEFAULT_SIGNATURE
+from exportkit.savedmodel.loader import loader_failure
 from exportkit.tfenv import child_env
 
 REPLY_TIMEOUT = 600.0
@@ -48,7 +48,7 @@ class TfWorker:
 
     By default the worker is `exportkit.runtimes.session_worker` on this Python. `python` and `worker` run another
     interpreter and a standalone script speaking the same protocol instead (a managed TF X.Y environment, see
-    exportkit.compat.envs); `tf_version` then says which TensorFlow answered.
+    exportkit.tfversions.envs); `tf_version` then says which TensorFlow answered.
     """
 
     def __init__(self, path: str, device: str | None = "cpu", allow_tf32: bool = False, *, python: str | None = None,

@@ -19,7 +19,7 @@ before the server's warm-up, say). Every reply carries the request's "id" (when 
     failures -> {"ok": false, "kind": "model"|"infra", "message": ..., "remedy": ...}; a module this Python lacks
         -> {"ok": false, "kind": "infra", "missing_module": NAME} (also on the ready line, then the worker exits)
 
-"loader" defaults to "session" (the protocol of exportkit/compat/worker.py for other TensorFlow versions).
+"loader" defaults to "session" (the protocol of exportkit/tfversions/worker.py for other TensorFlow versions).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class Worker:
             self.reply(request, ok=False, kind="infra" if isinstance(err, InfraError) else "model",
                        message=err.message, remedy=err.remedy)
         else:
-            from exportkit.tf1_loader import failure_message
+            from exportkit.savedmodel.loader import failure_message
 
             self.reply(request, ok=False, kind="model", message=failure_message(err), detail=traceback.format_exc()[-4000:])
 
@@ -96,7 +96,7 @@ class Worker:
 
     def _check_signature(self, loader: str, name: str) -> None:
         from exportkit.errors import CheckFailed
-        from exportkit.savedmodel import signature_names
+        from exportkit.savedmodel.reader import signature_names
 
         model = self.loads[loader].result()
         if loader == "saved_model":
@@ -106,7 +106,7 @@ class Worker:
                               "pass --signature with one of them")
 
     def run(self, request: dict) -> None:
-        from exportkit.batches import load_batches, save_batches
+        from exportkit.inputs.batches import load_batches, save_batches
 
         loader = request.get("loader", "session")
         name = request.get("signature") or self.signature[loader]
@@ -139,16 +139,16 @@ class Worker:
     def serve(self, request: dict) -> None:
         """TF Serving's APIs over the session loader's model: warm-up first, as TF Serving does before AVAILABLE."""
         from exportkit.errors import CheckFailed
-        from exportkit.savedmodel import resolve_model_path
-        from exportkit.serving.grpc_service import start_grpc
-        from exportkit.serving.servable import ServedModel
-        from exportkit.serving.server_core import ServerCore
+        from exportkit.savedmodel.reader import resolve_model_path
+        from exportkit.serving.server.grpc_service import start_grpc
+        from exportkit.serving.server.servable import ServedModel
+        from exportkit.serving.server.server_core import ServerCore
 
         model = self._start_load("session", dict(request, signature=request.get("signature", ""))).result()
         location = resolve_model_path(request["path"])
         batching = None
         if request.get("batching"):  # --batching-parameters: TF Serving's batching session over the same load
-            from exportkit.serving.config import read_batching_parameters
+            from exportkit.serving.server.config import read_batching_parameters
 
             batching = read_batching_parameters(request["batching"])
         served = ServedModel(location, request["model_name"], request.get("device") or "cpu",
@@ -162,7 +162,7 @@ class Worker:
         self.servers.append(server)
         reply = {"address": f"127.0.0.1:{port}", "version": served.version}
         if request.get("rest"):
-            from exportkit.serving.http_handler import start_rest
+            from exportkit.serving.server.http_handler import start_rest
 
             rest, rest_port = start_rest(core, 0)
             self.servers.append(rest)
@@ -179,7 +179,7 @@ def _load(loader: str, request: dict):
         from exportkit.tfenv import gpu_memory_growth
 
         gpu_memory_growth()  # the in-process Keras run (and a server) use the same GPU
-    from exportkit.compat.oplibs import load_for_worker
+    from exportkit.tfversions.oplibs import load_for_worker
 
     load_for_worker(request["path"])  # TF Text / TF-DF ops, as the stock server links them; --op-library
     # TensorFloat-32 would make GPU float32 results differ from CPU by ~1e-3: off unless allowed.
@@ -191,7 +191,7 @@ def _load(loader: str, request: dict):
         runtime.load_model()
         return runtime
     if loader == "session":
-        from exportkit.tf1_loader import Tf1SavedModel
+        from exportkit.savedmodel.loader import Tf1SavedModel
 
         return Tf1SavedModel(request["path"], device=request.get("device"))
     raise CheckFailed(f"unknown loader {loader!r}", "this is a bug in exportkit")
@@ -200,7 +200,7 @@ def _load(loader: str, request: dict):
 def prepare():
     """What a worker does before its ready line; the fork server (exportkit.runtimes.forkserver) does it once for
     all the workers it forks."""
-    from exportkit.compat.worker import NOT_FOR_LOADING
+    from exportkit.tfversions.worker import NOT_FOR_LOADING
     from exportkit.tfenv import import_tf
 
     sys.modules.update(dict.fromkeys(NOT_FOR_LOADING))  # this process loads SavedModels only: see NOT_FOR_LOADING

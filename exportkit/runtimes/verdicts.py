@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exportkit.findings import Finding
-from exportkit.lint import reachable_nodes
+from exportkit.savedmodel.lint import reachable_nodes
 
 # Ops that write a variable (ref or resource) they take as input 0.
 STATE_WRITES = frozenset({
@@ -34,7 +34,7 @@ def _tensor_node(name: str) -> str:
 
 
 def _signature_roots(signature) -> list[str]:
-    from exportkit.savedmodel import tensor_info_names
+    from exportkit.savedmodel.reader import tensor_info_names
 
     return [name for info in signature.outputs.values() for name in tensor_info_names(info)]
 

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from exportkit.layout import WARMUP, warmup_path
+from exportkit.savedmodel.extras import WARMUP, warmup_path
 from exportkit.serving.tensors import to_tensor_proto
 from exportkit.tfenv import import_tf
 
@@ -18,7 +18,7 @@ MAX_WARMUP_RECORDS = 1000  # TF Serving refuses more (saved_model_warmup_util.cc
 
 
 def _apis():
-    from exportkit.savedmodel import serving_apis
+    from exportkit.savedmodel.reader import serving_apis
 
     apis = serving_apis()
     return apis.predict_pb2, apis.prediction_log_pb2
@@ -27,7 +27,7 @@ def _apis():
 def _signature_of(version_dir: str | None, signature_name: str):
     if version_dir is None or not os.path.exists(os.path.join(version_dir, "saved_model.pb")):
         return None
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
     meta_graph = select_meta_graph(read_saved_model_proto(version_dir))
     return meta_graph.signature_def[signature_name] if signature_name in meta_graph.signature_def else None
@@ -104,7 +104,7 @@ def warmup_batch_sizes(batching_parameters: str | None) -> list[int]:
     if not batching_parameters:
         return []
     from exportkit.errors import UsageError
-    from exportkit.serving.config import read_batching_parameters
+    from exportkit.serving.server.config import read_batching_parameters
 
     parameters = read_batching_parameters(batching_parameters)
     allowed = list(parameters.allowed_batch_sizes)
@@ -199,7 +199,7 @@ def _records(path: str):
     server), is read again by TensorFlow's for its own words (a DataLossError, as TF Serving reports it)."""
     import sys
 
-    from exportkit.batches import tfrecord_records
+    from exportkit.inputs.batches import tfrecord_records
     from exportkit.errors import UsageError
 
     with open(path, "rb") as fh:

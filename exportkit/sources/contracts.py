@@ -191,7 +191,7 @@ def check_contracts(model, batches: list[dict], custom_objects: dict, allow_inco
     """Findings for every custom object of `model`; `batches` are golden inputs keyed by input name.
 
     `compare(expected_batches, actual_batches) -> [OutputComparison]` judges the rebuilt layers' outputs (the
-    caller passes exportkit.verify.compare.compare_with_default_tolerances); without it only configs and weight
+    caller passes exportkit.compare.outputs.compare_with_default_tolerances); without it only configs and weight
     shapes are checked.
     """
     severity = "warning" if allow_incomplete else "error"

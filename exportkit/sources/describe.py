@@ -7,7 +7,7 @@ from pathlib import Path
 from exportkit.errors import EXIT_OK, EXIT_USAGE, UsageError
 from exportkit.findings import Finding
 from exportkit.sources.kerases import KERAS3, prepare_process
-from exportkit.spec import SourceOptions
+from exportkit.options.spec import SourceOptions
 
 
 @dataclass
@@ -93,7 +93,7 @@ def _describe_io(model, description: SourceDescription, int_range: list[str]) ->
     is returned for the contract check."""
     import tensorflow as tf
 
-    from exportkit.batches import format_int_range, generate_batches, parse_int_range_flags
+    from exportkit.inputs.batches import format_int_range, generate_batches, parse_int_range_flags
     from exportkit.sources.int_ranges import generated_inputs_failure, int_ranges_for
     from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs
 

@@ -262,7 +262,7 @@ _KERAS2_KEY = re.compile(r"(^|/)layer(_with_weights)?-\d+(/|$)")
 
 
 def _checkpoint_keras(src: Path) -> Keras | None:
-    from exportkit.checkpoint import read_checkpoint
+    from exportkit.savedmodel.checkpoint import read_checkpoint
 
     if src.is_dir():
         indexes = sorted(src.glob("*.index"))

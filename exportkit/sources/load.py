@@ -21,12 +21,12 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exportkit.checkpoint import read_checkpoint
+from exportkit.savedmodel.checkpoint import read_checkpoint
 from exportkit.errors import UsageError
-from exportkit.savedmodel import check_path, path_problem
+from exportkit.savedmodel.reader import check_path, path_problem
 from exportkit.sources.kerases import (KERAS3, KERASES, TF_KERAS, Keras, keras_of, mismatch_remedy, parse_choice,
                                       prepare_process)
-from exportkit.spec import SourceOptions
+from exportkit.options.spec import SourceOptions
 from exportkit.tfenv import import_tf
 
 FORMATS = ("h5", "keras", "saved_model", "checkpoint", "weights")

@@ -16,8 +16,8 @@ from typing import Callable
 import numpy as np
 
 from exportkit.findings import Finding
-from exportkit.verify.compare import compare_outputs
-from exportkit.verify.tolerances import Tolerance
+from exportkit.compare.outputs import compare_outputs
+from exportkit.compare.tolerances import Tolerance
 
 JS_SAFE_INT = 2 ** 53
 BYTES_SUFFIX = "_bytes"

@@ -12,25 +12,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from exportkit.batches import DEFAULT_UNKNOWN_DIM
+from exportkit.inputs.batches import DEFAULT_UNKNOWN_DIM
 from exportkit.errors import InfraError, UsageError
 from exportkit.findings import Finding
-from exportkit.spec import VerifyOptions
+from exportkit.options.spec import VerifyOptions
 from exportkit.verify.baseline import served_signature_findings
-from exportkit.verify.compare import compare_batches
+from exportkit.compare.outputs import compare_batches
 from exportkit.verify.execute import Labeled, error_text
-from exportkit.verify.inputs import rows, same
+from exportkit.inputs.loader import rows, same
 from exportkit.verify.plan import read_model
 from exportkit.verify.report import VerifyReport
 
 
 def static_findings(o: VerifyOptions, proto, version_dir):
     """(findings, the io-op findings that refuse execution): lint and assets, read from the files only."""
-    from exportkit.compat.oplibs import env_op_libraries
-    from exportkit.compat.registry import installed
-    from exportkit.deployment import deployment_findings
-    from exportkit.lint import IO_OP_REFUSAL, asset_findings, lint_saved_model
-    from exportkit.savedmodel import select_meta_graph
+    from exportkit.tfversions.oplibs import env_op_libraries
+    from exportkit.tfversions.registry import installed
+    from exportkit.savedmodel.deployment import deployment_findings
+    from exportkit.savedmodel.lint import IO_OP_REFUSAL, asset_findings, lint_saved_model
+    from exportkit.savedmodel.reader import select_meta_graph
     from exportkit.tfenv import tensorflow_version
 
     server_registry = installed(tensorflow_version())  # the ops the stock TF Serving of this TF links
@@ -90,7 +90,7 @@ def baseline_findings(o: VerifyOptions, signatures: dict, selected: list[str],
 
 
 def _remote(serving: str) -> bool:
-    from exportkit.serving.container import is_container_mode
+    from exportkit.serving.launch.container import is_container_mode
 
     return serving not in ("auto", "binary", "embedded", "none") and not is_container_mode(serving)
 
@@ -98,7 +98,7 @@ def _remote(serving: str) -> bool:
 def _previous_version(version_dir):
     """("previous-version", its path, its signatures) of the newest version below `version_dir` in its base
     directory, or None (not a numbered version, or the first one)."""
-    from exportkit.savedmodel import list_versions
+    from exportkit.savedmodel.reader import list_versions
 
     if version_dir is None or not version_dir.name.isdigit():
         return None
@@ -113,8 +113,8 @@ def _previous_version(version_dir):
 def _deployed(o: VerifyOptions, version_dir):
     """("serving", "HOST:PORT model M version V", its signatures): GetModelMetadata of the version a client that
     names no version gets (TF Serving's default: the newest available), or None when the server has no such model."""
-    from exportkit.savedmodel import resolve_model_path, tensor_info_dict
-    from exportkit.serving.client import ServingClient, ServingError, as_exportkit_error
+    from exportkit.savedmodel.reader import resolve_model_path, tensor_info_dict
+    from exportkit.serving.client.grpc_client import ServingClient, ServingError, as_exportkit_error
 
     address = o.serving[len("remote:"):] if o.serving.startswith("remote:") else o.serving
     name = o.model_name or resolve_model_path(o.path).default_name  # the name the serving runtime asks for
@@ -246,7 +246,7 @@ def behaviours(report: VerifyReport, outputs: dict[str, list], batches, toleranc
 
 def non_finite(report: VerifyReport, outputs: dict[str, list], signature: str | None = None) -> None:
     """NaN/Inf in the outputs: a warning, an error where the reference was finite (verify/finite.py)."""
-    from exportkit.verify.finite import non_finite_findings
+    from exportkit.compare.finite import non_finite_findings
 
     report.findings += non_finite_findings(outputs, signature)
 
@@ -262,7 +262,7 @@ def drop_outputs(outputs: dict[str, list], keys: set[str]) -> None:
 def reference_chain(report: VerifyReport, outputs: dict[str, list], tolerance) -> list[dict]:
     """On the training-time reference's batches, each link of trained -> reloaded -> SavedModel -> serving on its
     own, so a failure names the link that broke (not just every runtime differing from `trained`)."""
-    from exportkit.reference import LINKS
+    from exportkit.sources.reference import LINKS
 
     if "trained" not in outputs:
         return []

@@ -15,20 +15,20 @@ Examples encoded from the very tensor batches its tensor twin gets, and the two 
 """
 from __future__ import annotations
 
-from exportkit.batches import parse_int_range_flags, recorded_int_ranges
+from exportkit.inputs.batches import parse_int_range_flags, recorded_int_ranges
 from exportkit.errors import CheckFailed, UsageError
-from exportkit.layout import read_manifest
+from exportkit.savedmodel.extras import read_manifest
 from exportkit.runtimes import RUNTIME_KINDS
 from exportkit.runtimes.session import TfWorker, runs_in_worker
 from exportkit.runtimes.verdicts import signature_state, tf2_only_failures
-from exportkit.spec import VerifyOptions
+from exportkit.options.spec import VerifyOptions
 from exportkit.tfenv import toolchain
 from exportkit.verify import checks
-from exportkit.verify.artifacts import check_report_options
-from exportkit.verify.tolerances import parse_tol
+from exportkit.report.artifacts import check_report_options
+from exportkit.compare.tolerances import parse_tol
 from exportkit.verify.dataset import verify_data
 from exportkit.verify.execute import Execution, installed_workers, run_plan, started, versioned_pythons
-from exportkit.verify.inputs import rows
+from exportkit.inputs.loader import rows
 from exportkit.verify.latency import latency_findings
 from exportkit.verify.output import finish, save
 from exportkit.verify.pairs import agreement, compare_all
@@ -124,7 +124,7 @@ def _options(o: VerifyOptions):
 
         prepare_process(o.against, detect_format(o.against.src, o.against.format))
     if "serving" in names or "rest" in names:
-        from exportkit.serving.launcher import check_serving_mode
+        from exportkit.serving.launch.launcher import check_serving_mode
 
         check_serving_mode(o.serving)
     return devices, names, dict(parse_tol(t) for t in o.tol)
@@ -193,7 +193,7 @@ def _judge(o: VerifyOptions, plan: Plan, execution: Execution, report: VerifyRep
 
     A stateful signature (its answers depend on earlier calls, runtimes/verdicts.py): the outputs that do differ
     between runs are left out of the comparisons, and the finding says the cause is state."""
-    from exportkit.savedmodel import select_meta_graph
+    from exportkit.savedmodel.reader import select_meta_graph
 
     by_name = {c.name: c for c in plan.checks}
     stateful = signature_state(select_meta_graph(model.proto), [c.name for c in plan.checks])

@@ -1,5 +1,5 @@
 """verify --data: every runtime over the records of a dataset, compared batch by batch with the reference and
-accumulated in streaming statistics (exportkit.data.stats), so memory stays flat however many records there are.
+accumulated in streaming statistics (exportkit.compare.stats), so memory stays flat however many records there are.
 
 In-process (default): one batch at a time goes through every runtime in the same order, then is dropped.
 `--runner beam`: the same batches and statistics as an Apache Beam pipeline (exportkit.data.beam).
@@ -15,15 +15,15 @@ import numpy as np
 from exportkit.data.records import (DataSource, ExampleParsing, Feeder, FailureWriter, data_signature,
                                     records_are_logs)
 from exportkit.data.predictionlog import LOGGED, LogReplayer
-from exportkit.data.stats import OutputStats, compare_into
+from exportkit.compare.stats import OutputStats, compare_into
 from exportkit.errors import CheckFailed, InfraError, UsageError
-from exportkit.layout import signature_entries
-from exportkit.spec import VerifyOptions
+from exportkit.savedmodel.extras import signature_entries
+from exportkit.options.spec import VerifyOptions
 from exportkit.verify.checks import serving_checks
-from exportkit.verify.compare import OutputComparison, value_reasons
-from exportkit.verify.error_summaries import histogram_summary
+from exportkit.compare.outputs import OutputComparison, value_reasons
+from exportkit.compare.summaries import histogram_summary
 from exportkit.verify.execute import started
-from exportkit.verify.finite import NonFiniteCounter
+from exportkit.compare.finite import NonFiniteCounter
 from exportkit.verify.latency import latency_findings, latency_summary
 from exportkit.verify.plan import Model, Plan, SignatureCheck, plan_runtimes, tolerances_for
 from exportkit.verify.report import RuntimeResult, VerifyReport
@@ -54,8 +54,8 @@ def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, dev
     into `report`."""
     import dataclasses
 
-    from exportkit.examples import input_specs
-    from exportkit.savedmodel import select_meta_graph
+    from exportkit.tfexample.signatures import input_specs
+    from exportkit.savedmodel.reader import select_meta_graph
 
     version_dir, signatures, selected = model.version_dir, model.signatures, model.selected
     pattern = data_pattern(o.data, version_dir)
@@ -102,7 +102,7 @@ def _tol(t) -> tuple[float, float]:
 
 def data_pattern(data: str, version_dir) -> str:
     """--data GLOB, or `warmup`: the SavedModel's own warm-up file (PredictionLog records TF Serving replays)."""
-    from exportkit.layout import warmup_path
+    from exportkit.savedmodel.extras import warmup_path
 
     if data != "warmup":
         return data

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from exportkit.dtypes import HALF_DTYPES, numpy_dtype
 from exportkit.errors import CheckFailed, ExportkitError, InfraError
-from exportkit.layout import variables_bytes
-from exportkit.spec import VerifyOptions
-from exportkit.verify.inputs import REAL_ORIGINS
+from exportkit.savedmodel.extras import variables_bytes
+from exportkit.options.spec import VerifyOptions
+from exportkit.inputs.loader import REAL_ORIGINS
 from exportkit.verify.latency import latency_summary
 from exportkit.verify.plan import Plan, PlannedRuntime, SignatureCheck
 from exportkit.verify.report import RuntimeResult
@@ -60,8 +60,8 @@ def versioned_pythons(tf_versions) -> dict[str, str]:
     managed environments that are missing (progress on stderr; exit 3 when they cannot be built)."""
     if not tf_versions:
         return {}
-    from exportkit.compat import parse_versions
-    from exportkit.compat.envs import python_for
+    from exportkit.tfversions import parse_versions
+    from exportkit.tfversions.envs import python_for
 
     return {v: python_for(v) for v in parse_versions(list(tf_versions))}
 
@@ -71,8 +71,8 @@ def installed_workers(tf_versions) -> list[tuple[str, str]]:
     raised: verify prestarts them; versioned_pythons installs or refuses the others when the plan needs them."""
     if not tf_versions:
         return []
-    from exportkit.compat import parse_versions
-    from exportkit.compat.envs import WORKER, python_for
+    from exportkit.tfversions import parse_versions
+    from exportkit.tfversions.envs import WORKER, python_for
 
     found = []
     try:
@@ -179,7 +179,7 @@ def _build(o: VerifyOptions, plan: Plan, planned: PlannedRuntime, worker, shared
 
 def _versioned_session(plan: Plan, planned: PlannedRuntime):
     """`session@X.Y`: the serving-equivalent session runtime on TensorFlow X.Y (CPU), in its own process."""
-    from exportkit.compat.envs import WORKER, install_command
+    from exportkit.tfversions.envs import WORKER, install_command
     from exportkit.runtimes.session import SessionRuntime
 
     v = planned.tf_version
@@ -386,7 +386,7 @@ def _run_all(runtime, batches, timings: list | None = None) -> list:
 
 def _launch_options(o: VerifyOptions):
     """How a server verify launches is run (container CLI, --pull, batching parameters)."""
-    from exportkit.serving.launcher import LaunchOptions
+    from exportkit.serving.launch.launcher import LaunchOptions
 
     return LaunchOptions(container_cli=o.container_cli, pull=o.pull, batching_parameters=o.batching_parameters,
                          server_flags=o.server_flags)

@@ -1,6 +1,6 @@
 """HTML reports of verify, verify --data, compat and export: one self-contained file each (inline CSS and SVG; no
 script, no font, no network), built with the standard library from the same results the text report uses.
-Plots come from verify.plots (matplotlib); exportkit.verify.artifacts writes the files.
+Plots come from verify.plots (matplotlib); exportkit.report.artifacts writes the files.
 """
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import html
 import json
 from typing import Any
 
-from exportkit.verify import plots
-from exportkit.verify.compare import to_jsonable
+from exportkit.report import plots
+from exportkit.compare.outputs import to_jsonable
 from exportkit.verify.latency import latency_text
 from exportkit.verify.report import (OutputComparison, RuntimeResult, VerifyReport, _g, _pct, _server_text, _tol,
                                      _who, batch_sizes_text, clean, context_lines, error_cause, needs, verdict_line)
@@ -238,7 +238,7 @@ def verify_html(report: VerifyReport) -> str:
 
 def compat_html(report, other_device: list | None = None) -> str:
     """`report`: verify.matrix.CompatReport; `other_device`: the static forecast rows for the other device."""
-    from exportkit.verify.matrix import compat_verdict
+    from exportkit.compat.report import compat_verdict
 
     devices = [report.device] + ([("gpu" if report.device == "cpu" else "cpu")] if other_device else [])
     run = any(v.observed for v in report.versions)

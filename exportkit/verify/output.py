@@ -8,12 +8,12 @@ from __future__ import annotations
 import sys
 
 from exportkit.files import print_report, write_atomic
-from exportkit.spec import VerifyOptions
+from exportkit.options.spec import VerifyOptions
 from exportkit.verify.report import VerifyReport
 
 
 def finish(report: VerifyReport, o: VerifyOptions) -> int:
-    from exportkit.verify.artifacts import write_verify
+    from exportkit.report.artifacts import write_verify
     from exportkit.verify.report import render_text, to_json, to_junit_xml
 
     json_out, junit = o.json_out, o.junit
@@ -28,6 +28,6 @@ def finish(report: VerifyReport, o: VerifyOptions) -> int:
 def save(directory: str, flag: str, sets: dict[str, list]) -> None:
     """--save-inputs / --save-outputs DIR: one .npz per batch, `<name>_batch_<i>.npz` for each name of `sets`,
     all of them or none."""
-    from exportkit.batches import save_batch_sets
+    from exportkit.inputs.batches import save_batch_sets
 
     save_batch_sets(directory, sets, f"{flag} {directory}")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from exportkit.tfexample import from_manifest, lossless
-from exportkit.verify.compare import compare_batches
-from exportkit.verify.tolerances import Tolerance
+from exportkit.tfexample.features import from_manifest, lossless
+from exportkit.compare.outputs import compare_batches
+from exportkit.compare.tolerances import Tolerance
 from exportkit.verify.plan import Pair, SignatureCheck, pairs_for, tolerances_for
 from exportkit.verify.report import RuntimeResult, VerifyReport
 

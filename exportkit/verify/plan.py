@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from exportkit.batches import InputSpec, load_inputs
+from exportkit.inputs.batches import InputSpec, load_inputs
 from exportkit.errors import UsageError
-from exportkit.layout import read_golden, signature_entries
+from exportkit.savedmodel.extras import read_golden, signature_entries
 from exportkit.runtimes import RUNTIME_NAMES
-from exportkit.spec import VerifyOptions
-from exportkit.tfexample import encode_examples, from_manifest
-from exportkit.verify.tolerances import Tolerance, resolve_tolerance
-from exportkit.verify.inputs import chunks, same, tensor_batches, unrecorded
+from exportkit.options.spec import VerifyOptions
+from exportkit.tfexample.features import encode_examples, from_manifest
+from exportkit.compare.tolerances import Tolerance, resolve_tolerance
+from exportkit.inputs.loader import chunks, same, tensor_batches, unrecorded
 
 PROTOCOLS = ("grpc", "rest", "both")
 PER_DEVICE = ("keras", "saved_model", "session")  # runtimes that run once per --device (labelled name@device)
@@ -125,7 +125,7 @@ def devices_of(device: str) -> list[str]:
 
 def protocol_of(protocol: str | None, serving: str) -> str:
     """--serving-protocol; by default both for servers exportkit launches, gRPC for a remote one (REST port unknown)."""
-    from exportkit.serving.container import is_container_mode
+    from exportkit.serving.launch.container import is_container_mode
 
     launched = serving in ("auto", "binary", "embedded") or is_container_mode(serving)
     if protocol is None:
@@ -182,7 +182,7 @@ def tolerances_for(atol, rtol, per_output, entry) -> Callable[[str, str], Tolera
 
 def read_model(path: str):
     """(version dir, SavedModel proto, {signature name: signature in savedmodel.signatures_of's form})."""
-    from exportkit.savedmodel import read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph, signatures_of
+    from exportkit.savedmodel.reader import read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph, signatures_of
 
     version_dir = resolve_savedmodel_dir(path)
     proto = read_saved_model_proto(version_dir)
@@ -213,8 +213,8 @@ def signature_checks(o: VerifyOptions, signatures: dict, names: list[str], versi
     """
     if o.samples < 1:
         raise UsageError(f"--samples {o.samples} must be at least 1", "pass --samples 8 (for example)")
-    from exportkit.examples import input_specs
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+    from exportkit.tfexample.signatures import input_specs
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
     meta_graph = select_meta_graph(read_saved_model_proto(version_dir))
     entries = signature_entries(manifest)
@@ -254,12 +254,12 @@ def signature_checks(o: VerifyOptions, signatures: dict, names: list[str], versi
 def _trained_reference(reference, manifest, version_dir, check: SignatureCheck, against) -> TrainedReference | None:
     """--reference FILE wins; else the one the export recorded (its inputs are golden batches); else one found next
     to --against SRC (SRC.reference.npz or `reference` in its exportkit.toml)."""
-    from exportkit import reference as refs
+    from exportkit.sources import reference as refs
 
     recorded = (manifest or {}).get("reference")
     golden_inputs = check.golden[0]
     if not reference and recorded and golden_inputs is not None:
-        from exportkit.layout import read_reference_outputs
+        from exportkit.savedmodel.extras import read_reference_outputs
 
         inputs = [golden_inputs[i] for i in recorded["golden_batches"]]
         return TrainedReference(check.name, recorded.get("path"), inputs, read_reference_outputs(version_dir))

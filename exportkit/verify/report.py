@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from exportkit.deployment import VERDICTS
+from exportkit.savedmodel.deployment import VERDICTS
 from exportkit.dtypes import name_of_array
 from exportkit.errors import EXIT_INFRA
 from exportkit.findings import Finding
-from exportkit.verify.compare import OutputComparison, to_jsonable
+from exportkit.compare.outputs import OutputComparison, to_jsonable
 from exportkit.verify.latency import latency_text
 from exportkit.version import __version__
 
@@ -568,7 +568,7 @@ def _failure_text(c: OutputComparison) -> str:
 def to_junit_xml(report: VerifyReport) -> str:
     """JUnit XML: one testcase per runtime x output (classname exportkit.verify.<runtime>, name <output>),
     one testcase named "runtime" for a runtime that errored (<error>) or was skipped (<skipped>),
-    one testcase per error finding (classname exportkit.lint, name <code>, <failure>). Suite properties: what the
+    one testcase per error finding (classname exportkit.savedmodel.lint, name <code>, <failure>). Suite properties: what the
     text report's header says (toolchain, server_flags, baseline), the servers, latency.<runtime>."""
     suite = ET.Element("testsuite", name="exportkit.verify")
     props = ET.SubElement(suite, "properties")
@@ -624,7 +624,7 @@ def to_junit_xml(report: VerifyReport) -> str:
     for f in report.findings:
         if f.severity != "error":
             continue
-        tc = ET.SubElement(suite, "testcase", classname="exportkit.lint", name=_x(f.code), time="0")
+        tc = ET.SubElement(suite, "testcase", classname="exportkit.savedmodel.lint", name=_x(f.code), time="0")
         tests += 1
         failures_n += 1
         el = ET.SubElement(tc, "failure", message=_x(f.message), type="LintError")

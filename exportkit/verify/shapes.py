@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from exportkit.batches import DEFAULT_UNKNOWN_DIM, InputSpec, generate_batches
+from exportkit.inputs.batches import DEFAULT_UNKNOWN_DIM, InputSpec, generate_batches
 from exportkit.dtypes import is_string
 from exportkit.findings import Finding
 

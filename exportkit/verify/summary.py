@@ -54,7 +54,7 @@ def verify_markdown(report: VerifyReport) -> str:
 
 def compat_markdown(report) -> str:
     """`report`: verify.matrix.CompatReport."""
-    from exportkit.verify.matrix import compat_verdict
+    from exportkit.compat.report import compat_verdict
 
     run = any(v.observed for v in report.versions)
     mark = {"ok": "✅ ok", "warn": "⚠️ warn", "fails": "❌ fails", None: "-"}

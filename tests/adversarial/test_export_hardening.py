@@ -59,8 +59,8 @@ def test_output_names_count_must_match(sources, tmp_path):
 
 
 def test_auto_key_warning_names_the_flag(tf, tmp_path):
-    from exportkit.lint import lint_saved_model
-    from exportkit.savedmodel import read_saved_model_proto
+    from exportkit.savedmodel.lint import lint_saved_model
+    from exportkit.savedmodel.reader import read_saved_model_proto
 
     class Tuple(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
@@ -195,7 +195,7 @@ def test_disk_full_is_a_clear_infrastructure_error(sources, tmp_path):
 
 
 def test_default_base_directory(tmp_path):
-    from exportkit.spec import export_options, source_stem
+    from exportkit.options.spec import export_options, source_stem
 
     assert [source_stem(s) for s in ("ckpt/", "m/ranker.keras", "w.weights.h5", "ckpt/ckpt-3", "old.h5")] == [
         "ckpt", "ranker", "w", "ckpt-3", "old"]

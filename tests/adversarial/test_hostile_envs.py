@@ -49,7 +49,7 @@ def _error(fn):
 
 
 def test_an_environment_is_trusted_only_after_its_tensorflow_is_shown_to_be_x_y(cache, monkeypatch):
-    from exportkit.compat import envs
+    from exportkit.tfversions import envs
 
     directory = _fake_env(cache, "2.14", "__version__ = '2.14.1'\n" + LOOKS_LIKE_TF)
     probes = []
@@ -67,7 +67,7 @@ def test_an_environment_is_trusted_only_after_its_tensorflow_is_shown_to_be_x_y(
 
 @pytest.mark.parametrize("case", ["not_tensorflow", "dies", "no_python"])
 def test_a_broken_environment_is_exit_3_with_the_rebuild_command(cache, case):
-    from exportkit.compat import envs
+    from exportkit.tfversions import envs
 
     body = {"not_tensorflow": "raise ImportError('this tensorflow is a placeholder package')\n",
             "dies": "import os, signal\nsignal.signal(signal.SIGPIPE, signal.SIG_DFL)\nos.kill(os.getpid(), 13)\n",
@@ -96,7 +96,7 @@ def test_a_cache_directory_that_is_a_file(cache):
 def test_the_next_install_removes_a_killed_installs_build_and_its_processes(cache, caplog):
     import logging
 
-    from exportkit.compat import envs
+    from exportkit.tfversions import envs
 
     caplog.set_level(logging.INFO, logger="exportkit")  # the install's notes (the CLI prints them on stderr)
 
@@ -124,7 +124,7 @@ def _running(pid: int) -> bool:
 
 PIP_THEN_KILLED = """
 import sys
-from exportkit.compat import envs
+from exportkit.tfversions import envs
 envs._pip(sys.argv[1], ["tensorflow-cpu==2.13.*"], "2.13")
 """
 
@@ -201,7 +201,7 @@ def test_a_sigkilled_install_takes_pip_and_the_builds_it_started_with_it(cache, 
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, "pip's processes kept running after the install was SIGKILLed"
-    from exportkit.compat import envs
+    from exportkit.tfversions import envs
 
     envs._remove_stale_builds()  # what the next install does first
     assert [p.name for p in (cache / "tf").iterdir()] == []
@@ -217,7 +217,7 @@ def _in_group(pid: int, group: int) -> bool:
 # ------------------------------------------------------------------------------------------ broken environments
 def _worker_error(python: Path, model: Path):
     """What the standalone TF X.Y worker under `python` answers when asked to load `model`."""
-    from exportkit.compat.envs import WORKER
+    from exportkit.tfversions.envs import WORKER
     from exportkit.runtimes.session import SessionRuntime
 
     runtime = SessionRuntime(str(model), python=str(python), worker=str(WORKER), broken_remedy="rebuild it")
@@ -230,7 +230,7 @@ def _worker_error(python: Path, model: Path):
 def test_a_tensorflow_that_is_not_tensorflow_is_one_message_with_the_rebuild_command(cache, tmp_path):
     """A managed environment whose `tensorflow` has a version and nothing else: refused before it is trusted (the
     probe), and by the worker itself should it start anyway: one message, no AttributeError."""
-    from exportkit.compat import envs
+    from exportkit.tfversions import envs
 
     directory = _fake_env(cache, "2.14", "__version__ = '2.14.1'\n")
     err = _error(lambda: envs.python_for("2.14", install_missing=False))
@@ -286,7 +286,7 @@ def test_an_embedded_server_without_h11_is_infrastructure_naming_the_package(pyt
 LAUNCH_EMBEDDED = """
 import json, sys
 from exportkit.errors import ExportkitError
-from exportkit.serving.launcher import start_embedded
+from exportkit.serving.launch.launcher import start_embedded
 try:
     start_embedded(sys.argv[1], rest=True).wait().stop()
 except ExportkitError as err:

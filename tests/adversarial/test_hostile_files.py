@@ -30,7 +30,7 @@ def _closed_port() -> int:
 
 
 def _rename_signature(version_dir: Path, old: str, new: str) -> None:
-    from exportkit.savedmodel import SAVED_MODEL_PB, protos
+    from exportkit.savedmodel.reader import SAVED_MODEL_PB, protos
 
     proto = protos()["saved_model"].SavedModel()
     proto.ParseFromString((version_dir / SAVED_MODEL_PB).read_bytes())
@@ -86,14 +86,14 @@ def test_a_fifo_where_a_golden_file_is_does_not_hang_inspect(third_party, tmp_pa
 
 
 def _frame(data: bytes, length: int | None = None) -> bytes:
-    from exportkit.batches import masked_crc32c
+    from exportkit.inputs.batches import masked_crc32c
 
     header = struct.pack("<Q", len(data) if length is None else length)
     return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
 
 
 def _example(values) -> bytes:
-    from exportkit.savedmodel import protos
+    from exportkit.savedmodel.reader import protos
 
     example = protos()["example"].Example()
     example.features.feature["x"].float_list.value.extend(values)
@@ -105,7 +105,7 @@ def _records(n: int) -> list[bytes]:
 
 
 def _read_all(path):
-    from exportkit.batches import tfrecord_records
+    from exportkit.inputs.batches import tfrecord_records
 
     return list(tfrecord_records(str(path)))
 
@@ -129,7 +129,7 @@ def test_our_framing_is_tensorflows(tf, tmp_path):
     ("truncated", "record {path}:5 (byte {offset}): declares 25 bytes, more than the file can hold"),
 ])
 def test_a_damaged_record_names_file_and_index_in_bounded_memory(tmp_path, damage, problem):
-    from exportkit.batches import tfrecord_records
+    from exportkit.inputs.batches import tfrecord_records
     from exportkit.errors import UsageError
 
     records = _records(8)
@@ -178,7 +178,7 @@ def test_an_npz_header_declaring_186_gib_is_refused_without_allocating(tmp_path)
     import io
     import zipfile
 
-    from exportkit.batches import InputSpec, load_inputs
+    from exportkit.inputs.batches import InputSpec, load_inputs
     from exportkit.errors import UsageError
 
     buf = io.BytesIO()
@@ -216,8 +216,8 @@ def examples_model(tf, tmp_path_factory) -> Path:
 def _feed_all(version_dir: Path, pattern: str) -> int:
     """Every batch of `pattern` through verify --data's Feeder for the model's signature (no runtime needed)."""
     from exportkit.data.records import DataSource, Feeder
-    from exportkit.examples import input_specs
-    from exportkit.savedmodel import select_meta_graph
+    from exportkit.tfexample.signatures import input_specs
+    from exportkit.savedmodel.reader import select_meta_graph
     from exportkit.verify.plan import read_model
 
     version_dir, proto, signatures = read_model(str(version_dir))
@@ -337,7 +337,7 @@ def test_an_append_to_the_step_summary_on_a_full_disk_is_undone(tiny_fs):
 
 
 def test_save_outputs_on_a_full_disk_leaves_no_partial_set(tiny_fs):
-    from exportkit.batches import save_batches
+    from exportkit.inputs.batches import save_batches
     from exportkit.errors import InfraError
 
     full, _ = tiny_fs
@@ -449,7 +449,7 @@ def test_non_finite_or_negative_tolerances_are_refused_at_once(third_party, flag
 
 def test_a_signature_key_given_twice_is_refused():
     from exportkit.errors import UsageError
-    from exportkit.spec import parse_signature_arg
+    from exportkit.options.spec import parse_signature_arg
 
     with pytest.raises(UsageError) as info:
         parse_signature_arg("x:outputs=score,outputs=embed")
@@ -468,9 +468,9 @@ def test_a_signature_key_given_twice_is_refused():
     ("[" * 100_000 + "]" * 100_000, "is not readable JSON (nested too deeply)"),
 ])
 def test_a_feature_spec_is_checked_against_its_schema(tmp_path, spec, needle):
-    from exportkit.batches import InputSpec
+    from exportkit.inputs.batches import InputSpec
     from exportkit.errors import UsageError
-    from exportkit.tfexample import apply_feature_spec, derive_features
+    from exportkit.tfexample.features import apply_feature_spec, derive_features
 
     features = derive_features([InputSpec("x", "float32", [-1, 2]), InputSpec("k", "int32", [-1])], "cls")
     path = tmp_path / "features.json"

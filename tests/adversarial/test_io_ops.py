@@ -15,8 +15,8 @@ IO_CASES = ["write_file", "write_in_cond", "read_file", "print", "matching_files
 
 @pytest.mark.parametrize("name", IO_CASES)
 def test_lint_names_the_reachable_io_op_and_its_node(io_models, name):
-    from exportkit.lint import lint_saved_model
-    from exportkit.savedmodel import read_saved_model_proto
+    from exportkit.savedmodel.lint import lint_saved_model
+    from exportkit.savedmodel.reader import read_saved_model_proto
 
     base, op, _ = io_models[name]
     found = [f for f in lint_saved_model(read_saved_model_proto(base), check_registry=False) if f.code == "io-op"]
@@ -26,8 +26,8 @@ def test_lint_names_the_reachable_io_op_and_its_node(io_models, name):
 
 def test_save_and_restore_functions_of_every_savedmodel_are_not_io_findings(third_party):
     """SaveV2/RestoreV2/MergeV2Checkpoints sit in every SavedModel's save path: unreachable from a signature."""
-    from exportkit.lint import IO_OP_CATEGORY, io_op_nodes, op_counts
-    from exportkit.savedmodel import read_saved_model_proto, select_meta_graph
+    from exportkit.savedmodel.lint import IO_OP_CATEGORY, io_op_nodes, op_counts
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
     meta_graph = select_meta_graph(read_saved_model_proto(third_party["plain"]))
     present = {op for op in op_counts(meta_graph) if op in IO_OP_CATEGORY}
@@ -37,7 +37,7 @@ def test_save_and_restore_functions_of_every_savedmodel_are_not_io_findings(thir
 
 def test_every_denylisted_op_exists_in_tensorflow():
     """A misspelt name in the denylist would silently protect nothing."""
-    from exportkit.lint import IO_OP_CATEGORY, registered_ops
+    from exportkit.savedmodel.lint import IO_OP_CATEGORY, registered_ops
 
     registry = registered_ops()
     if registry is None:

@@ -58,7 +58,7 @@ def test_inspect_of_a_source_needing_unsafe_reports_on_stderr(sources):
 
 def test_npz_errors_end_with_a_fix(tmp_path):
     from exportkit.errors import UsageError
-    from exportkit.batches import InputSpec, load_inputs
+    from exportkit.inputs.batches import InputSpec, load_inputs
 
     cases = {"dtype": ({"x": np.array([["a", "b", "c"]])}, [InputSpec("x", "float32", [-1, 3])]),
              "shape": ({"x": np.zeros([2, 4], np.float32)}, [InputSpec("x", "float32", [-1, 3])]),
@@ -94,10 +94,10 @@ def test_interrupted_ends_with_a_fix(capsys):
 def test_unknown_signature_does_not_offer_the_init_op(third_party):
     from tensorflow_serving.apis import predict_pb2
 
-    from exportkit.savedmodel import resolve_model_path
-    from exportkit.serving.predict import run_predict
-    from exportkit.serving.servable import ServedModel
-    from exportkit.serving.status import RpcError
+    from exportkit.savedmodel.reader import resolve_model_path
+    from exportkit.serving.server.predict import run_predict
+    from exportkit.serving.server.servable import ServedModel
+    from exportkit.serving.server.status import RpcError
 
     served = ServedModel(resolve_model_path(str(third_party["plain"])), "plain", "cpu")
     served.load()

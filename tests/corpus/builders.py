@@ -7,7 +7,7 @@ changes. `Expected` is the server's verdict: does it load the model, and which A
 
 TF 1.x-era writers (SavedModelBuilder, Estimator export graphs) are emulated with `tf.compat.v1`, as the TF 2.21
 wheel has no `tf.estimator`; older TensorFlow versions write their own models in tests marked `compat`
-(exportkit/compat/envs.py's managed environments) through `write_in_env`.
+(exportkit/tfversions/envs.py's managed environments) through `write_in_env`.
 """
 from __future__ import annotations
 
@@ -351,7 +351,7 @@ def snappy_table(table: bytes, block_bytes: int = 64) -> bytes:
     snappy), so that there are several data blocks and the index block is compressed too."""
     import cramjam
 
-    from exportkit.checkpoint import table_entries
+    from exportkit.savedmodel.checkpoint import table_entries
 
     entries = table_entries(table)
     out = bytearray()
@@ -365,7 +365,7 @@ def snappy_table(table: bytes, block_bytes: int = 64) -> bytes:
         return bytes(body)
 
     def write(raw: bytes) -> bytes:
-        from exportkit.checkpoint import crc32c
+        from exportkit.savedmodel.checkpoint import crc32c
 
         offset, data = len(out), bytes(cramjam.snappy.compress_raw(raw))
         out.extend(data + b"\x01" + struct.pack("<I", _mask(crc32c(data + b"\x01"))))

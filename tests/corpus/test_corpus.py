@@ -24,7 +24,7 @@ cramjam = pytest.importorskip("cramjam", reason="writes snappy-compressed checkp
 
 # --------------------------------------------------------------------------------------- checkpoint index
 def test_snappy_round_trip_and_corruption():
-    from exportkit.checkpoint import _Corrupt, snappy_uncompress
+    from exportkit.savedmodel.checkpoint import _Corrupt, snappy_uncompress
 
     rng = np.random.default_rng(0)
     for raw in (b"", b"a", b"abc" * 1000, rng.integers(0, 4, 5000, dtype=np.uint8).tobytes(), os.urandom(70000)):
@@ -39,7 +39,7 @@ def test_snappy_round_trip_and_corruption():
 def test_snappy_index_reads_as_tensorflow_reads_it(corpus):
     """half_plus_two with its index rewritten in snappy blocks: exportkit's reader and tf.train.load_checkpoint
     list the same tensors, and the data the index points at is TF's values."""
-    from exportkit.checkpoint import data_shard_path, read_checkpoint
+    from exportkit.savedmodel.checkpoint import data_shard_path, read_checkpoint
     from exportkit.tfenv import import_tf
 
     model = corpus(b.snappy_checkpoint)
@@ -56,7 +56,7 @@ def test_snappy_index_reads_as_tensorflow_reads_it(corpus):
 
 def test_a_64_mib_block_is_judged_in_bounded_time(tmp_path):
     """One 64 MiB data block with a bad checksum: unreadable, said within seconds (issue 27: it took 15.6 s)."""
-    from exportkit.checkpoint import crc32c, read_checkpoint
+    from exportkit.savedmodel.checkpoint import crc32c, read_checkpoint
     from exportkit.errors import UsageError
 
     size = 64 << 20
@@ -279,7 +279,7 @@ def test_a_graph_that_kills_the_worker_is_exit_3(tmp_path):
 @pytest.mark.slow
 @pytest.mark.compat
 def test_models_tf_2_12_wrote_get_tf_servings_verdict(tmp_path):
-    from exportkit.compat.envs import info, python_for
+    from exportkit.tfversions.envs import info, python_for
 
     if info("2.12").state == "absent":
         pytest.skip("the managed TF 2.12 environment is not installed (`exportkit runtimes install 2.12`)")

@@ -1,0 +1,386 @@
+"""exportkit diff OLD NEW: what a new version changes for the clients of the old one.
+
+    signatures (verify.baseline: can every client of OLD call NEW?) -> the same inputs through both versions
+    (generated/golden batches, or --data records streamed as verify --data streams them) -> per output the
+    streamed changes (data.changes.ChangeStats) -> gates -> report (verify/diff_report.py)
+
+Both versions run in the serving-equivalent session runtime, each in its own worker process (the TF1 loader TF
+Serving uses, no user code, one model load per process; on Beam one load per worker), or OLD is the deployed
+model (`--serving HOST:PORT`, its signatures from GetModelMetadata).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from exportkit.data.changes import ChangeStats, Top1Outputs, top1_sources
+from exportkit.data.records import DataSource, Fed, Feeder, data_signature, records_are_logs
+from exportkit.errors import CheckFailed, InfraError, UsageError
+from exportkit.findings import Finding
+from exportkit.savedmodel.reader import REGRESS_METHOD, list_versions, resolve_savedmodel_dir
+from exportkit.verify.baseline import compare_signature_sets
+from exportkit.verify.dataset import data_pattern
+from exportkit.diff.report import DiffReport, Gate, OutputChange, finish_diff, output_change
+
+QUANTILE_NAMES = ("p50", "p99", "p99.9", "max")
+
+
+@dataclass
+class DiffOptions:
+    """`exportkit diff`: the two versions, the inputs, the gates and the reports."""
+
+    paths: list[str]  # [OLD, NEW], [BASE_DIR] (its newest two), or [NEW] with `serving`
+    serving: str | None = None  # HOST:PORT of the deployed OLD version
+    model_name: str | None = None
+    model_version: int | None = None
+    signature_name: str | None = None
+    data: str | None = None
+    limit: int | None = None
+    batch_size: int = 1024  # larger than verify --data's: both versions see the same batches, and each batch costs
+    # a round trip through two worker processes
+    sample: float | None = None
+    seed: int = 0
+    samples: int = 8
+    label: str | None = None
+    max_changed_top1: str | None = None  # "0.5%" or "0.005"
+    max_abs_change: list[str] = field(default_factory=list)  # "p99=0.05" (repeatable; p50, p99, p99.9, max)
+    min_metric_delta: float | None = None
+    runner: str = "in-process"
+    beam_options: list[str] = field(default_factory=list)
+    device: str = "cpu"
+    load_timeout: float = 120.0
+    json_out: str | None = None
+    html: str | None = None
+    summary: str | None = None
+
+
+# -- the options ----------------------------------------------------------------------------------------------
+
+
+def parse_share(text: str | None) -> float | None:
+    """`0.5%` or `0.005` -> 0.005."""
+    if text is None:
+        return None
+    try:
+        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise UsageError(f"--max-changed-top1 {text!r} is not a share", "pass a percentage (0.5%) or a fraction (0.005)")
+    return value
+
+
+def parse_abs_gates(items: list[str]) -> dict[str, float]:
+    """`p99=0.05` (repeatable) -> {"p99": 0.05}."""
+    gates = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not sep or name not in QUANTILE_NAMES or not (number >= 0):
+            raise UsageError(f"--max-abs-change {item!r} is not QUANTILE=VALUE",
+                             f"write it as --max-abs-change p99=0.05 (quantiles: {', '.join(QUANTILE_NAMES)})")
+        gates[name] = number
+    return gates
+
+
+@dataclass
+class Version:
+    """One side of the diff: a version dir, or the deployed model (`address`)."""
+
+    label: str  # old | new
+    path: Path | None
+    signatures: dict
+    address: str | None = None
+
+    @property
+    def description(self) -> str:
+        return f"deployed at {self.address}" if self.address else str(self.path)
+
+
+def resolve_versions(o: DiffOptions) -> tuple[Path | None, Path]:
+    """(OLD version dir or None for --serving, NEW version dir)."""
+    if o.serving:
+        if len(o.paths) != 1:
+            raise UsageError("with --serving HOST:PORT (the deployed OLD version) pass NEW only",
+                             "exportkit diff models/ranker/7 --serving localhost:8500")
+        if ":" not in o.serving:
+            raise UsageError(f"--serving {o.serving!r} is not HOST:PORT", "pass --serving localhost:8500")
+        return None, resolve_savedmodel_dir(o.paths[0])
+    if len(o.paths) == 1:
+        base = Path(o.paths[0])
+        versions = list_versions(base)
+        if len(versions) < 2:
+            raise UsageError(f"{base} holds {len(versions)} version(s); a diff needs two",
+                             "pass OLD and NEW version directories, or NEW with --serving HOST:PORT")
+        dirs = {int(d.name): d for d in base.iterdir() if d.is_dir() and d.name.isdigit()}  # `007` is version 7
+        return resolve_savedmodel_dir(dirs[versions[-2]]), resolve_savedmodel_dir(dirs[versions[-1]])
+    if len(o.paths) != 2:
+        raise UsageError(f"diff takes OLD and NEW, got {len(o.paths)} paths", "exportkit diff models/ranker/6 models/ranker/7")
+    return resolve_savedmodel_dir(o.paths[0]), resolve_savedmodel_dir(o.paths[1])
+
+
+# -- the command ----------------------------------------------------------------------------------------------
+
+
+def diff_command(o: DiffOptions) -> int:
+    """The CLI's diff: run_diff, rendered where the flags say."""
+    from exportkit.report.artifacts import check_report_options
+
+    check_report_options(o.html, o.summary)
+    return finish_diff(run_diff(o), o.json_out, o.html, o.summary)
+
+
+def run_diff(o: DiffOptions) -> DiffReport:
+    """The signatures, then both versions' answers on the same inputs, rendered nowhere (the Python API's
+    `exportkit.diff` and the CLI call it)."""
+    from exportkit.verify.plan import read_model
+
+    share_gate, abs_gates = parse_share(o.max_changed_top1), parse_abs_gates(o.max_abs_change)
+    if o.min_metric_delta is not None and not o.label:
+        raise UsageError("--min-metric-delta needs --label KEY", "pass --label with the feature that holds the label")
+    if o.runner not in ("in-process", "beam"):
+        raise UsageError(f"--runner {o.runner!r} is not in-process or beam", "pass --runner beam, or leave it out")
+    old_dir, new_dir = resolve_versions(o)
+    _, _, new_signatures = read_model(new_dir)
+    new = Version("new", new_dir, new_signatures)
+    old = Version("old", old_dir, read_model(old_dir)[2] if old_dir else {}, o.serving)
+    data = _data_pattern(o.data, new_dir, old_dir)
+    name = _signature(o, data, new.signatures)
+    if old.address:  # the deployed version's signatures, as its server reports them
+        _runtime(o, old, name, new.signatures).close()
+    report = DiffReport(old=old.description, new=new.description, signature=name)
+    report.findings = compare_signature_sets(old.signatures, new.signatures)
+    if name not in old.signatures:  # a new signature: there are no old answers to compare with
+        report.findings.append(Finding("warning", "diff-not-compared", f"signature '{name}' is not in the old version "
+                                       f"(it has: {', '.join(old.signatures)}): no answers compared"))
+        return report
+    signature = new.signatures[name]
+    derived = top1_sources(signature)
+    accumulator = functools.partial(ChangeStats, label_key=o.label)
+    if o.runner == "beam":
+        stats, records, skipped = _beam(o, data, old, new, name, signature, derived, accumulator, report)
+    else:
+        runtimes = [_runtime(o, old, name, new.signatures)]
+        try:
+            runtimes.append(_runtime(o, new, name, new.signatures))
+        except BaseException:
+            runtimes[0].close()
+            raise
+        stats, records, skipped = _in_process(o, data, new, name, signature, runtimes, derived, accumulator, report)
+    report.inputs.update({"records": records, "runner": o.runner, "label": o.label})
+    if skipped is not None:
+        report.inputs["skipped"] = dict(sorted(skipped.items()))
+    regression = signature.get("method") == REGRESS_METHOD
+    report.outputs = [output_change(st, report.files, regression) for _, st in sorted(stats.items())]
+    report.gates = gates(report.outputs, share_gate, abs_gates, o.min_metric_delta)
+    return report
+
+
+def _data_pattern(data: str | None, new_dir: Path, old_dir: Path | None) -> str | None:
+    """--data GLOB, or `warmup`: NEW's warm-up file (else OLD's)."""
+    from exportkit.savedmodel.extras import warmup_path
+
+    if data != "warmup" or old_dir is None or warmup_path(new_dir).is_file():
+        return data and data_pattern(data, new_dir)
+    return data_pattern(data, old_dir)
+
+
+def _signature(o: DiffOptions, data: str | None, signatures: dict) -> str:
+    """--signature, else the one the first PredictionLog names, else serving_default (or the only one)."""
+    name = o.signature_name or data_signature(data, signatures, list(signatures))
+    if name not in signatures:
+        raise UsageError(f"the new version has no signature '{name}' (it has: {', '.join(signatures)})",
+                         "pass --signature NAME")
+    return name
+
+
+def _runtime(o: DiffOptions, version: Version, name: str, signatures: dict):
+    """The session runtime of a version dir (a worker of its own, started), or the deployed server (loaded: its
+    signatures, from GetModelMetadata, become the version's)."""
+    if version.address:
+        from exportkit.runtimes.serving import ServingRuntime
+
+        runtime = ServingRuntime(None, mode=version.address, model_name=o.model_name, model_version=o.model_version,
+                                 signature_name=name, load_timeout=o.load_timeout, signatures=signatures)
+        try:
+            runtime.load()
+            version.signatures = runtime.served_signatures()
+        except BaseException:
+            runtime.close()
+            raise
+        for key, sig in version.signatures.items():  # metadata has no method name: the request API is NEW's
+            sig.setdefault("method", (signatures.get(key) or {}).get("method"))
+        return runtime
+    from exportkit.runtimes.session import SessionRuntime
+
+    runtime = SessionRuntime(str(version.path), name, device=o.device)
+    runtime.start()
+    return runtime
+
+
+def _feeder(o: DiffOptions, data: str, new: Version, name: str, signature: dict):
+    from exportkit.data.predictionlog import LogReplayer
+    from exportkit.tfexample.signatures import input_specs
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
+
+    specs = input_specs(select_meta_graph(read_saved_model_proto(new.path)), name, signature, new.path)
+    source = DataSource(data, specs, batch_size=o.batch_size, sample=o.sample, seed=o.seed, limit=o.limit)
+    example_key = specs[0].key if len(specs) == 1 and specs[0].examples else None
+    replayer = LogReplayer(name, signature, new.signatures, o.model_name) if records_are_logs(source) else None
+    return source, Feeder(source, specs, example_key, replayer)
+
+
+def _generated(o: DiffOptions, new: Version, name: str):
+    """Without --data: NEW's golden batches and generated ones (as verify makes them), as Fed batches."""
+    from exportkit.inputs.batches import IntRangeFlags, recorded_int_ranges
+    from exportkit.savedmodel.extras import read_manifest
+    from exportkit.options.spec import VerifyOptions
+    from exportkit.verify.plan import signature_checks
+
+    manifest, _ = read_manifest(new.path)
+    lo_hi = recorded_int_ranges(IntRangeFlags(), manifest, new.signatures)
+    (check,) = signature_checks(VerifyOptions(path=str(new.path), samples=o.samples, seed=o.seed), new.signatures,
+                                [name], new.path, manifest, lo_hi)
+    files, start = ["<golden>", "<generated>"], {0: 0, 1: 0}
+    batches = []
+    for origin, batch in check.batches:
+        file_no = 0 if origin == "golden" else 1
+        n = len(next(iter(batch.values()))) if batch else 0
+        idx = np.arange(start[file_no], start[file_no] + n)
+        start[file_no] += n
+        examples = batch.get(check.specs[0].key) if check.specs and check.specs[0].examples else None
+        batches.append(Fed(batch, np.full(n, file_no), idx, np.full(n, -1), np.arange(n), examples=examples))
+    return files, batches
+
+
+def _in_process(o, data, new, name, signature, runtimes, derived, accumulator, report):
+    runtimes = [Top1Outputs(runtime, derived) for runtime in runtimes]
+    try:
+        return _stream(o, data, new, name, signature, runtimes, accumulator, report)
+    finally:
+        for runtime in runtimes:
+            try:
+                runtime.close()
+            except Exception:  # closing must never hide the verdict
+                pass
+
+
+def _stream(o, data, new, name, signature, runtimes, accumulator, report):
+    """Batch after batch through both versions into the per-output statistics."""
+    stats: dict[str, ChangeStats] = {}
+    feeder = None
+    if data:
+        source, feeder = _feeder(o, data, new, name, signature)
+        files, fed_batches = source.files, (feeder.fed(b) for b in source.batches())
+        report.inputs.update({"source": "data", "path": o.data, "files": len(files)})
+    else:
+        files, fed_batches = _generated(o, new, name)
+        report.inputs.update({"source": "golden+generated", "seed": o.seed})
+    report.files = files
+    records = 0
+    # The two worker processes answer a batch at once while this process reads the next one: one thread per
+    # runtime, so each runtime gets its batches one after the other.
+    pools = [concurrent.futures.ThreadPoolExecutor(max_workers=1) for _ in runtimes]
+    try:
+        for future in [pool.submit(runtime.load) for pool, runtime in zip(pools, runtimes)]:
+            future.result()
+        pending = None  # (the batch, its two answers to come)
+        for fed in (f for f in fed_batches if len(f)):
+            running = (fed, [pool.submit(_run, runtime, fed.inputs) for pool, runtime in zip(pools, runtimes)])
+            if pending:
+                records += _add(stats, accumulator, pending[0], *(f.result() for f in pending[1]))
+            pending = running
+        if pending:
+            records += _add(stats, accumulator, pending[0], *(f.result() for f in pending[1]))
+    finally:
+        for pool in pools:
+            pool.shutdown(cancel_futures=True)
+    _no_records(records, o, feeder.replayer if feeder else None)
+    return stats, records, (feeder.replayer.skipped if feeder and feeder.replayer else None)
+
+
+def _add(stats: dict, accumulator, fed: Fed, old_out: dict, new_out: dict) -> int:
+    """One batch's answers of both versions into the per-output statistics; returns its record count."""
+    for key in sorted(set(old_out) | set(new_out)):
+        if key not in stats:
+            stats[key] = accumulator(key)
+        stats[key].add(old_out.get(key), new_out.get(key), fed.file_nos, fed.indices, fed.offsets, fed.examples)
+    return len(fed)
+
+
+def _run(runtime, inputs) -> dict:
+    """One batch through one version; a version that cannot answer is the model's failure (exit 1)."""
+    try:
+        return runtime.run(inputs)
+    except (CheckFailed, InfraError, UsageError):
+        raise
+    except Exception as err:
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise CheckFailed(f"the {runtime.inner.name} runtime failed: {type(err).__name__}: {first}",
+                          "run `exportkit verify` on that version") from None
+
+
+def _no_records(records: int, o: DiffOptions, replayer) -> None:
+    if records:
+        return
+    skipped = replayer.skipped_text() if replayer else ""
+    raise UsageError(f"--data {o.data!r}: no records to compare" + (f" (skipped: {skipped})" if skipped else ""),
+                     "pass records of the signature's inputs (--signature NAME, --model-name NAME)")
+
+
+def _beam(o, data, old, new, name, signature, derived, accumulator, report):
+    if not data:
+        raise UsageError("--runner beam needs --data GLOB", "pass --data, or leave --runner out")
+    try:
+        from exportkit.data.beam import BeamPlan, RuntimeSpec, run_pipeline
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("apache_beam"):
+            raise
+        raise UsageError("--runner beam needs Apache Beam", "pip install 'exportkit[beam]'") from None
+    source, feeder = _feeder(o, data, new, name, signature)
+    report.files = source.files
+    report.inputs.update({"source": "data", "path": o.data, "files": len(source.files)})
+
+    def spec(version: Version) -> RuntimeSpec:
+        if version.address:
+            return RuntimeSpec(version.label, "serving", dict(
+                path=None, mode=version.address, signature_name=name, model_name=o.model_name,
+                model_version=o.model_version, load_timeout=o.load_timeout, signatures=new.signatures), top1=derived)
+        return RuntimeSpec(version.label, "session", dict(path=str(version.path), signature_name=name,
+                                                          device=o.device), top1=derived)
+
+    plan = BeamPlan(source=source, example_key=feeder.example_key, runtimes=[spec(old), spec(new)], tolerances={},
+                    replayer=feeder.replayer, accumulator=accumulator)
+    stats, records = run_pipeline(plan, o.beam_options)
+    _no_records(records, o, feeder.replayer)
+    return ({key: st for (label, key), st in stats.items() if label == "new"}, records,
+            feeder.replayer.skipped if feeder.replayer else None)
+
+
+# -- the gates ------------------------------------------------------------------------------------------------
+
+
+def gates(outputs: list[OutputChange], share: float | None, abs_gates: dict[str, float],
+          min_metric_delta: float | None) -> list[Gate]:
+    """Each gate against every output it applies to (pure)."""
+    result = []
+    for c in outputs:
+        if share is not None and c.top1_changed_share is not None:
+            result.append(Gate("max-changed-top1", c.key, share, c.top1_changed_share,
+                               c.top1_changed_share <= share))
+        for q, limit in abs_gates.items():
+            value = (c.abs_change or {}).get(q)
+            if value is not None:
+                result.append(Gate(f"max-abs-change {q}", c.key, limit, value, value <= limit))
+        if min_metric_delta is not None and c.metric and c.metric.get("gain") is not None:
+            result.append(Gate(f"min-metric-delta ({c.metric['name']})", c.key, min_metric_delta, c.metric["gain"],
+                               c.metric["gain"] >= min_metric_delta))
+    return result

@@ -1,0 +1,334 @@
+"""`exportkit inspect`: read saved_model.pb into a SavedModelInfo and render it (text or JSON).
+
+Reading never imports TensorFlow (see exportkit.savedmodel.reader), so inspecting takes a fraction of a second where
+`saved_model_cli show --all` takes several. Model sources (.h5, .keras, checkpoints) are described by
+exportkit.sources.describe, which does need TensorFlow and is imported only for them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exportkit.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
+from exportkit.findings import Finding, has_errors
+from exportkit.savedmodel.extras import ASSET_DIRS, read_manifest, variables_bytes
+from exportkit.options.spec import source_options
+
+SOURCE_SUFFIXES = (".h5", ".hdf5", ".keras")
+SCHEMA_VERSION = 1  # of `inspect --json` (docs/report-schema.md)
+
+
+@dataclass
+class SavedModelInfo:
+    path: str  # the resolved version directory
+    tags: list[str]
+    tensorflow_version: str | None  # the TensorFlow that wrote the SavedModel (meta_info_def)
+    signatures: dict  # see exportkit.savedmodel.reader.signatures_of
+    ops: dict[str, int]  # op type -> node count, graph + function library
+    assets: list[str]  # paths relative to `path`, under assets/ and assets.extra/
+    variables_bytes: int  # bytes of the files under variables/
+    variables: dict | None  # the checkpoint's tensors (see `_variables_summary`); None without a readable one
+    manifest: dict | None  # assets.extra/exportkit/manifest.json, when present and valid
+    findings: list[Finding] = field(default_factory=list)
+    oldest_tf_serving: str | None = None  # oldest TF (Serving) version the static compat analysis accepts, CPU
+    files_read: list[dict] = field(default_factory=list)  # exportkit.savedmodel.deployment.FileRead.to_dict(): assets, paths
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "path": self.path,
+            "tags": list(self.tags),
+            "tensorflow_version": self.tensorflow_version,
+            "signatures": self.signatures,
+            "ops": dict(self.ops),
+            "assets": list(self.assets),
+            "variables_bytes": self.variables_bytes,
+            "variables": self.variables,
+            "manifest": self.manifest,
+            "findings": [f.to_dict() for f in self.findings],
+            "oldest_tf_serving": self.oldest_tf_serving,
+            "files_read": list(self.files_read),
+        }
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def _files_under(root: Path, top: Path) -> list[str]:
+    out = []
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            out.append((Path(dirpath) / name).relative_to(top).as_posix())
+    return out
+
+
+
+LARGEST_SHOWN = 5
+
+
+def _variables_summary(directory: Path) -> dict | None:
+    """Tensor count, bytes, shards, duplicated bytes and the largest tensors of the checkpoint (read from its
+    index, no TensorFlow); None when there is none or it cannot be read (a `checkpoint-unreadable` finding says why)."""
+    from exportkit.savedmodel.checkpoint import saved_model_checkpoint
+
+    try:
+        checkpoint = saved_model_checkpoint(directory)
+    except UsageError:
+        return None
+    if checkpoint is None:
+        return None
+    tensors = checkpoint.variables
+    largest = sorted(tensors, key=lambda t: (-t.size, t.name))[:LARGEST_SHOWN]
+    return {"tensors": len(tensors), "bytes": checkpoint.total_bytes, "shards": checkpoint.num_shards,
+            "duplicate_bytes": checkpoint.duplicate_bytes(),
+            "largest": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.size} for t in largest]}
+
+
+def read_info(path: str | Path, *, signature_name: str | None = None, check_registry: bool = True) -> SavedModelInfo:
+    """Everything `inspect` shows about the SavedModel at `path` (version or base directory). No TF import.
+
+    `signature_name` and `check_registry` are passed to the lint (see exportkit.savedmodel.lint.lint_saved_model).
+    """
+    from exportkit.savedmodel.lint import asset_findings, lint_saved_model, op_counts
+    from exportkit.savedmodel.reader import (read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph,
+                                      serving_api_findings, signatures_of)
+
+    directory = resolve_savedmodel_dir(path)
+    proto = read_saved_model_proto(directory)
+    meta_graph = select_meta_graph(proto)
+    assets = sorted(a for d in ASSET_DIRS if (directory / d).is_dir() for a in _files_under(directory / d, directory))
+    manifest, manifest_findings = read_manifest(directory)
+    from exportkit.tfversions.analysis import forecast
+    from exportkit.tfversions.registry import installed
+    from exportkit.tfenv import tensorflow_version
+
+    server_registry = installed(tensorflow_version()) if check_registry else None
+    findings = (lint_saved_model(proto, signature_name, check_registry=check_registry, server_registry=server_registry)
+                + asset_findings(directory) + manifest_findings + serving_api_findings(meta_graph))
+    oldest, blocking = forecast(meta_graph)  # with the loader's refusals on every version (missing tensors ...)
+    findings += blocking
+    from exportkit.savedmodel.deployment import file_findings, file_reads, xla_findings
+
+    reads = file_reads(meta_graph)
+    deployment = file_findings(reads, directory=directory) + xla_findings(meta_graph)
+    if has_errors(deployment) or any(f.code == "py-func" for f in findings):
+        oldest = None  # as compat predicts: no version's stock server serves it
+    findings += deployment
+    order = {"error": 0, "warning": 1, "info": 2}
+    findings.sort(key=lambda f: order.get(f.severity, 3))
+    return SavedModelInfo(
+        path=os.path.abspath(directory),
+        tags=list(meta_graph.meta_info_def.tags),
+        tensorflow_version=meta_graph.meta_info_def.tensorflow_version or None,
+        signatures=signatures_of(meta_graph),
+        ops=op_counts(meta_graph),
+        assets=assets,
+        variables_bytes=variables_bytes(directory),
+        variables=_variables_summary(directory),
+        manifest=manifest,
+        findings=findings,
+        oldest_tf_serving=oldest,
+        files_read=[r.to_dict() for r in reads],
+    )
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+def _fmt_shape(shape) -> str:
+    if shape is None:
+        return "unknown rank"
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _table(rows: list[tuple[str, ...]], indent: str) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [c.ljust(w) for c, w in zip(row, widths)]
+        lines.append((indent + "  ".join(cells)).rstrip())
+    return lines
+
+
+def _summary(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(list(value)[:6]) + (", ..." if len(value) > 6 else "") + "}"
+    if isinstance(value, list):
+        return f"[{len(value)} items]"
+    return str(value)
+
+
+def _render_variables(info: SavedModelInfo) -> list[str]:
+    from exportkit.savedmodel.checkpoint import format_bytes
+
+    v = info.variables
+    if v is None:
+        return [f"variables: {format_bytes(info.variables_bytes)} on disk"]
+    out = [f"variables: {v['tensors']} tensor{'s' if v['tensors'] != 1 else ''}, {format_bytes(v['bytes'])} in "
+           f"{v['shards']} shard{'s' if v['shards'] != 1 else ''}"
+           + (f"; duplicated: {format_bytes(v['duplicate_bytes'])}" if v["duplicate_bytes"] else "")
+           + f"; on disk: {format_bytes(info.variables_bytes)}"]
+    if v["largest"]:
+        out += _table([(t["name"], t["dtype"], _fmt_shape(t["shape"]), format_bytes(t["bytes"]).split(" (")[0])
+                       for t in v["largest"]], "  ")
+    return out
+
+
+def _render_files_read(reads: list[dict]) -> list[str]:
+    rows = [(f"assets/{r['asset']}" if "asset" in r else f"{r['path']} (outside the SavedModel)", r["op"],
+             "at load" if r["when"] == "load" else "per request") for r in reads]
+    return [f"files read: {len(reads)}"] + _table(rows, "  ") if reads else []
+
+
+def render_text(info: SavedModelInfo) -> str:
+    """Human output: `saved_model_cli show --all` layout, sorted and aligned, plus ops, assets and findings."""
+    out = [f"SavedModel: {info.path}",
+           f"  tags: {', '.join(info.tags) or '(none)'}    written by TensorFlow {info.tensorflow_version or '?'}",
+           ""]
+    if not info.signatures:
+        out += ["signatures: none", ""]
+    else:
+        listed = ", ".join(f"{name} ({(sig['method'] or '?').rpartition('/')[2]})" for name, sig in info.signatures.items())
+        out += [f"signatures: {len(info.signatures)}: {listed}", ""]
+    for name, sig in info.signatures.items():
+        out.append(f"signature_def['{name}']:")
+        for kind in ("inputs", "outputs"):
+            tensors = sig[kind]
+            out.append(f"  {kind}:")
+            if not tensors:
+                out.append("    (none)")
+                continue
+            rows = [("key", "dtype", "shape", "name")]
+            rows += [(k, t["dtype"], _fmt_shape(t["shape"]), t.get("name") or t.get("encoding") or "")
+                     for k, t in tensors.items()]
+            out += _table(rows, "    ")
+        out.append(f"  method name: {sig['method'] or '(none)'}")
+        out.append("")
+
+    total = sum(info.ops.values())
+    out.append(f"ops: {len(info.ops)} types, {total} nodes (graph and function library)")
+    if info.ops:
+        out += _table([(op, str(n)) for op, n in info.ops.items()], "  ")
+    out.append("")
+    out.append(f"assets: {len(info.assets)}")
+    out += [f"  {a}" for a in info.assets]
+    out += _render_files_read(info.files_read)
+    out += _render_variables(info)
+    from exportkit.tfversions import RANGE
+
+    out.append("TF Serving (static, CPU): " + (f"{info.oldest_tf_serving} and newer" if info.oldest_tf_serving else
+                                               f"no version in {RANGE}") + "; `exportkit compat` for details")
+    if info.manifest is None:
+        out.append("manifest: none (not exported by exportkit)")
+    else:
+        out.append("manifest:")
+        out += _table([(str(k), _summary(v)) for k, v in sorted(info.manifest.items())], "  ") if info.manifest else []
+    out.append("")
+    if info.findings:
+        counts = [(sev, sum(f.severity == sev for f in info.findings)) for sev in ("error", "warning", "info")]
+        out.append("findings: " + ", ".join(f"{n} {sev}{'s' if n != 1 else ''}" for sev, n in counts if n))
+        out += [f"  {f.severity:<7}  {f.code:<22}  {f.message}" for f in info.findings]
+    else:
+        out.append("findings: none")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------------ command
+def is_model_source(path: str | Path, format: str | None = None) -> bool:
+    """True for what `export` reads (.h5/.hdf5/.keras/.weights.h5, checkpoint directories or prefixes)."""
+    if format:
+        return True
+    p = Path(path)
+    if p.is_file():
+        return p.name.lower().endswith(SOURCE_SUFFIXES)
+    if p.is_dir():
+        from exportkit.savedmodel.reader import other_format
+
+        # A SessionBundle has a `checkpoint` file too: it is reported as what it is (savedmodel.other_format).
+        return (p / "checkpoint").is_file() and not (p / "saved_model.pb").is_file() and other_format(p) is None
+    return Path(str(p) + ".index").is_file()  # a checkpoint prefix like ckpt/model-100
+
+
+def _print(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+
+
+def _describe(options, json_out, strict=False, allow_incomplete_config=False, int_range=()) -> int:
+    from exportkit.sources.describe import describe_source
+    from exportkit.compare.outputs import compare_with_default_tolerances
+
+    result = describe_source(options, allow_incomplete_config=allow_incomplete_config,
+                             compare=compare_with_default_tolerances, int_range=list(int_range))
+    if json_out:
+        data = result.to_dict() if hasattr(result, "to_dict") else result
+        _print(json.dumps(data, indent=2, sort_keys=False, default=str))
+    elif hasattr(result, "render_text"):
+        _print(result.render_text())
+    else:
+        _print(str(result))
+    if getattr(result, "error", None) is not None:
+        raise result.error  # what could be read is on stdout; why the rest could not, on stderr (error + fix)
+    code = int(getattr(result, "exit_code", EXIT_OK) or EXIT_OK)
+    return EXIT_CHECK_FAILED if code == EXIT_OK and strict and has_errors(result.findings) else code
+
+
+def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, manifest: dict | None,
+                   int_range=()) -> dict:
+    """One row of inputs for `name`: the golden record's first row when it belongs to this signature, else
+    generated (serialized tf.Example where the signature parses them)."""
+    from exportkit.inputs.batches import generate_batches, parse_int_range_flags, recorded_int_ranges
+    from exportkit.tfexample.signatures import input_specs
+    from exportkit.savedmodel.extras import read_golden
+    from exportkit.savedmodel.reader import DEFAULT_SIGNATURE
+
+    if manifest and (manifest.get("signature") or {}).get("name", DEFAULT_SIGNATURE) == name:
+        golden, _ = read_golden(version_dir)
+        if golden and set(golden[0]) == set(signature["inputs"]):
+            return {k: v[:1] if getattr(v, "ndim", 0) else v for k, v in golden[0].items()}
+    specs = input_specs(meta_graph, name, signature, version_dir)
+    ranges = recorded_int_ranges(parse_int_range_flags(list(int_range)), manifest, {name: signature})
+    return generate_batches(specs, samples=1, seed=0, int_range=ranges)[0]
+
+
+def write_requests(info: "SavedModelInfo", out_dir: str, model_name: str | None, int_range=()) -> list[Path]:
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
+    from exportkit.serving.client.samples import request_samples, write_request_samples
+
+    version_dir = Path(info.path)
+    meta_graph = select_meta_graph(read_saved_model_proto(version_dir))
+    name = model_name or (version_dir.parent.name if version_dir.name.isdigit() else version_dir.name)
+    samples = {}
+    for sig_name, signature in info.signatures.items():
+        batch = _request_batch(version_dir, meta_graph, sig_name, signature, info.manifest, int_range)
+        samples[sig_name] = request_samples(sig_name, signature, batch, name)
+    return write_request_samples(out_dir, samples, name)
+
+
+def inspect_command(path, json_out=False, strict=False, source=None, allow_incomplete_config=False, requests=None,
+                    model_name=None, int_range=()) -> int:
+    """Show a SavedModel (or describe a model source). Returns the exit code: 0 readable; 1 with --strict and
+    an error finding; unreadable input raises UsageError (exit 2). `source()` gives the SourceOptions for a
+    model source (built only when `path` is one)."""
+    from exportkit.savedmodel.reader import check_path
+
+    p = Path(path).expanduser()
+    check_path(p, "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")
+    if not p.exists() and not Path(str(p) + ".index").is_file():
+        raise UsageError(f"no such file or directory: {p}",
+                         "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")
+    options = source() if source else None
+    if is_model_source(p, options.format if options else None):
+        return _describe(options or source_options(str(p)), json_out, strict, allow_incomplete_config, int_range)
+    if p.is_file() and p.name not in ("saved_model.pb", "saved_model.pbtxt"):
+        raise UsageError(f"{p} is neither a SavedModel nor a model source exportkit reads",
+                         "pass a SavedModel directory, a .h5/.hdf5/.keras/.weights.h5 file or a checkpoint directory")
+    info = read_info(p)
+    if requests:
+        written = write_requests(info, requests, model_name, int_range)
+        print(f"wrote {len(written)} request files for {len(info.signatures)} signature(s) to {requests}",
+              file=sys.stderr)
+    if json_out:
+        _print(json.dumps(info.to_dict(), indent=2))
+    else:
+        _print(render_text(info))
+    return EXIT_CHECK_FAILED if strict and has_errors(info.findings) else EXIT_OK

@@ -1,0 +1,54 @@
+"""Regress (servables/tensorflow/regressor.cc): serialized Examples in, one float per Example out."""
+from __future__ import annotations
+
+import grpc
+import numpy as np
+
+from exportkit.savedmodel.reader import REGRESS_INPUTS, REGRESS_METHOD, REGRESS_OUTPUTS
+from exportkit.serving.server.status import RpcError
+from exportkit.serving.server.util import dt_name, run_example_method, shape_text, signature_text
+
+
+def regress(core, request):
+    """RunRegress: the servable the request names, then the signature's regression."""
+    return run_regress(core.servable_for(request.model_spec), request)
+
+
+def run_regress(servable, request):
+    from tensorflow_serving.apis import regression_pb2
+
+    return run_example_method(servable, request, regression_pb2.RegressionResponse(), REGRESS_METHOD,
+                              preprocess_regression, regression_output_names, REGRESS_INPUTS, postprocess_regression)
+
+
+def preprocess_regression(signature) -> None:
+    if len(signature.inputs) != 1:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Expected one input Tensor.")
+    if len(signature.outputs) != 1:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Expected one output Tensor.")
+    if REGRESS_INPUTS not in signature.inputs:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       f"No regression inputs found in SignatureDef: {signature_text(signature)}")
+    if REGRESS_OUTPUTS not in signature.outputs:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       f"No regression outputs found in SignatureDef: {signature_text(signature)}")
+
+
+def regression_output_names(signature) -> list[str]:
+    return [signature.outputs[REGRESS_OUTPUTS].name]
+
+
+def postprocess_regression(signature, n: int, values: dict, result) -> None:
+    """regressor.cc PostProcessRegressionResult: one float per example, [batch] or [batch, 1]."""
+    value = np.asarray(values[signature.outputs[REGRESS_OUTPUTS].name])
+    if not (value.ndim == 1 or (value.ndim == 2 and value.shape[1] == 1)):
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       f"Expected output Tensor shape to be either [batch_size] or [batch_size, 1] but got "
+                       f"{shape_text(value)}")
+    if value.shape[0] != n:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                       f"Input batch size did not match output batch size: {n} vs. {value.shape[0]}")
+    if value.dtype != np.float32:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"Expected output Tensor of DT_FLOAT.  Got: {dt_name(value)}")
+    for v in value.reshape(-1):
+        result.regressions.add().value = float(v)

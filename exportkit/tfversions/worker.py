@@ -1,0 +1,192 @@
+"""The serving-equivalent session worker for a managed TensorFlow X.Y environment.
+
+STANDALONE on purpose: it runs under `python -I` with that environment's interpreter, TensorFlow and numpy
+(TF 2.12 needs numpy < 2), where the exportkit package is not installed. It speaks the protocol of
+exportkit.runtimes.session_worker (one JSON request per line on stdin, one JSON reply per line on stdout)
+and reads/writes the batch .npz format of exportkit's batch files:
+
+* a batch is one `<prefix>_batch_<i>.npz` zip of `.npy` members keyed by input/output name;
+* strings are fixed-width `S` arrays; when an element ends with NUL a `<key>.__len__` member holds the
+  exact byte lengths; bfloat16 is stored as 2-byte void (`|V2`).
+
+    {"op": "load", "path": DIR, "signature": NAME, "device": "cpu"} -> {"ok": true, "tf": "2.12.1"}
+    {"op": "run", "dir": DIR, "inputs": PREFIX, "outputs": PREFIX, "signature": NAME}   -> {"ok": true}
+                                                                     (signature: the loaded one unless given)
+"""
+import json
+import os
+import re
+import sys
+import traceback
+import zipfile
+
+LENGTHS = ".__len__"
+# Plotting and image libraries that TensorFlow's import of Keras loads when installed (keras.src.visualization,
+# image utilities) and no SavedModel load uses; None in sys.modules makes their import an ImportError, which Keras
+# handles. A third of a second of every worker's TensorFlow import (exportkit.runtimes.session_worker does the same).
+NOT_FOR_LOADING = ("matplotlib", "PIL")
+
+
+def reply(stream, **payload):
+    stream.write(json.dumps(payload) + "\n")
+    stream.flush()
+
+
+def load_batches(np, bfloat16, directory, prefix):
+    pattern = re.compile(re.escape(prefix + "_batch_") + r"(\d+)\.npz")
+    found = sorted((int(m.group(1)), name) for name in os.listdir(directory) if (m := pattern.fullmatch(name)))
+    batches = []
+    for _, name in found:
+        with np.load(os.path.join(directory, name), allow_pickle=False) as z:
+            batch = {}
+            for key in z.files:
+                if key.endswith(LENGTHS):
+                    continue
+                arr = z[key]
+                if arr.dtype.kind == "V" and arr.dtype.itemsize == 2:
+                    arr = arr.view(bfloat16)
+                elif arr.dtype.kind == "S":
+                    lengths = z[key + LENGTHS].reshape(-1) if key + LENGTHS in z.files else None
+                    raw = np.ascontiguousarray(arr).view(np.uint8).reshape(-1, arr.dtype.itemsize)
+                    flat = [bytes(row[: int(lengths[i])]) if lengths is not None else bytes(arr.reshape(-1)[i])
+                            for i, row in enumerate(raw)]
+                    arr = np.array(flat + [None], dtype=object)[:-1].reshape(arr.shape)
+                batch[key] = arr
+            batches.append(batch)
+    return batches
+
+
+def save_batches(np, directory, batches, prefix):
+    for i, batch in enumerate(batches):
+        path = os.path.join(directory, f"{prefix}_batch_{i}.npz")
+        with zipfile.ZipFile(path + ".tmp", "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for key, arr in batch.items():
+                arr = np.asarray(arr)
+                members = {key: arr}
+                if arr.dtype.kind in "OS":
+                    values = [bytes(x) if isinstance(x, (bytes, np.bytes_)) else str(x).encode() for x in arr.flat]
+                    width = max((len(v) for v in values), default=1) or 1
+                    members[key] = np.array(values, dtype=f"S{width}").reshape(arr.shape)
+                    if any(v.endswith(b"\0") for v in values):
+                        members[key + LENGTHS] = np.array([len(v) for v in values], dtype=np.int64).reshape(arr.shape)
+                for name, value in members.items():
+                    with zf.open(name + ".npy", "w", force_zip64=True) as fh:  # (ascontiguousarray makes 0-d 1-d)
+                        np.lib.format.write_array(fh, np.require(value, requirements="C"), allow_pickle=False)
+        os.replace(path + ".tmp", path)
+
+
+def session_callable(session, feeds, fetches):
+    """The C++ session's callable (as exportkit.savedmodel.loader runs it, and TF Serving's C++ session): no Python
+    feed-shape check against the placeholders' static shapes."""
+    from tensorflow.core.protobuf import config_pb2
+
+    for name in feeds + fetches:
+        session.graph.get_tensor_by_name(name)  # a missing tensor: a KeyError that names it
+    return session._make_callable_from_options(config_pb2.CallableOptions(feed=feeds, fetch=fetches))
+
+
+def as_feed(np, graph, name, value):
+    dtype = graph.get_tensor_by_name(name).dtype
+    return np.asarray(value, dtype=object if dtype.name == "string" else dtype.as_numpy_dtype)
+
+
+def load_op_libraries(path):
+    """exportkit/tfversions/oplibs.py (standalone too, loaded by path): TF Text / TF-DF ops the model needs, as the
+    stock server links them, and the user's --op-library entries."""
+    import importlib.util
+
+    where = os.path.join(os.path.dirname(__file__), "oplibs.py")
+    spec = importlib.util.spec_from_file_location("exportkit_oplibs", where)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.load_server_op_libraries(path)
+
+
+def environment_failure(err):
+    """A reply's fields for what is wrong with this Python: a module it lacks (the caller words it with its pip
+    command), or numpy/TensorFlow that do not import or are not what they claim."""
+    if isinstance(err, ModuleNotFoundError) and err.name:
+        return {"kind": "infra", "missing_module": err.name, "message": f"no module {err.name!r}"}
+    tf = sys.modules.get("tensorflow")
+    if isinstance(err, AttributeError) and tf is not None and getattr(err, "obj", None) is tf:
+        return {"kind": "infra", "message": f"imports a `tensorflow` ({getattr(tf, '__file__', None)}) that is not "
+                                            f"TensorFlow: it has no {err.name}"}
+    return {"kind": "infra", "message": f"cannot import numpy and TensorFlow: {type(err).__name__}: "
+                                        f"{' '.join(str(err).split())[:300]}"}
+
+
+def prepare():
+    """What the worker does before its ready line; exportkit's fork server (exportkit/runtimes/forkserver.py) does it
+    once for all the workers it forks from this environment."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.modules.update(dict.fromkeys(NOT_FOR_LOADING))  # see NOT_FOR_LOADING
+    import numpy as np
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")
+    return np, tf
+
+
+def main():
+    channel = sys.stdout
+    sys.stdout = sys.stderr  # anything TensorFlow prints goes to stderr, not into the protocol
+    try:
+        np, tf = prepare()
+        bfloat16 = tf.bfloat16.as_numpy_dtype
+    except Exception as err:  # this Python's fault: said on the ready line, which the caller turns into exit 3
+        reply(channel, ok=False, ready=True, **environment_failure(err))
+        return 1
+    reply(channel, ok=True, ready=True, tf=tf.__version__)
+    session = signature = None
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            if request["op"] == "load":
+                load_op_libraries(request["path"])
+                config = tf.compat.v1.ConfigProto()
+                if request.get("device", "cpu") == "cpu":
+                    config.device_count["GPU"] = 0
+                graph = tf.Graph()
+                session = tf.compat.v1.Session(graph=graph, config=config)
+                with graph.as_default():
+                    meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], request["path"])
+                signatures = dict(meta_graph.signature_def)
+                if request["signature"] not in signatures:
+                    reply(channel, ok=False, kind="model", message=f"no signature {request['signature']!r} "
+                          f"(available: {', '.join(sorted(signatures))})")
+                    continue
+                signature = signatures[request["signature"]]
+                reply(channel, ok=True, tf=tf.__version__)
+            elif request["op"] == "run":
+                if request.get("signature") and request["signature"] in signatures:
+                    signature = signatures[request["signature"]]
+                elif request.get("signature"):
+                    reply(channel, ok=False, kind="model", message=f"no signature {request['signature']!r} "
+                          f"(available: {', '.join(sorted(signatures))})")
+                    continue
+                keys = sorted(signature.outputs)
+                fetches = [signature.outputs[k].name for k in keys]
+                outputs = []
+                for batch in load_batches(np, bfloat16, request["dir"], request["inputs"]):
+                    feeds = sorted(batch)
+                    run = session_callable(session, [signature.inputs[k].name for k in feeds], fetches)
+                    values = [as_feed(np, session.graph, signature.inputs[k].name, batch[k]) for k in feeds]
+                    outputs.append(dict(zip(keys, run(*values))))
+                save_batches(np, request["dir"], outputs, request["outputs"])
+                reply(channel, ok=True)
+        except Exception as err:  # the model's failure: report it, stay alive for the caller to close
+            if type(err).__name__ == "OpLibraryError":  # this environment lacks a library, not the model's fault
+                reply(channel, ok=False, kind="infra", message=err.message, remedy=err.fix)
+                continue
+            if isinstance(err, ModuleNotFoundError) and err.name:
+                reply(channel, ok=False, **environment_failure(err))
+                continue
+            message = f"{type(err).__name__}: {' '.join(str(err).split())[:800]}"
+            reply(channel, ok=False, kind="model", message=message, detail=traceback.format_exc()[-4000:])
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stderr.flush()
+    os._exit(code)  # the caller closed stdin: skip TensorFlow's slow teardown
