@@ -33,7 +33,7 @@ def top1_sources(signature: dict) -> dict[str, tuple[str, str | None]]:
 
     A classify signature's top-1 is its `classes` label at the highest score (the first class without scores);
     any other output of [batch, k] floats (k >= 2: probabilities or logits) has the argmax as its top-1."""
-    from exportkit.savedmodel.reader import CLASSIFY_CLASSES, CLASSIFY_METHOD, CLASSIFY_SCORES
+    from exportkit.signature_constants import CLASSIFY_CLASSES, CLASSIFY_METHOD, CLASSIFY_SCORES
 
     outputs = signature["outputs"]
     derived = {}

@@ -20,8 +20,8 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from exportkit.errors import UsageError
-from exportkit.savedmodel.reader import (CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES,
-                                  DEFAULT_SIGNATURE, REGRESS_INPUTS, REGRESS_METHOD, REGRESS_OUTPUTS)
+from exportkit.signature_constants import (CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES,
+                                           DEFAULT_SIGNATURE, REGRESS_INPUTS, REGRESS_METHOD, REGRESS_OUTPUTS)
 
 LOGGED = "logged"  # the runtime of the answers the logs carry (what the deployed model said)
 LOG_KINDS = ("predict_log", "classify_log", "regress_log", "multi_inference_log")

@@ -8,14 +8,13 @@ two runners must agree to the last bit. Every record keeps its position (file nu
 offset in the uncompressed stream) so a failing record can be found and re-run.
 
 TFRecord framing is read and written in Python (uint64 length, masked CRC-32C of it, data, masked CRC-32C of the
-data: exportkit.inputs.batches.tfrecord_blocks checks both, as TensorFlow's reader does); a bad record is a UsageError
+data: exportkit.inputs.load.tfrecord_blocks checks both, as TensorFlow's reader does); a bad record is a UsageError
 naming FILE:INDEX.
 """
 from __future__ import annotations
 
 import glob as globlib
 import json
-import math
 import os
 import struct
 import zlib
@@ -24,13 +23,11 @@ from typing import Iterator
 
 import numpy as np
 
-from exportkit.inputs.batches import InputSpec, cast_input, load_inputs, masked_crc32c, tfrecord_blocks, tfrecord_records
-from exportkit.dtypes import is_string
+from exportkit.inputs.load import InputSpec, cast_input, load_inputs, masked_crc32c, tfrecord_blocks, tfrecord_records
 from exportkit.errors import UsageError
 from exportkit.files import StagedDir, os_error
 from exportkit.tfexample.signatures import check_examples
-from exportkit.tfexample.features import FEATURE_LISTS, storage_of
-from exportkit.runtimes import Runtime
+from exportkit.tfexample.parser import ExampleParser
 
 DEFAULT_BATCH_SIZE = 256
 
@@ -208,78 +205,6 @@ def expand(pattern: str) -> list[str]:
     return list(dict.fromkeys(files))
 
 
-# --------------------------------------------------------------------------------------------- tf.Example
-
-
-class ExampleParser:
-    """Serialized tf.Example -> the signature's input arrays: the feature named like each input, with the
-    input's dtype and its shape without the batch dimension (which must be known)."""
-
-    def __init__(self, specs: list[InputSpec]):
-        import tensorflow as tf
-
-        self.specs, self._tf = specs, tf
-        for s in specs:
-            if not s.shape or any(d is None or d < 0 for d in s.shape[1:]):
-                raise UsageError(f"input {s.key!r} has shape {s.shape}: tf.Example features need a batch dimension "
-                                 "and known other dimensions",
-                                 "pass .npz shards keyed by input name, or export with a fixed shape")
-        # tf.io.parse_example's op, called directly with what it would build from FixedLenFeatures without defaults
-        # (every record must hold every feature): a third faster than through tf.function, per batch.
-        self._keys = [s.key for s in specs]
-        self._kinds = [tf.constant([], tf.as_dtype(storage_of(s.dtype))) for s in specs]  # the dtype stored
-        self._shapes = [list(s.shape[1:]) for s in specs]
-
-    def _parse(self, records: list[bytes]) -> dict:
-        dense = self._tf.raw_ops.ParseExampleV2(
-            serialized=self._tf.constant(records), names=[], sparse_keys=[], dense_keys=self._keys, ragged_keys=[],
-            dense_defaults=self._kinds, num_sparse=0, sparse_types=[], ragged_value_types=[], ragged_split_types=[],
-            dense_shapes=self._shapes)[3]
-        return dict(zip(self._keys, dense))
-
-    def __call__(self, records: list[bytes], name_record) -> dict[str, np.ndarray]:
-        """`name_record(row)` names the row-th record in error messages (e.g. FILE:INDEX)."""
-        try:
-            parsed = self._parse(records)
-            return {s.key: cast_input(s.key, parsed[s.key].numpy(), s) for s in self.specs}
-        except Exception:
-            for row, record in enumerate(records):  # which record, and what is wrong with it
-                problem = self.problem(record)
-                if problem:
-                    raise UsageError(f"record {name_record(row)}: {problem}",
-                                     "every record needs a feature per input, of its type and size: "
-                                     + ", ".join(f"{s.key} ({FEATURE_LISTS[storage_of(s.dtype)]}, "
-                                                 f"{math.prod(s.shape[1:])} value(s))" for s in self.specs)) from None
-            raise
-
-    def problem(self, record: bytes) -> str | None:
-        """What keeps this one record from being parsed into the inputs (None if it parses)."""
-        from google.protobuf.message import DecodeError
-        from tensorflow.core.example import example_pb2
-
-        try:
-            features = example_pb2.Example.FromString(record).features.feature
-        except DecodeError:
-            return "not a serialized tf.Example"
-        for s in self.specs:
-            want = FEATURE_LISTS[storage_of(s.dtype)]
-            if s.key not in features:
-                return f"feature {s.key!r} is missing"
-            kind = features[s.key].WhichOneof("kind")
-            if kind != want:
-                return f"feature {s.key!r} holds {kind or 'no values'}, input {s.key!r} ({s.dtype}) needs {want}"
-            count, need = len(getattr(features[s.key], kind).value), math.prod(s.shape[1:])
-            if count != need:
-                return f"feature {s.key!r} has {count} value(s), input {s.key!r} of shape {s.shape} needs {need}"
-            values = np.asarray(getattr(features[s.key], kind).value)
-            try:
-                cast_input(s.key, values.reshape([1, *s.shape[1:]]) if not is_string(s.dtype) else
-                           np.asarray(list(values), dtype=object).reshape([1, *s.shape[1:]]), s)
-            except UsageError as err:
-                return err.message
-        return None
-
-
 # --------------------------------------------------------------------------------------------- failures
 
 
@@ -322,7 +247,7 @@ class FailureWriter:
                 self._records.write(length + struct.pack("<I", masked_crc32c(length)) + data
                                     + struct.pack("<I", masked_crc32c(data)))
         else:
-            from exportkit.inputs.batches import write_npz
+            from exportkit.inputs.load import write_npz
 
             write_npz(self._staged.stage / f"failures-{self._npz}.npz", {k: v[rows] for k, v in batch.rows.items()})
             self._npz += 1
@@ -383,7 +308,7 @@ def data_signature(pattern: str | None, signatures: dict, selected: list[str]) -
     """The signature `--data` records are the inputs of when no --signature is given: the one the first
     PredictionLog names (TF Serving's default when it names none), else serving_default (or the only one selected)."""
     from exportkit.data.predictionlog import signature_of
-    from exportkit.savedmodel.reader import DEFAULT_SIGNATURE
+    from exportkit.signature_constants import DEFAULT_SIGNATURE
 
     source = DataSource(pattern, []) if pattern else None
     if source is not None and records_are_logs(source):
@@ -472,32 +397,3 @@ class Feeder:
                 raise UsageError(f"record {self.source.where(batch.file_nos[row], int(batch.indices[row]))}"
                                  f"{problem[len('element 0'):]} (the signature parses {self._examples.describe()})",
                                  "write tf.train.Example protos with the features the model parses")
-
-
-class ExampleParsing(Runtime):
-    """A runtime whose model takes tensors, on a signature over serialized tf.Example: it parses the records into
-    its model's own inputs (the keras runtime from --against), so it sees the same records as the others.
-    `name_record(row)` names a record in errors; the caller sets it per batch when it knows the positions."""
-
-    def __init__(self, inner: Runtime, example_key: str):
-        self.inner, self.example_key = inner, example_key
-        self.name, self.kind, self.device = inner.name, inner.kind, inner.device
-        self.name_record = lambda row: f"#{row} of its batch"
-        self._parser = None
-
-    def start(self) -> None:
-        self.inner.start()
-
-    def load(self) -> None:
-        self.inner.load()
-        self._parser = ExampleParser(self.inner.input_specs())
-        self.loaded = True
-
-    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-        outputs = self.inner.run(self._parser(list(inputs[self.example_key]), self.name_record))
-        self.placed_on, self.server = self.inner.placed_on, self.inner.server
-        return outputs
-
-    def close(self) -> None:
-        self.inner.close()
-        self.loaded = False

@@ -22,7 +22,8 @@ from exportkit.data.changes import ChangeStats, Top1Outputs, top1_sources
 from exportkit.data.records import DataSource, Fed, Feeder, data_signature, records_are_logs
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.findings import Finding
-from exportkit.savedmodel.reader import REGRESS_METHOD, list_versions, resolve_savedmodel_dir
+from exportkit.savedmodel.reader import list_versions, resolve_savedmodel_dir
+from exportkit.signature_constants import REGRESS_METHOD
 from exportkit.verify.baseline import compare_signature_sets
 from exportkit.verify.dataset import data_pattern
 from exportkit.diff.report import DiffReport, Gate, OutputChange, finish_diff, output_change
@@ -240,7 +241,7 @@ def _feeder(o: DiffOptions, data: str, new: Version, name: str, signature: dict)
 
 def _generated(o: DiffOptions, new: Version, name: str):
     """Without --data: NEW's golden batches and generated ones (as verify makes them), as Fed batches."""
-    from exportkit.inputs.batches import IntRangeFlags, recorded_int_ranges
+    from exportkit.inputs.load import IntRangeFlags, recorded_int_ranges
     from exportkit.savedmodel.extras import read_manifest
     from exportkit.options.spec import VerifyOptions
     from exportkit.verify.plan import signature_checks

@@ -14,11 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exportkit.inputs.batches import InputSpec
+from exportkit.inputs.load import InputSpec
 from exportkit.dtypes import HALF_DTYPES
 from exportkit.errors import UsageError
-from exportkit.savedmodel.reader import (CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES, DEFAULT_SIGNATURE,
-                                  PREDICT_METHOD, REGRESS_INPUTS, REGRESS_METHOD, REGRESS_OUTPUTS)
+from exportkit.signature_constants import (CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES,
+                                           DEFAULT_SIGNATURE, PREDICT_METHOD, REGRESS_INPUTS, REGRESS_METHOD,
+                                           REGRESS_OUTPUTS)
 from exportkit.sources.model_io import feed_model, flat_outputs
 from exportkit.options.spec import SignatureSpec
 from exportkit.tfexample.features import ExampleFeature

@@ -186,7 +186,8 @@ def set_method_names(version_dir: Path, methods: dict[str, str]) -> None:
     signature as predict; TF Serving's Classify and Regress refuse a signature whose method_name is not theirs.
     Only the method_name strings change: graph, functions and object graph stay as written.
     """
-    from exportkit.savedmodel.reader import PREDICT_METHOD, SAVED_MODEL_PB, protos
+    from exportkit.savedmodel.reader import SAVED_MODEL_PB, protos
+    from exportkit.signature_constants import PREDICT_METHOD
 
     if all(method == PREDICT_METHOD for method in methods.values()):
         return

@@ -276,10 +276,10 @@ def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, ma
                    int_range=()) -> dict:
     """One row of inputs for `name`: the golden record's first row when it belongs to this signature, else
     generated (serialized tf.Example where the signature parses them)."""
-    from exportkit.inputs.batches import generate_batches, parse_int_range_flags, recorded_int_ranges
+    from exportkit.inputs.load import generate_batches, parse_int_range_flags, recorded_int_ranges
     from exportkit.tfexample.signatures import input_specs
     from exportkit.savedmodel.extras import read_golden
-    from exportkit.savedmodel.reader import DEFAULT_SIGNATURE
+    from exportkit.signature_constants import DEFAULT_SIGNATURE
 
     if manifest and (manifest.get("signature") or {}).get("name", DEFAULT_SIGNATURE) == name:
         golden, _ = read_golden(version_dir)

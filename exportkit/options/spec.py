@@ -9,9 +9,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exportkit.inputs.batches import IntRangeFlags, int_range_texts, parse_int_range_flags
+from exportkit.inputs.load import IntRangeFlags, int_range_texts, parse_int_range_flags
 from exportkit.errors import UsageError
-from exportkit.savedmodel.reader import DEFAULT_SIGNATURE
+from exportkit.signature_constants import DEFAULT_SIGNATURE
 from exportkit.options.server_flags import STOCK, ServerFlags
 
 SPEC_NAME = "exportkit.toml"

@@ -10,7 +10,8 @@ import numpy as np
 from exportkit.errors import CheckFailed, InfraError
 from exportkit.findings import Finding
 from exportkit.runtimes import Runtime
-from exportkit.savedmodel.reader import DEFAULT_SIGNATURE, serving_api
+from exportkit.savedmodel.reader import serving_api
+from exportkit.signature_constants import DEFAULT_SIGNATURE
 
 
 def _closed_error(when: str) -> InfraError:

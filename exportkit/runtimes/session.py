@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit.inputs.batches import load_batches, save_batches
+from exportkit.inputs.load import load_batches, save_batches
 from exportkit.errors import CheckFailed, InfraError, MissingModule
 from exportkit.runtimes import Runtime, forkserver
-from exportkit.savedmodel.reader import DEFAULT_SIGNATURE
+from exportkit.signature_constants import DEFAULT_SIGNATURE
 from exportkit.savedmodel.loader import loader_failure
 from exportkit.tfenv import child_env
 

@@ -21,7 +21,8 @@ from exportkit.dtypes import HALF_DTYPES
 from exportkit.errors import ExportkitError, UsageError
 from exportkit.files import write_atomic
 from exportkit.findings import Finding
-from exportkit.savedmodel.reader import DEFAULT_SIGNATURE, INIT_OP_SIGNATURE, SERVE_TAG, dtype_name, select_meta_graph, shape_list, signature_names
+from exportkit.savedmodel.reader import dtype_name, select_meta_graph, shape_list, signature_names
+from exportkit.signature_constants import DEFAULT_SIGNATURE, INIT_OP_SIGNATURE, SERVE_TAG
 from exportkit.tfenv import child_env, tensorflow_version
 
 # Ops that run Python in the exporting process: TF Serving (C++) cannot run them.

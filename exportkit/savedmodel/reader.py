@@ -21,11 +21,11 @@ from pathlib import Path
 
 from exportkit.dtypes import canonical
 from exportkit.errors import UsageError
+from exportkit.signature_constants import (CLASSIFY_CLASSES, CLASSIFY_METHOD, CLASSIFY_SCORES, INIT_OP_SIGNATURE,
+                                           REGRESS_METHOD, REGRESS_OUTPUTS, SERVE_TAG)
 
 SAVED_MODEL_PB = "saved_model.pb"
 SAVED_MODEL_PBTXT = "saved_model.pbtxt"
-SERVE_TAG = "serve"
-DEFAULT_SIGNATURE = "serving_default"  # what TF Serving uses when a request names no signature
 
 _lock = threading.Lock()
 _protos: dict[str, types.ModuleType] = {}
@@ -320,16 +320,6 @@ def tensor_info_dict(info) -> dict:
     return out
 
 
-# SignatureDef method names (tensorflow/cc/saved_model/signature_constants.h): they pick TF Serving's API.
-PREDICT_METHOD = "tensorflow/serving/predict"
-CLASSIFY_METHOD = "tensorflow/serving/classify"
-REGRESS_METHOD = "tensorflow/serving/regress"
-# Input and output keys TF Serving's Classify and Regress require (signature_constants.h: kClassifyInputs, ...).
-CLASSIFY_INPUTS, CLASSIFY_CLASSES, CLASSIFY_SCORES = "inputs", "classes", "scores"
-REGRESS_INPUTS, REGRESS_OUTPUTS = "inputs", "outputs"
-
-
-
 def serving_api(signature: dict) -> tuple[str, str | None]:
     """(the TF Serving API a client calls this signature with, why not its method's API, or None).
 
@@ -387,9 +377,6 @@ def serving_api_findings(meta_graph) -> list:
                     f"output (INVALID_ARGUMENT on every request); fix: export it as {api} defines it, or give the "
                     f"signature the predict method")))
     return found
-
-
-INIT_OP_SIGNATURE = "__saved_model_init_op"  # TF's table/asset initializer: not servable, hidden by default
 
 
 def signature_names(meta_graph, include_internal: bool = False) -> list[str]:

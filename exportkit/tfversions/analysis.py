@@ -38,7 +38,8 @@ from exportkit.tfversions.attrvalue import attr_json
 from exportkit.savedmodel.deployment import deployment_findings
 from exportkit.findings import Finding
 from exportkit.savedmodel.lint import IO_OP_CATEGORY, py_func_findings, reachable_nodes
-from exportkit.savedmodel.reader import INIT_OP_SIGNATURE, dtype_name, missing_tensor_findings
+from exportkit.savedmodel.reader import dtype_name, missing_tensor_findings
+from exportkit.signature_constants import INIT_OP_SIGNATURE
 from exportkit.options.server_flags import STOCK, ServerFlags
 
 MAIN_OP_COLLECTIONS = ("saved_model_main_op", "legacy_init_op")

@@ -15,7 +15,8 @@ import numpy as np
 
 from exportkit.errors import CheckFailed, ExportkitError, InfraError
 from exportkit.serving.tensors import datatype_of, to_ndarray, to_tensor_proto
-from exportkit.savedmodel.reader import DEFAULT_SIGNATURE, serving_apis
+from exportkit.savedmodel.reader import serving_apis
+from exportkit.signature_constants import DEFAULT_SIGNATURE
 
 GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 _RETRY_WHILE_STARTING = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit.savedmodel.reader import CLASSIFY_METHOD, REGRESS_METHOD
+from exportkit.signature_constants import CLASSIFY_METHOD, REGRESS_METHOD
 
 # TensorProto's typed value field per dtype (tensor.proto)
 _VALUE_FIELDS = {"float32": "float_val", "float64": "double_val", "int32": "int_val", "int16": "int_val",

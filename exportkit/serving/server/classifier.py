@@ -4,7 +4,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from exportkit.savedmodel.reader import CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES
+from exportkit.signature_constants import CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES
 from exportkit.serving.server.status import RpcError
 from exportkit.serving.server.util import dt_name, run_example_method, shape_text, signature_text
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-from exportkit.savedmodel.reader import (CLASSIFY_INPUTS, CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_INPUTS, REGRESS_METHOD,
-                                  REGRESS_OUTPUTS)
+from exportkit.signature_constants import (CLASSIFY_INPUTS, CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_INPUTS,
+                                           REGRESS_METHOD, REGRESS_OUTPUTS)
 from exportkit.serving.server.classifier import classification_output_names, postprocess_classification, preprocess_classification
 from exportkit.serving.server.regressor import postprocess_regression, preprocess_regression
 from exportkit.serving.server.status import RpcError

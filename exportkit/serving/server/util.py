@@ -7,7 +7,7 @@ import time
 import grpc
 import numpy as np
 
-from exportkit.savedmodel.reader import CLASSIFY_METHOD, DEFAULT_SIGNATURE
+from exportkit.signature_constants import CLASSIFY_METHOD, DEFAULT_SIGNATURE
 from exportkit.serving.server.status import RpcError
 
 
