@@ -63,23 +63,18 @@ Each run's export output is deleted after the run; the first run's SavedModel pe
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent  # the venv's bin/: exportkit, saved_model_cli
-HERE = Path(__file__).resolve().parent
+from harness import (APP_MODELS, BIN, HERE, REPO, SCALE_MODELS, child_env, fmt_mb, fmt_s, killpg, logger, machine,
+                     mark, measure, median, meets, resolve_models, run_section, warm)
 
 # issue 34: verify <= 1.2x saved_model_cli run in time everywhere and <= 1.5x in peak RSS on the 1 GB model
 # (2.0x on the small ones, where one TensorFlow import is most of either command's memory); REST within 2x of
@@ -88,11 +83,6 @@ TARGETS = {"inspect": 0.25, "export": 1.2, "verify": 1.2, "predict": 1.1, "rest"
            "compat_static_s": 1.0, "compat_observed": 1.3}
 RSS_TARGETS = {"export": 1.2, "verify": 2.0}  # peak RSS of the whole process tree, exportkit / baseline
 SCALE_RSS_TARGETS = {"verify": 1.5}  # the same on the 1 GB model
-APP_MODELS = {
-    "mobilenet_v2": ("MobileNetV2", (96, 96, 3)),
-    "resnet50": ("ResNet50", (64, 64, 3)),
-}
-SCALE_MODELS = {"scale_1gb": 2_000_000}  # Embedding rows for benchmarks/build_scale.py (x 128 float32 = 1 GB)
 PROFILES = {
     "quick": dict(runs=1, app_runs=1, scale_runs=1, models=["mixed_functional.keras", "mobilenet_v2"],
                   scaling_model="mobilenet_v2", scaling_runs=1, scaling_samples=[1, 100], predict_calls=100,
@@ -111,172 +101,6 @@ PROFILES = {
 }
 SMCLI_BATCH = 8          # = exportkit verify's default --samples
 INPUT_EXPRS_LIMIT = 20_000  # elements; above it the batch goes through --inputs KEY=file.npy (argv size limit)
-
-
-# --------------------------------------------------------------------------------------------- measuring
-def child_env() -> dict:
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    env.setdefault("PYTHONWARNINGS", "ignore")
-    return env
-
-
-class TreeRss:
-    """Samples the summed RSS of a process and all its descendants until stopped; keeps the peak."""
-
-    def __init__(self, pid: int, interval: float = 0.1):
-        self.pid, self.interval, self.peak = pid, interval, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self):
-        try:
-            import psutil
-        except ImportError:  # without psutil only ru_maxrss is reported
-            return
-        try:
-            root = psutil.Process(self.pid)
-        except psutil.Error:
-            return
-        while not self._stop.is_set():
-            total = 0
-            try:
-                procs = [root] + root.children(recursive=True)
-            except psutil.Error:
-                procs = []
-            for proc in procs:
-                try:
-                    total += proc.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
-            self._stop.wait(self.interval)
-
-
-def warm(path) -> None:
-    """Read a model's files once, untimed, so each side of a pair starts with them in the page cache. This machine's
-    host pages out what has been idle for a minute (DAMON's pageout scheme, /sys/kernel/mm/damon), so the first
-    command of a pair read a large model from disk and the second from memory: the 1 GB model's export measured
-    1.23-1.55x that way."""
-    path = Path(path)
-    for file in [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()):
-        with open(file, "rb") as f:
-            while f.read(1 << 24):
-                pass
-
-
-def measure(argv: list[str], *, cwd=REPO, timeout: float = 900.0, warmed=None) -> dict:
-    """Run argv once; wall seconds, exit code, ru_maxrss (KB -> MB) and sampled tree RSS, output tails. `warmed`:
-    a model file or directory read first (see `warm`), outside the timing."""
-    if warmed is not None:
-        warm(warmed)
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen([str(a) for a in argv], cwd=cwd, env=child_env(), stdout=out, stderr=err,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        killer = threading.Timer(timeout, lambda: _killpg(proc.pid))
-        killer.start()
-        with TreeRss(proc.pid) as tree:
-            _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        killer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        _killpg(proc.pid)  # anything left in the command's own process group (nothing, normally)
-        out.seek(0)
-        err.seek(0)
-        stdout = out.read().decode("utf-8", "replace")
-        stderr = err.read().decode("utf-8", "replace")
-    return {"argv": [str(a) for a in argv], "seconds": wall, "rc": proc.returncode,
-            "maxrss_mb": usage.ru_maxrss / 1024, "tree_rss_mb": tree.peak / 2**20 if tree.peak else None,
-            "stdout": stdout, "stderr_tail": stderr[-3000:]}
-
-
-def _killpg(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def median(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-# --------------------------------------------------------------------------------------------- models
-def build_app_models(out: Path, names: list[str]) -> dict[str, Path]:
-    """keras.applications models with seeded random weights, saved as .keras (built once, reused)."""
-    folder = out / "models"
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {n: folder / f"{n}.keras" for n in names}
-    missing = [n for n, p in paths.items() if not p.is_file()]
-    if missing:
-        script = (
-            "import sys, keras\n"
-            "keras.utils.set_random_seed(0)\n"
-            f"specs = {dict((n, APP_MODELS[n]) for n in missing)!r}\n"
-            "for name, (arch, shape) in specs.items():\n"
-            "    model = getattr(keras.applications, arch)(weights=None, input_shape=shape)\n"
-            f"    model.save({str(folder)!r} + '/' + name + '.keras')\n"
-            "    print(name, model.count_params(), flush=True)\n")
-        print(f"building {', '.join(missing)} into {folder} ...", file=sys.stderr, flush=True)
-        result = subprocess.run([sys.executable, "-c", script], env=child_env(), capture_output=True, text=True)
-        if result.returncode != 0:
-            sys.exit(f"bench: building {missing} failed:\n{result.stderr[-3000:]}")
-    return paths
-
-
-def build_scale_model(out: Path, name: str) -> Path:
-    """The 1 GB recommendation-style model (benchmarks/build_scale.py), built once and reused.
-
-    Written under a temporary name and renamed, so an interrupted build is never mistaken for a model."""
-    path = out / "models" / f"{name}.keras"
-    if path.is_file():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{name}.partial.keras")  # Keras insists on the .keras suffix
-    print(f"building {name} into {path} (~11 s, ~1 GB) ...", file=sys.stderr, flush=True)
-    result = subprocess.run([sys.executable, HERE / "build_scale.py", partial, str(SCALE_MODELS[name])],
-                            env=child_env(), capture_output=True, text=True)
-    if result.returncode != 0:
-        partial.unlink(missing_ok=True)
-        sys.exit(f"bench: building {name} failed:\n{result.stderr[-3000:]}")
-    os.replace(partial, path)
-    return path
-
-
-def warm_page_cache(src: Path) -> None:
-    for path in [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file()):
-        with open(path, "rb") as f:
-            while f.read(1 << 24):
-                pass
-
-
-def resolve_models(names: list[str], samples_dir: Path, out: Path) -> dict[str, dict]:
-    listing = samples_dir / "samples.json"
-    samples = json.loads(listing.read_text()) if listing.is_file() else {}
-    apps = build_app_models(out, [n for n in names if n in APP_MODELS])
-    models = {}
-    for name in names:
-        if name in APP_MODELS:
-            models[name] = {"name": name, "src": str(apps[name]), "args": [], "kind": "keras.applications"}
-        elif name in SCALE_MODELS:
-            models[name] = {"name": name, "src": str(build_scale_model(out, name)), "args": [], "kind": "scale"}
-        elif name in samples:
-            models[name] = {"name": name, "src": samples[name]["path"], "args": samples[name]["export_args"],
-                            "kind": "sample"}
-        else:
-            sys.exit(f"bench: unknown model {name!r}: not in {listing} (run `make samples`) nor one of "
-                     f"{sorted([*APP_MODELS, *SCALE_MODELS])}")
-    return models
 
 
 # --------------------------------------------------------------------------------------------- baselines
@@ -341,7 +165,7 @@ def bench_predict(model: dict, version_dir: Path, calls: int) -> dict:
                 break
         if address is None:
             return {"error": "exportkit serve did not report AVAILABLE"}
-        result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "predict_worker.py"), address, "bench", str(version_dir), str(calls)],
+        result = subprocess.run([sys.executable, str(HERE / "predict_worker.py"), address, "bench", str(version_dir), str(calls)],
                                 cwd=REPO, env=child_env(), capture_output=True, text=True)
         if result.returncode != 0:
             return {"error": result.stderr[-2000:]}
@@ -355,7 +179,7 @@ def bench_predict(model: dict, version_dir: Path, calls: int) -> dict:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(15)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            _killpg(proc.pid)
+            killpg(proc.pid)
             proc.wait()
         proc.stdout.close()
 
@@ -432,7 +256,7 @@ def run_pairs(models: dict, runs_of: dict, work: Path, log) -> tuple[dict, dict]
 
 def run_compat(version_dir: Path, tf_version: str, runs: int, scratch: Path, log) -> dict:
     """Static analysis time on 1,000 nodes x ten versions; verify through session@X.Y vs through session."""
-    static = measure([sys.executable, REPO / "benchmarks" / "compat_static.py", version_dir, "--nodes", 1000])
+    static = measure([sys.executable, HERE / "compat_static.py", version_dir, "--nodes", 1000])
     out = {"static": json.loads(static["stdout"]) if static["rc"] == 0 else {"error": static["stderr_tail"]},
            "tf": tf_version, "observed": [], "compat_run": []}
     log(f"  compat static: {out['static']}")
@@ -472,56 +296,12 @@ def run_scaling(version_dir: Path, sizes: list[int], runs: int, scratch: Path, l
 
 
 # --------------------------------------------------------------------------------------------- report
-def machine() -> dict:
-    from importlib import metadata
-
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-
-    def version(dist):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return "?"
-
-    return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "arch": platform.machine(),
-            "cpu": cpu, "cores": os.cpu_count(), "tensorflow": version("tensorflow"), "keras": version("keras"),
-            "python": platform.python_version(), "exportkit": version("exportkit"),
-            "loadavg_start": round(os.getloadavg()[0], 2)}
-
-
-def fmt_s(v):
-    return "-" if v is None else (f"{v:.2f} s" if v < 100 else f"{v:.0f} s")
-
-
-def fmt_mb(v):
-    return "-" if v is None else (f"{v / 1024:.2f} GB" if v >= 1024 else f"{v:.0f} MB")
-
-
 ROW_TEXT = {
     "inspect": ("`exportkit inspect DIR`", "`saved_model_cli show --all --dir DIR`"),
     "export": ("`exportkit export SRC -o BASE` (+ self-check)", "`load_model(SRC)` + `model.export(DIR)` "
                                                                  "(benchmarks/export_baseline.py)"),
     "verify": ("`exportkit verify DIR --serving embedded`", "`saved_model_cli run ... --input_exprs` (1 batch of 8)"),
 }
-
-
-def meets(ratio, target) -> bool:
-    """A ratio without a target always meets it; a targeted one that could not be measured never does."""
-    return target is None or (ratio is not None and ratio <= target)
-
-
-def mark(ratio, target) -> str:
-    """`1.23x ✅`: the ratio, with a check mark only where there is a target."""
-    if ratio is None:
-        return "-"
-    return f"{ratio:.2f}x" + ("" if target is None else " ✅" if ratio <= target else " ❌")
 
 
 def summarize(raw: dict) -> list[dict]:
@@ -580,7 +360,7 @@ def render_compat(compat: dict, model: str) -> list[str]:
 
 def run_summaries(log) -> list[str]:
     """benchmarks/summaries_bench.py's table (1M elements; 100M too where ~7 GB are available)."""
-    result = subprocess.run([sys.executable, REPO / "benchmarks" / "summaries_bench.py"], env=child_env(),
+    result = subprocess.run([sys.executable, HERE / "summaries_bench.py"], env=child_env(),
                             capture_output=True, text=True)
     table = [line for line in result.stdout.splitlines() if line.startswith("|")]
     log("  summaries: " + (" ".join(table[2:]) if result.returncode == 0 else result.stderr[-500:]))
@@ -690,13 +470,11 @@ def main(argv=None) -> int:
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
 
-    began = time.perf_counter()
-
-    def log(message):
-        print(f"[{time.perf_counter() - began:6.0f}s] {message}", file=sys.stderr, flush=True)
+    began, log_start = time.perf_counter(), time.time()
+    log = logger(log_start)
 
     if args.data_only:
-        return _data_only(cfg["data_records"] or 100_000, out, log)
+        return _data_only(cfg["data_records"] or 100_000, out, log_start)
     wanted = list(dict.fromkeys(cfg["models"] + cfg["predict_models"] + ([scaling_model] if scaling_model else [])))
     models = resolve_models(wanted, Path(args.samples_dir).resolve(), out)
     info = machine()
@@ -709,7 +487,7 @@ def main(argv=None) -> int:
     subprocess.run([sys.executable, "-c", "import tensorflow"], env=child_env(), capture_output=True)
     table_models = {n: models[n] for n in cfg["models"]}
     for model in table_models.values():
-        warm_page_cache(Path(model["src"]))
+        warm(Path(model["src"]))
     raw, dirs = run_pairs(table_models, runs_of, work, log)
     extra = [n for n in wanted if n not in dirs]
     if extra:  # models used only by the predict/scaling rows still need an exported SavedModel
@@ -732,16 +510,9 @@ def main(argv=None) -> int:
     if scaling_model and scaling_model in dirs:
         scaling = run_scaling(dirs[scaling_model], cfg["scaling_samples"], cfg["scaling_runs"], work, log)
 
-    data = {}
-    if cfg["data_records"]:
-        from data_bench import render_data, run_data
-
-        data = run_data(measure, work / "data", cfg["data_records"], log, str(BIN / "exportkit"))
-    diff = {}
-    if cfg["data_records"]:
-        from diff_bench import render_diff, run_diff
-
-        diff = run_diff(measure, work / "diff", cfg["data_records"], log, str(BIN / "exportkit"))
+    # The verify --data and diff --data sections are benches of their own, run as such (no bench imports another).
+    data = run_section("data_bench.py", out, cfg["data_records"], log_start) if cfg["data_records"] else {}
+    diff = run_section("diff_bench.py", out, cfg["data_records"], log_start) if cfg["data_records"] else {}
     # The compat rows measure analysis and environment overhead, not model size: never on the 1 GB model.
     compat_model = next((n for n in cfg["models"] if n not in SCALE_MODELS), "")
     compat = run_compat(dirs[compat_model], cfg["compat_tf"], min(cfg["runs"], 3), work, log) if compat_model in dirs else {}
@@ -750,10 +521,10 @@ def main(argv=None) -> int:
     info["loadavg_end"] = round(os.getloadavg()[0], 2)
     summaries = run_summaries(log) if profile != "scale" else []
     markdown = render(info, profile, rows, predict, scaling, scaling_model, elapsed, compat, compat_model, summaries)
-    if data:
-        markdown += "\n".join(render_data(data)) + "\n"
-    if diff:
-        markdown += "\n".join(render_diff(diff)) + "\n"
+    if data.get("rows"):
+        markdown += "\n".join(data["lines"]) + "\n"
+    if diff.get("rows"):
+        markdown += "\n".join(diff["lines"]) + "\n"
     print(markdown)
     (out / "results.md").write_text(markdown)
     for per_model in raw.values():  # keep results.json readable: stdout of verify/inspect only as a tail
@@ -768,8 +539,8 @@ def main(argv=None) -> int:
         "machine": info, "profile": profile, "config": cfg, "elapsed_seconds": elapsed, "targets": TARGETS,
         "rss_targets": RSS_TARGETS,
         "summary": rows, "predict": predict, "scaling_model": scaling_model,
-        "scaling": {str(k): v for k, v in scaling.items()}, "compat": compat, "runs": raw, "data": _tails(data),
-        "diff": _tails(diff)},
+        "scaling": {str(k): v for k, v in scaling.items()}, "compat": compat, "runs": raw,
+        "data": _tails(data.get("rows", {})), "diff": _tails(diff.get("rows", {}))},
         indent=1,
         default=str) + "\n")
     log(f"wrote {out / 'results.md'} and {out / 'results.json'}")
@@ -782,13 +553,12 @@ def _tails(data: dict) -> dict:
     return data
 
 
-def _data_only(records: int, out: Path, log) -> int:
+def _data_only(records: int, out: Path, log_start: float) -> int:
     """`--data-only`: the verify --data rows alone, into OUT/data-results.md and .json."""
-    from data_bench import render_data, run_data
-
-    data = run_data(measure, out / "work" / "data", records, log, str(BIN / "exportkit"))
+    section = run_section("data_bench.py", out, records, log_start)
+    data = section.get("rows", {})
     info = machine()
-    markdown = "\n".join([f"Machine: {info}"] + render_data(data)) + "\n"
+    markdown = "\n".join([f"Machine: {info}"] + section.get("lines", [])) + "\n"
     print(markdown)
     (out / "data-results.md").write_text(markdown)
     (out / "data-results.json").write_text(json.dumps({"machine": info, "data": _tails(data)}, indent=1,

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 from exportkit.tfversions import SUPPORTED, analysis, registry
 from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
+from harness import median
 
 
 def padded(path: str, nodes: int):
@@ -40,7 +40,7 @@ def main() -> int:
         began = time.perf_counter()
         analysis.analyze(meta_graph, list(SUPPORTED))
         times.append(time.perf_counter() - began)
-    print(json.dumps({"nodes": nodes, "versions": len(SUPPORTED), "median_s": statistics.median(times),
+    print(json.dumps({"nodes": nodes, "versions": len(SUPPORTED), "median_s": median(times),
                       "runs": times}))
     return 0
 

@@ -1,4 +1,4 @@
-"""`verify --data` benchmark (bench.py --data-only, or the data section of a profile): records per second of
+"""`verify --data` benchmark (bench.py --data-only, the data section of a profile, or alone): records per second of
 the in-process runner and of Apache Beam's DirectRunner (1 and 2 worker processes) next to a hand-written loop
 (benchmarks/data_loop.py) over the same TFRecords, and the peak RSS of the whole process tree at N/5 and
 2N records (the memory must not grow with the record count). The loop and the in-process run alternate PAIRED_RUNS
@@ -8,12 +8,18 @@ a VM's speed), its times are the median runs.
 The model is small (two inputs, ~1k parameters) so that the per-record overhead of reading, parsing,
 comparing and the statistics is what is measured, not the model. Runtimes: keras (--against) and saved_model,
 which is also what the loop calls.
+
+    python benchmarks/data_bench.py [--records N] [--out build/bench] [--json FILE]   # alone: N=100,000
 """
 from __future__ import annotations
 
+import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+from harness import BIN, REPO, logger, machine, measure, write_section
 
 FILES = 8  # the records are spread over FILES files, half of them GZIP
 BATCH = 256
@@ -56,7 +62,7 @@ for f in range({FILES}):
             "half": ",".join(files[: FILES // 2]), "all": ",".join(files)}
 
 
-def run_data(measure, out: Path, records: int, log, exportkit: str) -> dict:
+def run_data(out: Path, records: int, log, exportkit: str) -> dict:
     """Rows {name: measure() result + records/s}; records is N (the throughput rows read N records)."""
     d = build(out, records, log)
     verify = [exportkit, "verify", str(d["version"]), "--against", str(d["keras"]), "--runtimes", "keras,saved_model",
@@ -120,3 +126,28 @@ def render_data(results: dict) -> list[str]:
         lines.append(f"\nPeak RSS at {mem[1]['records']} records / at {mem[0]['records']}: "
                      f"{mem[1]['tree_rss_mb'] / mem[0]['tree_rss_mb']:.3f}x (goal <= 1.15x)")
     return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--out", default=str(REPO / "build" / "bench"), help="the records and models go to OUT/work/data")
+    parser.add_argument("--json", help="write {rows, lines} here for bench.py instead of OUT/data-results.*")
+    parser.add_argument("--log-start", type=float, help="the log's time zero (time.time() of the calling bench)")
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    results = run_data(out / "work" / "data", args.records, logger(args.log_start), str(BIN / "exportkit"))
+    lines = render_data(results)
+    if args.json:
+        write_section(args.json, results, lines)
+        return 0
+    markdown = "\n".join(lines) + "\n"
+    print(markdown)
+    (out / "data-results.md").write_text(markdown)
+    (out / "data-results.json").write_text(json.dumps({"machine": machine(), "data": results}, indent=1,
+                                                      default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

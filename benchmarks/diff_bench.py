@@ -2,7 +2,7 @@
 records of the in-process diff next to a hand-written loop over the two loaded models (benchmarks/diff_loop.py),
 and the peak RSS of the whole process tree at N/10 and N records (memory must not grow with the record count).
 
-    python benchmarks/diff_bench.py [--records N] [--out build/bench]   # alone: N=1,000,000 gives 100k vs 1M
+    python benchmarks/diff_bench.py [--records N] [--out build/bench] [--json FILE]   # alone: N=1,000,000 gives 100k vs 1M
 
 The model is tiny (a classify signature over tf.Examples of 16 floats, 4 classes; version 2 perturbs the weights)
 so that reading, replaying, running the two session workers and the statistics are measured, not the model.
@@ -14,6 +14,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from harness import BIN, REPO, logger, measure, write_section
 
 FILES = 8  # the records are spread over FILES files, half of them GZIP
 BATCH = 1024  # diff's default --batch-size; the loop batches the same
@@ -65,7 +67,7 @@ def build(out: Path, records: int, log) -> dict:
     return {"old": out / "model" / "1", "new": out / "model" / "2", "files": files}
 
 
-def run_diff(measure, out: Path, records: int, log, exportkit: str) -> dict:
+def run_diff(out: Path, records: int, log, exportkit: str) -> dict:
     """Rows {name: measure() result + records and ms per 1,000 records}."""
     d = build(out, records, log)
     data = ",".join(d["files"])
@@ -107,15 +109,17 @@ def render_diff(results: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from bench import BIN, measure
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "build" / "bench"))
+    parser.add_argument("--out", default=str(REPO / "build" / "bench"), help="the records and models go to OUT/work/diff")
+    parser.add_argument("--json", help="write {rows, lines} here for bench.py instead of OUT/diff-results.*")
+    parser.add_argument("--log-start", type=float, help="the log's time zero (time.time() of the calling bench)")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
-    results = run_diff(measure, out / "work" / "diff", args.records, lambda m: print(m, file=sys.stderr, flush=True),
-                       str(BIN / "exportkit"))
+    results = run_diff(out / "work" / "diff", args.records, logger(args.log_start), str(BIN / "exportkit"))
+    if args.json:
+        write_section(args.json, results, render_diff(results))
+        return 0
     markdown = "\n".join(render_diff(results)) + "\n"
     print(markdown)
     (out / "diff-results.md").write_text(markdown)

@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
+
+from harness import median_seconds
 
 
 def build(tf, version_dir: Path) -> None:
@@ -34,15 +34,6 @@ def build(tf, version_dir: Path) -> None:
         builder = v1.saved_model.Builder(str(version_dir))
         builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={"serving_default": signature})
         builder.save()
-
-
-def median_seconds(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -104,7 +95,7 @@ def main() -> int:
                     args.runs)),
                 ("parse: rapidjson, Python floats", median_seconds(lambda: rapidjson.loads(body.decode()), args.runs))]
         try:
-            from exportkit.serving.json.codec import fixed_json, parse_fixed_body
+            from exportkit.serving.json.fixed import fixed_json, parse_fixed_body
         except ImportError:  # a checkout before the fixed-width layout
             pass
         else:

@@ -18,6 +18,7 @@ import numpy as np
 
 from exportkit.compare import outputs as compare
 from exportkit.compare.tolerances import Tolerance
+from harness import mark
 
 
 @contextlib.contextmanager
@@ -82,8 +83,7 @@ def main(argv=None) -> int:
         expected, actual = arrays(n)
         runs = args.runs if n <= 10_000_000 else min(args.runs, 5)  # ~15 s a pair at 100M
         full, bare, ratio = timed_side_by_side(expected, actual, runs)
-        mark = "✅" if ratio <= 1.1 else "❌"
-        print(f"| {n:,} | {full * 1e3:.1f} ms | {bare * 1e3:.1f} ms | {ratio:.2f}x {mark} | <= 1.1x |", flush=True)
+        print(f"| {n:,} | {full * 1e3:.1f} ms | {bare * 1e3:.1f} ms | {mark(ratio, 1.1)} | <= 1.1x |", flush=True)
         del expected, actual
     return 0
 
