@@ -134,3 +134,39 @@ def test_the_circle_check_sees_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
     assert sorted(_circles(graph)) == [["a", "b", "c"], ["e"]]
     assert _path(graph, ["a", "b", "c"]) == "a -> b -> c -> a"
+
+
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def _bench_graph() -> dict[str, set[str]]:
+    """benchmarks/*.py by name, each with the benchmarks it imports (a bench's scripts run as `python benchmarks/x.py`,
+    so they import each other by bare name)."""
+    names = {path.stem for path in BENCHMARKS.glob("*.py")}
+    graph = {}
+    for path in sorted(BENCHMARKS.glob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                found.update(a.name.split(".")[0] for a in node.names)
+        graph[path.stem] = found & names
+    return graph
+
+
+def test_benchmarks_import_only_the_harness():
+    graph = _bench_graph()
+    assert "harness" in graph, "benchmarks/harness.py is the one module the benches share"
+    wrong = [f"benchmarks/{bench}.py imports {target}" for bench, targets in sorted(graph.items())
+             for target in sorted(targets) if target != "harness" or bench == "harness"]
+    assert not wrong, "a bench imports another (share it through benchmarks/harness.py):\n" + "\n".join(wrong)
+    assert not _circles(graph)
+
+
+def test_benchmarks_import_down_into_exportkit():
+    """The benches are the top of the house: whatever exportkit module they use must exist (a moved module's old
+    name is caught here, not 20 minutes into `make bench`)."""
+    missing = [f"benchmarks/{path.name} imports {name}" for path in sorted(BENCHMARKS.glob("*.py"))
+               for name in _imports(path) if not _is_module(name)]
+    assert not missing, "\n".join(missing)
