@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from exportkit.serving.json.codec import fixed_words, read_fixed_words
+from exportkit.serving.json.fixed import fixed_words, read_fixed_words
 
 
 def check(first: int, last: int, block: int) -> int:

@@ -213,7 +213,8 @@ def test_deep_nesting_does_not_crash_the_parser(rest):
 # ------------------------------------------------------------------------------------------------ json_tensor tests
 def _request(doc, infomap):
     """What the handler does: FillSignature, then the inputs."""
-    from exportkit.serving.json.codec import fill_predict_request, parse_json, signature_name
+    from exportkit.serving.json.decode import fill_predict_request, signature_name
+    from exportkit.serving.json.parse import parse_json
 
     parsed = parse_json((doc if isinstance(doc, str) else json.dumps(doc)).encode())
     return fill_predict_request(parsed, infomap, signature_name(parsed))
@@ -268,7 +269,8 @@ def test_codec_deep_nesting():
     deep = "[" * 500_000 + "]" * 500_000
     arrays, _ = _request('{"instances": [1], "nested": ' + deep + "}", {"default": "int32"})
     assert arrays["default"].tolist() == [1]  # DeeplyNestedWellFormed
-    from exportkit.serving.json.codec import parse_json, signature_name
+    from exportkit.serving.json.decode import signature_name
+    from exportkit.serving.json.parse import parse_json
     from exportkit.serving.server.status import RpcError
 
     with pytest.raises(RpcError, match="key must be a string value"):  # DeeplyNestedMalformed (100,000 levels)
@@ -306,7 +308,7 @@ def test_codec_input_errors(doc, infomap, words):
 
 
 def test_codec_outputs():
-    from exportkit.serving.json.codec import predict_json
+    from exportkit.serving.json.encode import predict_json
 
     def both(outputs):
         return json.loads(predict_json(outputs, row=True)), json.loads(predict_json(outputs, row=False))
@@ -342,7 +344,7 @@ def test_codec_outputs():
 def test_codec_classify_regress_results_and_status():
     from tensorflow_serving.apis import classification_pb2, regression_pb2
 
-    from exportkit.serving.json.codec import classify_json, error_json, regress_json
+    from exportkit.serving.json.encode import classify_json, error_json, regress_json
     from exportkit.serving.server.status import RpcError
 
     result = classification_pb2.ClassificationResult()
@@ -366,7 +368,9 @@ def test_codec_classify_regress_results_and_status():
 def test_codec_examples():
     from tensorflow_serving.apis import classification_pb2, regression_pb2
 
-    from exportkit.serving.json.codec import fill_example_input, parse_json, signature_name
+    from exportkit.serving.json.decode import signature_name
+    from exportkit.serving.json.examples import fill_example_input
+    from exportkit.serving.json.parse import parse_json
     from exportkit.serving.server.status import RpcError
 
     doc = parse_json(b'{"signature_name": "custom", "context": {"query": "pizza", "location": ["sfo"]},'
@@ -440,7 +444,7 @@ def _tokens_replaced(text: bytes, tokens: list[bytes]) -> bytes:
 
 
 def _rapidjson_doubles(text: bytes) -> np.ndarray:
-    from exportkit.serving.json.codec import parse_json
+    from exportkit.serving.json.parse import parse_json
 
     return np.array(parse_json(b'{"instances":' + text + b"}")["instances"], dtype=np.float64)
 
@@ -449,7 +453,7 @@ def test_fixed_width_numbers_read_as_rapidjson_reads_them():
     """The server's numpy reader gives the doubles rapidjson gives for any digits and exponent in the layout (its
     own rounding: StrtodNormalPrecision, not correctly rounded beyond 1e22), and every float32 the client writes
     reads back as itself (benchmarks/rest_exact.py checks all 2**32)."""
-    from exportkit.serving.json.codec import fixed_json, read_fixed_array
+    from exportkit.serving.json.fixed import fixed_json, read_fixed_array
 
     rng = np.random.default_rng(34)
     count = 6000
@@ -476,7 +480,9 @@ def test_fixed_width_numbers_read_as_rapidjson_reads_them():
 def test_fixed_width_bodies_are_taken_only_whole_and_exact():
     """parse_fixed_body takes a body only in exactly the layout; anything else (which may still be JSON, read the
     ordinary way) is None, so its answer and refusals are the ordinary path's."""
-    from exportkit.serving.json.codec import fill_predict_request, fixed_json, parse_fixed_body, parse_json
+    from exportkit.serving.json.decode import fill_predict_request
+    from exportkit.serving.json.fixed import fixed_json, parse_fixed_body
+    from exportkit.serving.json.parse import parse_json
 
     values = np.random.default_rng(3).normal(size=(4, 3, 2)).astype(np.float32)
     body = fixed_json(values, b'{"signature_name":"serving_default","instances":', b"}")
@@ -510,7 +516,7 @@ def test_fixed_width_bodies_read_as_they_arrive_read_as_whole_ones():
     """The server reads a body while it arrives (FixedBodyReader, fed what each recv gives): whatever the pieces,
     it gets what parse_fixed_body gets from the whole body, a FixedBody or None, and a trickle of one-byte pieces
     costs no more than a bounded copy per byte (the head and a row are what it holds)."""
-    from exportkit.serving.json.codec import FixedBodyReader, fixed_json, parse_fixed_body
+    from exportkit.serving.json.fixed import FixedBodyReader, fixed_json, parse_fixed_body
 
     rng = np.random.default_rng(12)
     for shape in ((5,), (3, 4), (2, 3, 700), (9, 2, 2, 3)):
@@ -536,7 +542,7 @@ def test_fixed_width_bodies_answer_and_refuse_as_ordinary_ones(rest):
     """Through the server: a fixed-width body gets the answer, byte for byte, and the refusal, word for word, that the
     same JSON gets the ordinary way (a space after "instances": takes it off the fast path): another input map, an
     unknown signature, a corrupted number; and the answer that json.dumps of the same float32 values gets."""
-    from exportkit.serving.json.codec import fixed_json
+    from exportkit.serving.json.fixed import fixed_json
     from exportkit.serving.client.rest_client import RestClient
 
     values = np.random.default_rng(8).random((3, 2, 2), dtype=np.float32) * 100 - 50
@@ -562,7 +568,7 @@ def test_fixed_width_bodies_answer_and_refuse_as_ordinary_ones(rest):
 def test_codec_float_texts_are_format_float():
     """predict_json formats a float array at once: the texts are format_float's, element by element (TF Serving's
     `%.6g`-if-it-reads-back, which a filter decides without formatting where it certainly does not)."""
-    from exportkit.serving.json.codec import _float_texts, format_float
+    from exportkit.serving.json.encode import _float_texts, format_float
 
     rng = np.random.default_rng(6)
     powers = np.float32(10.0) ** np.arange(-44, 38, dtype=np.float32)

@@ -295,7 +295,7 @@ def test_classify_regress_multi_inference_like_tf_serving(server, models):
 
 @pytest.mark.serving
 def test_rest_api_formats_and_errors(server, models):
-    from exportkit.serving.json.codec import example_to_json
+    from exportkit.serving.json.examples import example_to_json
 
     base = f"http://{server['rest']}/v1/models/est"
     with urllib.request.urlopen(base, timeout=10) as response:
@@ -337,7 +337,7 @@ def test_rest_api_formats_and_errors(server, models):
 
 
 def test_float_printing_matches_tf_serving():
-    from exportkit.serving.json.codec import format_float, predict_json
+    from exportkit.serving.json.encode import format_float, predict_json
 
     assert format_float(np.float32(0.1)) == "0.1"  # %.6g reads back as the same float32
     assert format_float(np.float32(1.0)) == "1.0" and format_float(np.float32(1e10)) == "1e+10"

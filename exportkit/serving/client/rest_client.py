@@ -11,7 +11,9 @@ from collections.abc import Iterator
 import numpy as np
 import orjson
 
-from exportkit.serving.json.codec import BYTES_SUFFIX, example_to_json, fixed_json_pieces
+from exportkit.serving.json.encode import BYTES_SUFFIX
+from exportkit.serving.json.examples import example_to_json
+from exportkit.serving.json.fixed import fixed_json_pieces
 
 class RestClient:
     """A plain urllib client for TF Serving's REST API (any server: binary, embedded)."""

@@ -91,7 +91,7 @@ def request_samples(signature_name: str, signature: dict, batch: dict[str, np.nd
     method = signature.get("method")
     spec = {"name": model_name, "signature_name": signature_name}
     if method in (CLASSIFY_METHOD, REGRESS_METHOD):
-        from exportkit.serving.json.codec import example_to_json
+        from exportkit.serving.json.examples import example_to_json
 
         examples = [bytes(v) for v in np.asarray(next(iter(batch.values())), dtype=object).reshape(-1)]
         verb = "classify" if method == CLASSIFY_METHOD else "regress"

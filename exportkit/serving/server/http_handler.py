@@ -20,9 +20,11 @@ import grpc
 from exportkit.savedmodel.reader import dtype_name
 from exportkit.serving.server.classifier import classify
 from exportkit.serving.server.http_server import HttpServer, Limits, Request, Response, error_response, serve_in_thread
-from exportkit.serving.json.codec import (FixedBodyReader, classify_json, error_json, fill_example_input,
-                                           fill_predict_request, parse_fixed_body, parse_json, predict_json,
-                                           regress_json, signature_name)
+from exportkit.serving.json.decode import fill_predict_request, signature_name
+from exportkit.serving.json.encode import classify_json, error_json, predict_json, regress_json
+from exportkit.serving.json.examples import fill_example_input
+from exportkit.serving.json.fixed import FixedBodyReader, parse_fixed_body
+from exportkit.serving.json.parse import parse_json
 from exportkit.serving.server.metadata import get_model_metadata
 from exportkit.serving.server.model_status import get_model_status
 from exportkit.serving.server.predict import run_predict

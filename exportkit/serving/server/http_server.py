@@ -24,7 +24,7 @@ from typing import Protocol
 
 import h11
 
-from exportkit.serving.json.codec import error_json
+from exportkit.serving.json.encode import error_json
 
 log = logging.getLogger("exportkit.serve")
 
