@@ -39,9 +39,10 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from exportkit.compare.stats import category_of, element_errors, scalar_value, to_bytes
+from exportkit.compare.stats import OutputStats, category_of, element_errors, scalar_value, to_bytes
 from exportkit.dtypes import name_of_array
-from exportkit.compare.summaries import error_histograms, merge_summaries, sample_pairs, worst_elements
+from exportkit.compare.summaries import (error_histograms, histogram_summary, merge_summaries, sample_pairs,
+                                         worst_elements)
 from exportkit.compare.tolerances import Tolerance, default_tolerance
 
 # --------------------------------------------------------------------------------------------- results
@@ -410,3 +411,39 @@ def compare_with_default_tolerances(reference: list[dict[str, np.ndarray]],
                                     actual: list[dict[str, np.ndarray]]) -> list[OutputComparison]:
     """compare_batches with the default tolerance of each output's dtype."""
     return compare_batches(reference, actual, lambda key, dtype: default_tolerance(dtype))
+
+
+def streamed_comparison(st: OutputStats, files: list[str]) -> OutputComparison:
+    """verify --data's streaming statistics of one output (compare.stats) as the report's OutputComparison: the same
+    fields a batch comparison fills, and the records (`files[file_no]`, index, byte offset) that fail worst."""
+    c = OutputComparison(
+        key=st.key, passed=st.passed, expected_dtype=st.expected_dtype, actual_dtype=st.actual_dtype,
+        expected_shape=None if st.expected_shape is None else (-1, *st.expected_shape),
+        actual_shape=None if st.actual_shape is None else (-1, *st.actual_shape), atol=st.atol, rtol=st.rtol,
+        max_abs_err=st.max_abs, max_rel_err=st.max_rel, elements=st.elements, mismatched=st.mismatched,
+        nonfinite_mismatched=st.nonfinite, batches=st.batches, records=st.records,
+        failing_records=st.failing_records)
+    c.mismatch_fraction = st.mismatched / st.elements if st.elements else 0.0
+    if not st.exact and st.max_abs is not None:
+        c.abs_err_quantiles = st.abs_hist.quantiles(cap=st.max_abs)
+        c.rel_err_quantiles = st.rel_hist.quantiles(cap=st.max_rel)
+        c.abs_err_histogram, c.rel_err_histogram = histogram_summary(st.abs_hist), histogram_summary(st.rel_hist)
+        if st.nonfinite:
+            c.required_atol = c.required_rtol = math.inf
+        else:
+            c.required_atol, c.required_rtol = max(0.0, st.need_atol), st.need_rtol
+    c.worst_records = [{"file": files[f], "index": i, "offset": off if off >= 0 else None,
+                        "element": element, "expected": exp, "actual": act, "abs_err": abs_err,
+                        "excess": excess}
+                       for excess, f, i, off, element, exp, act, abs_err in st.worst]
+    if st.worst:
+        c.worst_expected, c.worst_actual = st.worst[0][5], st.worst[0][6]
+    if not c.passed:
+        reasons = list(st.structural)
+        if st.expected_dtype != st.actual_dtype:
+            reasons.append(f"dtype {st.actual_dtype} != {st.expected_dtype}")
+        reasons += value_reasons(st.elements, st.mismatched, st.nonfinite, st.exact)
+        if st.failing_records:
+            reasons.append(f"{st.failing_records} of {st.records} records fail")
+        c.reason = "; ".join(reasons)
+    return c

@@ -12,22 +12,23 @@ from __future__ import annotations
 import sys
 
 from exportkit.errors import UsageError
+from exportkit.options.compat import CompatOptions
 from exportkit.options.server_flags import STOCK
 from exportkit.compat.report import CompatReport, VersionRow, render_text
 
 PARALLEL_VERSIONS = 2
 
 
-def compat_command(*, json_out=None, html=None, summary=None, **options) -> int:
+def compat_command(o: CompatOptions) -> int:
     """The CLI's compat: run_compat, rendered where the flags say."""
     from exportkit.files import print_report
     from exportkit.report.artifacts import check_report_options, write_compat
 
-    check_report_options(html, summary)
-    report = run_compat(**options)
-    print_report(render_text(report, report.run), report.to_json(), json_out)
+    check_report_options(o.html, o.summary)
+    report = run_compat(o)
+    print_report(render_text(report, report.run), report.to_json(), o.json_out)
     sys.stdout.flush()
-    write_compat(report, html, summary, other_device_rows(report) if html else None)
+    write_compat(report, o.html, o.summary, other_device_rows(report) if o.html else None)
     return report.exit_code
 
 
@@ -43,48 +44,45 @@ def other_device_rows(report: CompatReport) -> list[VersionRow]:
                                       report.flags or STOCK)]
 
 
-def run_compat(*, path, tf=None, device="cpu", run=False, signature_name="serving_default", samples=8, seed=0,
-               int_range=None, atol=None, rtol=None, tol=None, serving=None, launch=None, load_timeout=120.0,
-               server="stock") -> CompatReport:
-    """The compat matrix, rendered nowhere (the Python API's `exportkit.compat` and the CLI call it). `serving`:
-    None, or docker[:TAG] to observe each version on TF Serving's own image (`launch`: its LaunchOptions).
-    `server`: stock (TF X.Y and the op libraries tensorflow_model_server links) or tf-only."""
+def run_compat(o: CompatOptions) -> CompatReport:
+    """The compat matrix, rendered nowhere (the Python API's `exportkit.compat` and the CLI call it). `o.serving`:
+    None, or docker[:TAG] to observe each version on TF Serving's own image (`o.launch`: how it is started).
+    `o.server`: stock (TF X.Y and the op libraries tensorflow_model_server links) or tf-only."""
     from exportkit.tfversions import analysis, parse_versions
     from exportkit.tfversions.registry import SERVERS
     from exportkit.savedmodel.reader import select_meta_graph
-    from exportkit.options.spec import check_tolerances
     from exportkit.verify.plan import read_model
 
-    check_tolerances(atol, rtol)
-    versions = parse_versions(tf)
+    device, server, serving, signature_name = o.device, o.server, o.serving, o.signature_name
+    versions = parse_versions(o.tf)
     if server not in SERVERS:
         raise UsageError(f"--server {server!r} is not one of {', '.join(SERVERS)}",
                          "pass --server stock (what tensorflow_model_server links) or --server tf-only")
     if device not in ("cpu", "gpu"):
         raise UsageError(f"--device {device!r} is not cpu or gpu", "pass --device cpu or --device gpu")
-    if run and device == "gpu":
+    if o.run and device == "gpu":
         raise UsageError("--run observes on the CPU only (the managed environments hold tensorflow-cpu)",
                          "drop --run for the GPU forecast, or use --device cpu --run")
     if serving is not None:
         _check_server_choice(serving, versions)
-    version_dir, proto, signatures = read_model(path)
+    version_dir, proto, signatures = read_model(o.path)
     signature = signatures.get(signature_name)
     meta_graph = select_meta_graph(proto)
-    flags = launch.server_flags if launch else STOCK  # compat --server-flag: how the servers are started
+    flags = o.launch.server_flags  # compat --server-flag: how the servers are started
     predicted = analysis.analyze(meta_graph, versions, device, server, flags)
     rows = [VersionRow(r.tf, r.predicted, findings=r.findings) for r in predicted]
-    if run or serving:
+    if o.run or serving:
         if signature is None:
             raise UsageError(f"{version_dir} has no signature '{signature_name}' to run",
                              "pass --signature-name with one of its signatures")
-        servers = _servers(serving, [r.tf for r in rows], device, launch) if serving else {}
-        _observe(rows, version_dir, signature_name, signature, samples, seed, int_range, atol, rtol, tol,
-                 run=run, servers=servers, device=device, launch=launch, load_timeout=load_timeout)
-    return CompatReport(path=str(version_dir), device=device, versions=rows, run=run, server=server, flags=flags)
+        servers = _servers(serving, [r.tf for r in rows], device, o.launch) if serving else {}
+        _observe(rows, version_dir, signature_name, signature, o.samples, o.seed, o.int_range, o.atol, o.rtol, o.tol,
+                 run=o.run, servers=servers, device=device, launch=o.launch, load_timeout=o.load_timeout)
+    return CompatReport(path=str(version_dir), device=device, versions=rows, run=o.run, server=server, flags=flags)
 
 
 def _check_server_choice(serving: str, versions: list[str]) -> None:
-    from exportkit.serving.launch.container import is_container_mode
+    from exportkit.serving.launch.docker import is_container_mode
 
     if not is_container_mode(serving):
         raise UsageError(f"compat --serving {serving!r}: compat observes TF Serving X.Y through its official image",
@@ -96,7 +94,7 @@ def _check_server_choice(serving: str, versions: list[str]) -> None:
 
 def _servers(serving: str, versions: list[str], device: str, launch) -> dict[str, str]:
     """{X.Y: the --serving mode of its image}: the one named, or the newest local tensorflow/serving:X.Y.Z."""
-    from exportkit.serving.launch import container
+    from exportkit.serving.launch import docker as container
 
     if serving != "docker":
         return {versions[0]: serving}
@@ -108,16 +106,16 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
              run=True, servers=None, device="cpu", launch=None, load_timeout=120.0) -> None:
     """Fill `observed`/`error` of each row from session@X.Y (`run`) and `served` from TF Serving X.Y's image
     (`servers`: {X.Y: docker mode}), compared with the reference like verify does."""
-    from exportkit.inputs.batches import parse_int_range_flags, recorded_int_ranges
+    from exportkit.inputs.ranges import parse_int_range_flags, recorded_int_ranges
     from exportkit.savedmodel.extras import read_manifest
-    from exportkit.options.spec import VerifyOptions
+    from exportkit.options.verify import VerifyOptions
     from exportkit.compare.tolerances import parse_tol
     from exportkit.verify.report import VerifyReport
     from exportkit.verify.execute import build_runtimes, close_all, run_signature, started, versioned_pythons
     from exportkit.verify.pairs import compare_all
     from exportkit.verify.plan import Plan, plan_runtimes, signature_checks, tolerances_for
 
-    from exportkit.runtimes.serving import ServingRuntime
+    from exportkit.runtimes.factory import RuntimeSpec, ServerSpec, build
     from exportkit.verify.execute import Labeled
 
     # installs what is missing, before anything runs
@@ -126,7 +124,8 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
     lo_hi = recorded_int_ranges(parse_int_range_flags(int_range or []), manifest, {signature_name: signature})
     options = VerifyOptions(path=str(version_dir), signature_name=signature_name, serving="none", samples=samples,
                             seed=seed)
-    check = signature_checks(options, {signature_name: signature}, [signature_name], version_dir, manifest, lo_hi)[0]
+    check = signature_checks({signature_name: signature}, [signature_name], version_dir, manifest, lo_hi,
+                             samples=samples, seed=seed)[0]
     batches = check.batches
     # The reference: the golden record where there is one, else the session runtime on this Python's TF.
     names = ["golden", "session"] if check.golden[0] is not None else ["session"]
@@ -144,9 +143,10 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
         for item in references:
             report.runtimes.append(run_signature(item, check, outputs))
     for version, mode in (servers or {}).items():  # one container at a time: each holds the model
-        server = Labeled(ServingRuntime(str(version_dir), mode, signature_name=signature_name, device=device,
-                                        signatures={signature_name: signature}, load_timeout=load_timeout,
-                                        launch=launch), f"serving@{version}")
+        server = Labeled(build(RuntimeSpec("serving", str(version_dir), signature_name, device,
+                                           signatures={signature_name: signature},
+                                           server=ServerSpec(mode, load_timeout=load_timeout, launch=launch))),
+                         f"serving@{version}")
         try:
             report.runtimes.append(run_signature(server, check, outputs))
         finally:

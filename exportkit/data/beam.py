@@ -24,51 +24,24 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from exportkit.data.predictionlog import LOGGED
-from exportkit.data.records import DataSource, ExampleParsing, Feeder
+from exportkit.data.records import DataSource, Feeder
 from exportkit.compare.stats import OutputStats
 from exportkit.errors import CheckFailed, ExportkitError, InfraError, UsageError
+from exportkit.runtimes.factory import RuntimeSpec, build
+from exportkit.runtimes.loop import BatchLoop
+from exportkit.runtimes.wrappers import ExampleParsing
 
 _ERROR = re.compile(r"exportkit-error\[(\w+)\]: (.*?) \|\| (.*?)(?:\n|$)")
-
-
-@dataclass
-class RuntimeSpec:
-    """A runtime to build on a worker: `name` is one of runtimes.RUNTIME_NAMES, `args` its constructor's."""
-
-    label: str
-    name: str
-    args: dict
-    parse_examples: str | None = None  # the Example input a tensor-taking model parses itself (keras)
-    top1: dict | None = None  # derived top-1 outputs (data.changes.top1_sources) added to its answers (diff)
 
 
 @dataclass
 class BeamPlan:
     source: DataSource
     example_key: str | None
-    runtimes: list[RuntimeSpec]  # the first is the reference
+    runtimes: list[RuntimeSpec]  # built on the workers (runtimes.factory); the first is the reference
     tolerances: dict  # output key -> (atol, rtol)
     replayer: object = None  # predictionlog.LogReplayer for PredictionLog records (adds the runtime `logged`)
     accumulator: object = None  # (key, atol, rtol) -> the statistics of one output (default stats.OutputStats)
-
-
-def build_runtime(spec: RuntimeSpec):
-    if spec.name == "saved_model":
-        from exportkit.runtimes.local import SavedModelRuntime as cls
-    elif spec.name == "keras":
-        from exportkit.runtimes.local import KerasRuntime as cls
-    elif spec.name == "session":
-        from exportkit.runtimes.session import SessionRuntime as cls
-    elif spec.name == "serving":
-        from exportkit.runtimes.serving import ServingRuntime as cls
-    else:
-        raise UsageError(f"runtime {spec.name!r} cannot run in a Beam worker", "use saved_model, keras, session, serving")
-    runtime = cls(**spec.args)
-    if spec.top1:
-        from exportkit.data.changes import Top1Outputs
-
-        runtime = Top1Outputs(runtime, spec.top1)
-    return ExampleParsing(runtime, spec.parse_examples) if spec.parse_examples else runtime
 
 
 def _relay(err: ExportkitError) -> RuntimeError:
@@ -221,15 +194,20 @@ class _Parse(beam.DoFn):
 
 
 class _Run(beam.DoFn):
-    """One runtime on a worker: built and loaded once in setup, closed in teardown."""
+    """One runtime on a worker (runtimes.factory builds it from its spec): loaded once in setup, batches through
+    runtimes.loop, closed in teardown."""
 
     def __init__(self, spec: RuntimeSpec):
+        if spec.name not in ("saved_model", "keras", "session", "serving"):
+            raise UsageError(f"runtime {spec.name!r} cannot run in a Beam worker",
+                             "use saved_model, keras, session, serving")
         self.spec = spec
 
     def setup(self):
-        self.runtime = build_runtime(self.spec)
+        self.runtime = build(self.spec)
+        self.loop = BatchLoop(self.runtime, timed=False)
         try:
-            self.runtime.load()
+            self.loop.load()
         except ExportkitError as err:
             raise _relay(err) from None
 
@@ -238,7 +216,7 @@ class _Run(beam.DoFn):
         if isinstance(self.runtime, ExampleParsing):
             self.runtime.name_record = lambda row: f"#{row} of the batch from file {key[0]}, record {key[1]} on"
         try:
-            yield key, self.runtime.run(inputs)
+            yield key, self.loop.run(inputs)
         except ExportkitError as err:
             raise _relay(err) from None
 

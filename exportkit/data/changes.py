@@ -6,7 +6,7 @@ memory; two of them merge exactly (Beam's CombineFn merges them the same way), a
 * per element: |new - old| and |new - old| / |old| in data.stats' LogHistogram (quantiles within 1.2%), the exact
   maximum, and the mean shift (mean of new - old);
 * the records that changed most (their largest element change), with file, index, element and both values;
-* for a top-1 output (`KEY/top1`, derived by `Top1Outputs`): the records whose top-1 changed, and the counts of
+* for a top-1 output (`KEY/top1`, derived by runtimes.wrappers.Top1Outputs): the records whose top-1 changed, and the counts of
   (old top-1, new top-1) pairs, bounded at MAX_PAIRS distinct pairs (the rest counted as `other`);
 * with a label (a feature of the records' tf.Examples, `label_key`): each version's metric: accuracy of a top-1
   output, AUC of a one-value score against 0/1 labels (from AUC_BINS bins of a monotonic squashing of the score,
@@ -20,73 +20,11 @@ from collections import Counter
 import numpy as np
 
 from exportkit.compare.stats import LogHistogram, to_bytes
-from exportkit.runtimes import Runtime
+from exportkit.runtimes.wrappers import TOP1
 
-TOP1 = "/top1"  # suffix of a derived top-1 output
 MOST_CHANGED = 10
 MAX_PAIRS = 10_000
 AUC_BINS = 20_000
-
-
-def top1_sources(signature: dict) -> dict[str, tuple[str, str | None]]:
-    """{derived output: (scores output, classes output or None)}: what `Top1Outputs` adds for a signature.
-
-    A classify signature's top-1 is its `classes` label at the highest score (the first class without scores);
-    any other output of [batch, k] floats (k >= 2: probabilities or logits) has the argmax as its top-1."""
-    from exportkit.signature_constants import CLASSIFY_CLASSES, CLASSIFY_METHOD, CLASSIFY_SCORES
-
-    outputs = signature["outputs"]
-    derived = {}
-    if signature.get("method") == CLASSIFY_METHOD or (CLASSIFY_CLASSES in outputs and CLASSIFY_SCORES in outputs):
-        if CLASSIFY_SCORES in outputs:
-            derived[CLASSIFY_SCORES + TOP1] = (CLASSIFY_SCORES, CLASSIFY_CLASSES if CLASSIFY_CLASSES in outputs else None)
-        elif CLASSIFY_CLASSES in outputs:
-            derived[CLASSIFY_CLASSES + TOP1] = (None, CLASSIFY_CLASSES)
-    for key, t in outputs.items():
-        shape = t.get("shape")
-        if (key + TOP1 not in derived and key != CLASSIFY_SCORES and t.get("dtype", "").startswith(("float", "bfloat"))
-                and shape is not None and len(shape) == 2 and shape[1] is not None and shape[1] >= 2):
-            derived[key + TOP1] = (key, None)
-    return derived
-
-
-def top1_of(outputs: dict[str, np.ndarray], derived: dict[str, tuple[str, str | None]]) -> dict[str, np.ndarray]:
-    """The derived top-1 outputs of one batch's answers (labels where there are classes, else argmax indices)."""
-    top = {}
-    for name, (scores, classes) in derived.items():
-        s = None if scores is None else outputs.get(scores)
-        c = None if classes is None else outputs.get(classes)
-        if s is not None and np.ndim(s) == 2 and np.shape(s)[1]:
-            best = np.argmax(np.asarray(s), axis=1)
-            top[name] = best.astype(np.int64) if c is None else np.asarray(c)[np.arange(len(best)), best]
-        elif c is not None and np.ndim(c) == 2 and np.shape(c)[1]:
-            top[name] = np.asarray(c)[:, 0]
-    return top
-
-
-class Top1Outputs(Runtime):
-    """A runtime whose answers also hold the derived top-1 outputs (`top1_sources`), so that they are compared like
-    any other output (in-process and on Beam workers alike)."""
-
-    def __init__(self, inner: Runtime, derived: dict[str, tuple[str, str | None]]):
-        self.inner, self.derived = inner, derived
-        self.name, self.kind, self.device = inner.name, inner.kind, inner.device
-
-    def start(self) -> None:
-        self.inner.start()
-
-    def load(self) -> None:
-        self.inner.load()
-        self.loaded = True
-
-    def run(self, inputs):
-        outputs = self.inner.run(inputs)
-        self.placed_on, self.server = self.inner.placed_on, self.inner.server
-        return None if outputs is None else {**outputs, **top1_of(outputs, self.derived)}
-
-    def close(self) -> None:
-        self.inner.close()
-        self.loaded = False
 
 
 def labels_of(examples: np.ndarray | None, key: str) -> np.ndarray | None:

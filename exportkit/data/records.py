@@ -7,23 +7,23 @@ every Beam worker form the very same batches: a model's float results can depend
 two runners must agree to the last bit. Every record keeps its position (file number, index in the file, byte
 offset in the uncompressed stream) so a failing record can be found and re-run.
 
-TFRecord framing is read and written in Python (uint64 length, masked CRC-32C of it, data, masked CRC-32C of the
-data: exportkit.inputs.load.tfrecord_blocks checks both, as TensorFlow's reader does); a bad record is a UsageError
-naming FILE:INDEX.
+TFRecord framing is read and written in Python by exportkit.inputs.tfrecord (its tfrecord_blocks checks both CRCs,
+as TensorFlow's reader does); a bad record is a UsageError naming FILE:INDEX.
 """
 from __future__ import annotations
 
 import glob as globlib
 import json
 import os
-import struct
 import zlib
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 
-from exportkit.inputs.load import InputSpec, cast_input, load_inputs, masked_crc32c, tfrecord_blocks, tfrecord_records
+from exportkit.inputs.load import cast_input, load_inputs
+from exportkit.inputs.spec import InputSpec
+from exportkit.inputs.tfrecord import tfrecord_blocks, tfrecord_frame, tfrecord_records
 from exportkit.errors import UsageError
 from exportkit.files import StagedDir, os_error
 from exportkit.tfexample.signatures import check_examples
@@ -242,12 +242,9 @@ class FailureWriter:
             if self._records is None:
                 self._records = (self._staged.stage / "failures.tfrecord").open("wb")
             for r in rows:
-                data = batch.records[r]
-                length = struct.pack("<Q", len(data))
-                self._records.write(length + struct.pack("<I", masked_crc32c(length)) + data
-                                    + struct.pack("<I", masked_crc32c(data)))
+                self._records.write(tfrecord_frame(batch.records[r]))
         else:
-            from exportkit.inputs.load import write_npz
+            from exportkit.inputs.npz import write_npz
 
             write_npz(self._staged.stage / f"failures-{self._npz}.npz", {k: v[rows] for k, v in batch.rows.items()})
             self._npz += 1

@@ -12,84 +12,23 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from exportkit.data.changes import ChangeStats, Top1Outputs, top1_sources
+from exportkit.data.changes import ChangeStats
 from exportkit.data.records import DataSource, Fed, Feeder, data_signature, records_are_logs
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.findings import Finding
+from exportkit.runtimes.loop import BatchLoop
+from exportkit.runtimes.wrappers import top1_sources
+from exportkit.options.diff import DiffOptions
 from exportkit.savedmodel.reader import list_versions, resolve_savedmodel_dir
 from exportkit.signature_constants import REGRESS_METHOD
 from exportkit.verify.baseline import compare_signature_sets
 from exportkit.verify.dataset import data_pattern
 from exportkit.diff.report import DiffReport, Gate, OutputChange, finish_diff, output_change
-
-QUANTILE_NAMES = ("p50", "p99", "p99.9", "max")
-
-
-@dataclass
-class DiffOptions:
-    """`exportkit diff`: the two versions, the inputs, the gates and the reports."""
-
-    paths: list[str]  # [OLD, NEW], [BASE_DIR] (its newest two), or [NEW] with `serving`
-    serving: str | None = None  # HOST:PORT of the deployed OLD version
-    model_name: str | None = None
-    model_version: int | None = None
-    signature_name: str | None = None
-    data: str | None = None
-    limit: int | None = None
-    batch_size: int = 1024  # larger than verify --data's: both versions see the same batches, and each batch costs
-    # a round trip through two worker processes
-    sample: float | None = None
-    seed: int = 0
-    samples: int = 8
-    label: str | None = None
-    max_changed_top1: str | None = None  # "0.5%" or "0.005"
-    max_abs_change: list[str] = field(default_factory=list)  # "p99=0.05" (repeatable; p50, p99, p99.9, max)
-    min_metric_delta: float | None = None
-    runner: str = "in-process"
-    beam_options: list[str] = field(default_factory=list)
-    device: str = "cpu"
-    load_timeout: float = 120.0
-    json_out: str | None = None
-    html: str | None = None
-    summary: str | None = None
-
-
-# -- the options ----------------------------------------------------------------------------------------------
-
-
-def parse_share(text: str | None) -> float | None:
-    """`0.5%` or `0.005` -> 0.005."""
-    if text is None:
-        return None
-    try:
-        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= 1:
-        raise UsageError(f"--max-changed-top1 {text!r} is not a share", "pass a percentage (0.5%) or a fraction (0.005)")
-    return value
-
-
-def parse_abs_gates(items: list[str]) -> dict[str, float]:
-    """`p99=0.05` (repeatable) -> {"p99": 0.05}."""
-    gates = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not sep or name not in QUANTILE_NAMES or not (number >= 0):
-            raise UsageError(f"--max-abs-change {item!r} is not QUANTILE=VALUE",
-                             f"write it as --max-abs-change p99=0.05 (quantiles: {', '.join(QUANTILE_NAMES)})")
-        gates[name] = number
-    return gates
 
 
 @dataclass
@@ -144,11 +83,6 @@ def run_diff(o: DiffOptions) -> DiffReport:
     `exportkit.diff` and the CLI call it)."""
     from exportkit.verify.plan import read_model
 
-    share_gate, abs_gates = parse_share(o.max_changed_top1), parse_abs_gates(o.max_abs_change)
-    if o.min_metric_delta is not None and not o.label:
-        raise UsageError("--min-metric-delta needs --label KEY", "pass --label with the feature that holds the label")
-    if o.runner not in ("in-process", "beam"):
-        raise UsageError(f"--runner {o.runner!r} is not in-process or beam", "pass --runner beam, or leave it out")
     old_dir, new_dir = resolve_versions(o)
     _, _, new_signatures = read_model(new_dir)
     new = Version("new", new_dir, new_signatures)
@@ -169,19 +103,19 @@ def run_diff(o: DiffOptions) -> DiffReport:
     if o.runner == "beam":
         stats, records, skipped = _beam(o, data, old, new, name, signature, derived, accumulator, report)
     else:
-        runtimes = [_runtime(o, old, name, new.signatures)]
+        runtimes = [_runtime(o, old, name, new.signatures, derived)]
         try:
-            runtimes.append(_runtime(o, new, name, new.signatures))
+            runtimes.append(_runtime(o, new, name, new.signatures, derived))
         except BaseException:
             runtimes[0].close()
             raise
-        stats, records, skipped = _in_process(o, data, new, name, signature, runtimes, derived, accumulator, report)
+        stats, records, skipped = _in_process(o, data, new, name, signature, runtimes, accumulator, report)
     report.inputs.update({"records": records, "runner": o.runner, "label": o.label})
     if skipped is not None:
         report.inputs["skipped"] = dict(sorted(skipped.items()))
     regression = signature.get("method") == REGRESS_METHOD
     report.outputs = [output_change(st, report.files, regression) for _, st in sorted(stats.items())]
-    report.gates = gates(report.outputs, share_gate, abs_gates, o.min_metric_delta)
+    report.gates = gates(report.outputs, o.max_changed_top1, o.max_abs_change, o.min_metric_delta)
     return report
 
 
@@ -203,27 +137,35 @@ def _signature(o: DiffOptions, data: str | None, signatures: dict) -> str:
     return name
 
 
-def _runtime(o: DiffOptions, version: Version, name: str, signatures: dict):
-    """The session runtime of a version dir (a worker of its own, started), or the deployed server (loaded: its
-    signatures, from GetModelMetadata, become the version's)."""
+def _spec(o: DiffOptions, version: Version, name: str, signatures: dict, derived: dict | None = None):
+    """A version's runtime: the session runtime of its dir (a worker of its own), or the deployed server; with
+    `derived`, its answers also hold their top-1 (runtimes.wrappers.Top1Outputs)."""
+    from exportkit.runtimes.factory import RuntimeSpec, ServerSpec
+
     if version.address:
-        from exportkit.runtimes.serving import ServingRuntime
+        return RuntimeSpec("serving", None, name, o.device, label=version.label, signatures=signatures, top1=derived,
+                           server=ServerSpec(version.address, o.model_name, o.model_version,
+                                             load_timeout=o.load_timeout))
+    return RuntimeSpec("session", str(version.path), name, o.device, label=version.label, top1=derived)
 
-        runtime = ServingRuntime(None, mode=version.address, model_name=o.model_name, model_version=o.model_version,
-                                 signature_name=name, load_timeout=o.load_timeout, signatures=signatures)
-        try:
-            runtime.load()
-            version.signatures = runtime.served_signatures()
-        except BaseException:
-            runtime.close()
-            raise
-        for key, sig in version.signatures.items():  # metadata has no method name: the request API is NEW's
-            sig.setdefault("method", (signatures.get(key) or {}).get("method"))
+
+def _runtime(o: DiffOptions, version: Version, name: str, signatures: dict, derived: dict | None = None):
+    """A version's runtime, started; the deployed server's is loaded, and its signatures (GetModelMetadata) become
+    the version's."""
+    from exportkit.runtimes.factory import build
+
+    runtime = build(_spec(o, version, name, signatures, derived))
+    if not version.address:
+        runtime.start()
         return runtime
-    from exportkit.runtimes.session import SessionRuntime
-
-    runtime = SessionRuntime(str(version.path), name, device=o.device)
-    runtime.start()
+    try:
+        runtime.load()
+        version.signatures = getattr(runtime, "inner", runtime).served_signatures()
+    except BaseException:
+        runtime.close()
+        raise
+    for key, sig in version.signatures.items():  # metadata has no method name: the request API is NEW's
+        sig.setdefault("method", (signatures.get(key) or {}).get("method"))
     return runtime
 
 
@@ -241,15 +183,13 @@ def _feeder(o: DiffOptions, data: str, new: Version, name: str, signature: dict)
 
 def _generated(o: DiffOptions, new: Version, name: str):
     """Without --data: NEW's golden batches and generated ones (as verify makes them), as Fed batches."""
-    from exportkit.inputs.load import IntRangeFlags, recorded_int_ranges
+    from exportkit.inputs.ranges import IntRangeFlags, recorded_int_ranges
     from exportkit.savedmodel.extras import read_manifest
-    from exportkit.options.spec import VerifyOptions
     from exportkit.verify.plan import signature_checks
 
     manifest, _ = read_manifest(new.path)
     lo_hi = recorded_int_ranges(IntRangeFlags(), manifest, new.signatures)
-    (check,) = signature_checks(VerifyOptions(path=str(new.path), samples=o.samples, seed=o.seed), new.signatures,
-                                [name], new.path, manifest, lo_hi)
+    (check,) = signature_checks(new.signatures, [name], new.path, manifest, lo_hi, samples=o.samples, seed=o.seed)
     files, start = ["<golden>", "<generated>"], {0: 0, 1: 0}
     batches = []
     for origin, batch in check.batches:
@@ -262,8 +202,7 @@ def _generated(o: DiffOptions, new: Version, name: str):
     return files, batches
 
 
-def _in_process(o, data, new, name, signature, runtimes, derived, accumulator, report):
-    runtimes = [Top1Outputs(runtime, derived) for runtime in runtimes]
+def _in_process(o, data, new, name, signature, runtimes, accumulator, report):
     try:
         return _stream(o, data, new, name, signature, runtimes, accumulator, report)
     finally:
@@ -290,12 +229,13 @@ def _stream(o, data, new, name, signature, runtimes, accumulator, report):
     # The two worker processes answer a batch at once while this process reads the next one: one thread per
     # runtime, so each runtime gets its batches one after the other.
     pools = [concurrent.futures.ThreadPoolExecutor(max_workers=1) for _ in runtimes]
+    loops = [BatchLoop(runtime, timed=False) for runtime in runtimes]
     try:
-        for future in [pool.submit(runtime.load) for pool, runtime in zip(pools, runtimes)]:
+        for future in [pool.submit(loop.load) for pool, loop in zip(pools, loops)]:
             future.result()
         pending = None  # (the batch, its two answers to come)
         for fed in (f for f in fed_batches if len(f)):
-            running = (fed, [pool.submit(_run, runtime, fed.inputs) for pool, runtime in zip(pools, runtimes)])
+            running = (fed, [pool.submit(_run, loop, fed.inputs) for pool, loop in zip(pools, loops)])
             if pending:
                 records += _add(stats, accumulator, pending[0], *(f.result() for f in pending[1]))
             pending = running
@@ -317,15 +257,15 @@ def _add(stats: dict, accumulator, fed: Fed, old_out: dict, new_out: dict) -> in
     return len(fed)
 
 
-def _run(runtime, inputs) -> dict:
+def _run(loop: BatchLoop, inputs) -> dict:
     """One batch through one version; a version that cannot answer is the model's failure (exit 1)."""
     try:
-        return runtime.run(inputs)
+        return loop.run(inputs)
     except (CheckFailed, InfraError, UsageError):
         raise
     except Exception as err:
         first = (str(err).strip().splitlines() or [""])[0]
-        raise CheckFailed(f"the {runtime.inner.name} runtime failed: {type(err).__name__}: {first}",
+        raise CheckFailed(f"the {loop.runtime.name} runtime failed: {type(err).__name__}: {first}",
                           "run `exportkit verify` on that version") from None
 
 
@@ -341,7 +281,7 @@ def _beam(o, data, old, new, name, signature, derived, accumulator, report):
     if not data:
         raise UsageError("--runner beam needs --data GLOB", "pass --data, or leave --runner out")
     try:
-        from exportkit.data.beam import BeamPlan, RuntimeSpec, run_pipeline
+        from exportkit.data.beam import BeamPlan, run_pipeline
     except ModuleNotFoundError as err:
         if not (err.name or "").startswith("apache_beam"):
             raise
@@ -350,15 +290,8 @@ def _beam(o, data, old, new, name, signature, derived, accumulator, report):
     report.files = source.files
     report.inputs.update({"source": "data", "path": o.data, "files": len(source.files)})
 
-    def spec(version: Version) -> RuntimeSpec:
-        if version.address:
-            return RuntimeSpec(version.label, "serving", dict(
-                path=None, mode=version.address, signature_name=name, model_name=o.model_name,
-                model_version=o.model_version, load_timeout=o.load_timeout, signatures=new.signatures), top1=derived)
-        return RuntimeSpec(version.label, "session", dict(path=str(version.path), signature_name=name,
-                                                          device=o.device), top1=derived)
-
-    plan = BeamPlan(source=source, example_key=feeder.example_key, runtimes=[spec(old), spec(new)], tolerances={},
+    specs = [_spec(o, version, name, new.signatures, derived) for version in (old, new)]
+    plan = BeamPlan(source=source, example_key=feeder.example_key, runtimes=specs, tolerances={},
                     replayer=feeder.replayer, accumulator=accumulator)
     stats, records = run_pipeline(plan, o.beam_options)
     _no_records(records, o, feeder.replayer)

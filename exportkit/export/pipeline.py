@@ -21,16 +21,18 @@ from exportkit.export import selfcheck
 from exportkit.export import signature as sig
 from exportkit.export import writer
 from exportkit.findings import Finding, has_errors
-from exportkit.runtimes.session import SessionRuntime
+from exportkit.runtimes.factory import RuntimeSpec, build
 from exportkit.sources.int_ranges import generated_inputs_failure, int_ranges_for
 from exportkit.sources.kerases import prepare_process
 from exportkit.sources.load import detect_format, load_source, sha256_of
 from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs, parse_input_spec
-from exportkit.options.spec import ExportOptions, export_options
+from exportkit.options.export import ExportOptions
 from exportkit.tfenv import import_tf, tensorflow_version, toolchain
 from exportkit.compare.outputs import compare_batches, compare_with_default_tolerances
 from exportkit.compare.tolerances import Tolerance, default_tolerance
-from exportkit.inputs.batches import InputSpec, IntRanges, generate_batches
+from exportkit.inputs.generate import generate_batches
+from exportkit.inputs.ranges import IntRanges
+from exportkit.inputs.spec import InputSpec
 from exportkit.tfexample.features import ExampleFeature, apply_feature_spec, derive_features, encode_examples, to_manifest
 
 SCHEMA_VERSION = 1  # of the `export --json` summary (docs/report-schema.md)
@@ -403,7 +405,7 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
         # prove no op is known only here); otherwise in the serving-equivalent worker, started now so its
         # TensorFlow import overlaps with loading and tracing.
         stock = selfcheck.stock_version(tensorflow_version()) if options.verify else None
-        session = (SessionRuntime(str(base / str(version)), options.signature_name, device="cpu")
+        session = (build(RuntimeSpec("session", str(base / str(version)), options.signature_name, "cpu"))
                    if options.verify and stock is None else None)
         checked_how = ""
         try:
@@ -535,12 +537,12 @@ def summary_json(result: ExportResult) -> dict:
             "signatures": result.signatures}
 
 
-def export_command(*, src, output=None, spec_path=None, json_out=None, html=None, summary=None, **flags) -> int:
+def export_command(options: ExportOptions, *, json_out=None, html=None, summary=None) -> int:
+    """The CLI's export: export_model, its summary printed and the report files written where the flags say."""
     from exportkit.report.artifacts import check_report_options, write_export
     from exportkit.verify.report import shorten
 
     check_report_options(html, summary)
-    options = export_options(src, output, spec_path, **flags)
     if options.output_origin:
         print(f"exportkit: no -o given: exporting to {options.output} ({options.output_origin})", file=sys.stderr,
               flush=True)

@@ -7,21 +7,19 @@ In-process (default): one batch at a time goes through every runtime in the same
 from __future__ import annotations
 
 import math
-import sys
 import time
 
 import numpy as np
 
-from exportkit.data.records import (DataSource, ExampleParsing, Feeder, FailureWriter, data_signature,
-                                    records_are_logs)
+from exportkit.data.records import DataSource, Feeder, FailureWriter, data_signature, records_are_logs
 from exportkit.data.predictionlog import LOGGED, LogReplayer
 from exportkit.compare.stats import OutputStats, compare_into
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.savedmodel.extras import signature_entries
-from exportkit.options.spec import VerifyOptions
+from exportkit.options.verify import VerifyOptions
 from exportkit.verify.checks import serving_checks
-from exportkit.compare.outputs import OutputComparison, value_reasons
-from exportkit.compare.summaries import histogram_summary
+from exportkit.compare.outputs import streamed_comparison
+from exportkit.runtimes.loop import BatchLoop
 from exportkit.verify.execute import started
 from exportkit.compare.finite import NonFiniteCounter
 from exportkit.verify.latency import latency_findings, latency_summary
@@ -120,26 +118,24 @@ def _run_in_process(o, source, version_dir, specs, signature, names, devices, ex
     writer = FailureWriter(o.save_failures, source) if o.save_failures else None  # so does a bad --save-failures
     check = SignatureCheck(o.signature_name, signature.get("method") or "", specs, output_dtypes, {})
     plan = Plan(version_dir, devices, [check], plan_runtimes(names, devices), [], signatures={check.name: signature})
-    with started(o, plan) as runtimes_:
+    with started(o, plan, parse_examples=example_key) as runtimes_:
         return _stream(o, source, signature, runtimes_, feed, writer, example_key, tolerances, version_dir, report)
 
 
 def _stream(o, source, signature, runtimes_, feed, writer, example_key, tolerances, version_dir, report):
     """Batch after batch through every live runtime, compared with the first (the reference) into the statistics."""
-    parsing = []  # runtimes that parse the records themselves (keras on a signature over tf.Example)
-    for item in runtimes_:
-        if example_key is not None and item.runtime.name == "keras":
-            item.runtime = ExampleParsing(item.runtime, example_key)
-            parsing.append(item.runtime)
+    from exportkit.runtimes.wrappers import ExampleParsing
+
+    parsing = [item.runtime for item in runtimes_ if isinstance(item.runtime, ExampleParsing)]
+    loops = {item.label: BatchLoop(item.runtime) for item in runtimes_}
     results = {item.label: RuntimeResult(name=item.label, kind=item.runtime.kind, device=item.runtime.device)
                for item in runtimes_}
     logged = RuntimeResult(name=LOGGED, kind="recorded", device=None)  # the answers the logs carry, if any
     stats: dict[tuple[str, str], OutputStats] = {}
     nonfinite = NonFiniteCounter()
-    timings: dict[str, list[float]] = {}  # seconds per batch, per runtime (verify/latency.py)
     records, completed = 0, False
     try:
-        live = [item for item in runtimes_ if _timed(results[item.label], lambda: item.runtime.load() or True)]
+        live = [item for item in runtimes_ if _timed(results[item.label], lambda: loops[item.label].load() or True)]
         progress = _Progress(source, o.limit)
         for batch in source.batches():
             fed = feed.fed(batch)
@@ -151,12 +147,10 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
                 runtime.name_record = lambda row, b=fed: source.where(b.file_nos[row], int(b.indices[row]))
             outputs = {}
             for item in list(live):
-                began = time.perf_counter()
-                out = _timed(results[item.label], lambda: item.runtime.run(inputs))
+                out = _timed(results[item.label], lambda: loops[item.label].run(inputs))
                 if out is None:
                     live.remove(item)
                 else:
-                    timings.setdefault(item.label, []).append(time.perf_counter() - began)
                     outputs[item.label] = out
                     nonfinite.add(item.label, out, records)
             if not live or live[0].label not in outputs:
@@ -191,7 +185,7 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
         for item in runtimes_:
             result = results[item.label]
             result.server, result.device = item.runtime.server, item.runtime.placed_on or item.runtime.device
-            result.latency = latency_summary(timings.get(item.label, []))
+            result.latency = latency_summary(loops[item.label].timings)
         ordered = [results[item.label] for item in runtimes_] + ([logged] if any(k[0] == LOGGED for k in stats) else [])
         report.runtimes = ordered
         serving_checks(runtimes_, {o.signature_name: signature}, [o.signature_name], version_dir,
@@ -251,34 +245,29 @@ class _Progress:
 
 def _run_beam(o, source, version_dir, specs, signature, names, example_key, tolerances, device, replayer=None):
     try:
-        from exportkit.data.beam import BeamPlan, RuntimeSpec, run_pipeline
+        from exportkit.data.beam import BeamPlan, run_pipeline
     except ModuleNotFoundError as err:
         if not (err.name or "").startswith("apache_beam"):
             raise
         raise UsageError("--runner beam needs Apache Beam", "pip install 'exportkit[beam]'") from None
+    from exportkit.runtimes.factory import RuntimeSpec, ServerSpec
 
     output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
     runtime_specs, skipped = [], []
     for name in names:
+        spec = RuntimeSpec(name, str(version_dir), o.signature_name, device, {s.key: s.dtype for s in specs},
+                           allow_tf32=o.allow_tf32)
         if name == "keras":
-            runtime_specs.append(RuntimeSpec("keras", "keras", dict(source_options=o.against,
-                                                                    output_dtypes=output_dtypes, device=device),
-                                             parse_examples=example_key))
-        elif name == "saved_model":
-            runtime_specs.append(RuntimeSpec("saved_model", "saved_model", dict(
-                path=str(version_dir), signature_name=o.signature_name,
-                input_dtypes={s.key: s.dtype for s in specs}, device=device)))
-        elif name == "session":
-            runtime_specs.append(RuntimeSpec("session", "session", dict(
-                path=str(version_dir), signature_name=o.signature_name, device=device, allow_tf32=o.allow_tf32)))
+            spec.source_options, spec.output_dtypes, spec.parse_examples = o.against, output_dtypes, example_key
         elif name == "serving":
             if ":" not in o.serving:  # workers talk to a deployment, they do not start servers
                 skipped.append(RuntimeResult(name="serving", kind="grpc", status="skipped",
                                              error="Beam workers only talk to a deployment: pass --serving HOST:PORT"))
                 continue
-            runtime_specs.append(RuntimeSpec("serving", "serving", dict(
-                path=str(version_dir), mode=o.serving, signature_name=o.signature_name, model_name=o.model_name,
-                model_version=o.model_version, load_timeout=o.load_timeout)))
+            spec.server = ServerSpec(o.serving, o.model_name, o.model_version, load_timeout=o.load_timeout)
+        elif name not in ("saved_model", "session"):
+            continue
+        runtime_specs.append(spec)
     if len(runtime_specs) < 2:
         raise UsageError(f"--runner beam needs two runtimes to compare, got {[r.label for r in runtime_specs]}",
                          "pass --against SRC, or --serving HOST:PORT, or --runtimes saved_model,session")
@@ -302,38 +291,4 @@ def _attach(report: VerifyReport, stats: dict, source: DataSource) -> None:
     report.reference = reference
     for (label, _), st in sorted(stats.items()):
         if label in by_label:
-            by_label[label].comparisons.append(to_comparison(st, source))
-
-
-def to_comparison(st: OutputStats, source: DataSource) -> OutputComparison:
-    c = OutputComparison(
-        key=st.key, passed=st.passed, expected_dtype=st.expected_dtype, actual_dtype=st.actual_dtype,
-        expected_shape=None if st.expected_shape is None else (-1, *st.expected_shape),
-        actual_shape=None if st.actual_shape is None else (-1, *st.actual_shape), atol=st.atol, rtol=st.rtol,
-        max_abs_err=st.max_abs, max_rel_err=st.max_rel, elements=st.elements, mismatched=st.mismatched,
-        nonfinite_mismatched=st.nonfinite, batches=st.batches, records=st.records,
-        failing_records=st.failing_records)
-    c.mismatch_fraction = st.mismatched / st.elements if st.elements else 0.0
-    if not st.exact and st.max_abs is not None:
-        c.abs_err_quantiles = st.abs_hist.quantiles(cap=st.max_abs)
-        c.rel_err_quantiles = st.rel_hist.quantiles(cap=st.max_rel)
-        c.abs_err_histogram, c.rel_err_histogram = histogram_summary(st.abs_hist), histogram_summary(st.rel_hist)
-        if st.nonfinite:
-            c.required_atol = c.required_rtol = math.inf
-        else:
-            c.required_atol, c.required_rtol = max(0.0, st.need_atol), st.need_rtol
-    c.worst_records = [{"file": source.files[f], "index": i, "offset": off if off >= 0 else None,
-                        "element": element, "expected": exp, "actual": act, "abs_err": abs_err,
-                        "excess": excess}
-                       for excess, f, i, off, element, exp, act, abs_err in st.worst]
-    if st.worst:
-        c.worst_expected, c.worst_actual = st.worst[0][5], st.worst[0][6]
-    if not c.passed:
-        reasons = list(st.structural)
-        if st.expected_dtype != st.actual_dtype:
-            reasons.append(f"dtype {st.actual_dtype} != {st.expected_dtype}")
-        reasons += value_reasons(st.elements, st.mismatched, st.nonfinite, st.exact)
-        if st.failing_records:
-            reasons.append(f"{st.failing_records} of {st.records} records fail")
-        c.reason = "; ".join(reasons)
-    return c
+            by_label[label].comparisons.append(streamed_comparison(st, source.files))

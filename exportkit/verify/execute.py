@@ -5,21 +5,21 @@
 
 A model that cannot load or run is the model's failure (its row says why, exit 1); an InfraError (a server that
 does not come up, a worker that dies) is not: its row says so and it goes to `Execution.infra` (exit 3 once the
-report is out). A new runtime is constructed in `_build` (its PlannedRuntime comes from verify/plan.py).
+report is out). A planned runtime (verify/plan.py) becomes a RuntimeSpec here (`runtime_spec`), built by
+exportkit.runtimes.factory; its batches go through exportkit.runtimes.loop.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import re
 import time
 from dataclasses import dataclass, field
 
 from exportkit.dtypes import HALF_DTYPES, numpy_dtype
 from exportkit.errors import CheckFailed, ExportkitError, InfraError
 from exportkit.savedmodel.extras import variables_bytes
-from exportkit.options.spec import VerifyOptions
-from exportkit.inputs.loader import REAL_ORIGINS
+from exportkit.options.verify import VerifyOptions
+from exportkit.runtimes.loop import BatchLoop, InputsRejected
 from exportkit.verify.latency import latency_summary
 from exportkit.verify.plan import Plan, PlannedRuntime, SignatureCheck
 from exportkit.verify.report import RuntimeResult
@@ -49,10 +49,6 @@ class Execution:
     outputs: dict[str, dict[str, list]] = field(default_factory=dict)
     results: dict[str, list[RuntimeResult]] = field(default_factory=dict)
     infra: list[InfraError] = field(default_factory=list)  # a runtime's environment failed: exit 3
-
-
-class InputsRejected(Exception):
-    """A runtime rejected inputs exportkit generated: the inputs were wrong for the model, not the model."""
 
 
 def versioned_pythons(tf_versions) -> dict[str, str]:
@@ -87,27 +83,23 @@ def installed_workers(tf_versions) -> list[tuple[str, str]]:
     return found
 
 
-def build_runtimes(o: VerifyOptions, plan: Plan) -> list[Labeled]:
-    """Every planned runtime once, started; each is pointed at one signature after the other.
+def build_runtimes(o: VerifyOptions, plan: Plan, parse_examples: str | None = None) -> list[Labeled]:
+    """Every planned runtime once (runtimes.factory), started; each is pointed at one signature after the other.
 
     One TensorFlow worker process per device holds both loads (`saved_model`, `session`, loading at the same time)
     and the embedded server, which answers from the session's load: one TensorFlow import and one TF1 load instead
     of three processes (a 1 GB model needed 7.8 GB that way). `saved_model` runs in this process only when eager
-    Keras (`--against`) imports TensorFlow here anyway."""
-    from exportkit.runtimes.session import TfWorker
+    Keras (`--against`) imports TensorFlow here anyway. `parse_examples`: the serialized tf.Example input that
+    eager Keras parses itself (verify --data on a signature over tf.Example)."""
+    from exportkit.runtimes.factory import Shared, build
 
-    workers: dict = {}  # one TensorFlow worker per device, made when a runtime needs it
-    shared: dict = {}  # the one ServingRuntime that `serving` and `rest` share
-
-    def worker(dev):
-        if dev not in workers:
-            workers[dev] = TfWorker.for_model(str(plan.version_dir), dev, o.allow_tf32)
-        return workers[dev]
-
+    shared = Shared(str(plan.version_dir), o.allow_tf32)
     one_at_a_time = variables_bytes(plan.version_dir) > ONE_LOAD_AT_A_TIME_BYTES
     built = []
     for planned in plan.runtimes:
-        runtime = _build(o, plan, planned, worker, shared, preload_session=not one_at_a_time)
+        spec = runtime_spec(o, plan, planned, preload_session=not one_at_a_time)
+        spec.parse_examples = parse_examples if planned.name == "keras" else None
+        runtime = build(spec, shared)
         lane = _lane(runtime, one_at_a_time)
         built.append(Labeled(runtime, planned.label, lane, release=one_at_a_time and lane[0] == "tf1"
                              and runtime.name == "saved_model"))
@@ -134,58 +126,37 @@ def _lane(runtime, one_at_a_time: bool) -> tuple:
     return ("server", id(runtime))
 
 
-def _build(o: VerifyOptions, plan: Plan, planned: PlannedRuntime, worker, shared: dict, preload_session: bool = True):
-    from exportkit.runtimes.local import GoldenRuntime, KerasRuntime
-    from exportkit.runtimes.session import WorkerRuntime
+def runtime_spec(o: VerifyOptions, plan: Plan, planned: PlannedRuntime, preload_session: bool = True):
+    """The RuntimeSpec of a planned runtime, pointed at the plan's first signature."""
+    from exportkit.runtimes.factory import RuntimeSpec, ServerSpec
 
     first, dev = plan.checks[0], planned.device
     names = {r.name for r in plan.runtimes if r.tf_version is None}
-    input_dtypes = {s.key: s.dtype for s in first.specs}
-    if planned.tf_version:
-        return _versioned_session(plan, planned)
-    if planned.name == "saved_model" and "keras" in names:  # TensorFlow is imported here anyway: no round trips
-        from exportkit.runtimes.local import SavedModelRuntime
+    spec = RuntimeSpec(planned.name, str(plan.version_dir), first.name, dev, {s.key: s.dtype for s in first.specs},
+                       label=planned.label, allow_tf32=o.allow_tf32)
+    if planned.tf_version:  # session@X.Y: the serving-equivalent session runtime on TensorFlow X.Y, CPU
+        from exportkit.tfversions.envs import WORKER, install_command
 
-        return SavedModelRuntime(str(plan.version_dir), first.name, input_dtypes, device=dev)
-    if planned.name == "saved_model":
-        return WorkerRuntime(worker(dev), "saved_model", first.name, preload=True, input_dtypes=input_dtypes)
-    if planned.name == "session":
-        return WorkerRuntime(worker(dev), "session", first.name, preload=preload_session)
-    if planned.name in ("serving", "rest"):
-        from exportkit.runtimes.serving import RestRuntime, ServingRuntime
-
-        if "server" not in shared:
-            shared["server"] = ServingRuntime(
-                str(plan.version_dir), mode=o.serving, signature_name=first.name, model_name=o.model_name,
-                model_version=o.model_version, binary=o.model_server_bin, load_timeout=o.load_timeout, device=dev,
-                signatures=plan.signatures, rest="rest" in names, worker=worker(dev), launch=_launch_options(o))
-        if planned.name == "serving":
-            return shared["server"]
-        return RestRuntime(shared["server"], owns="serving" not in names)
-    if planned.name == "golden":
-        return GoldenRuntime([], [])
-    if planned.name == "trained":  # recorded as float32 where the model computed in half precision: as signed
+        v = planned.tf_version
+        spec.device, spec.allow_tf32, spec.python, spec.worker = "cpu", False, planned.python, str(WORKER)
+        spec.broken_remedy = f"the TF {v} environment may be damaged: rebuild it with `{install_command(v)} --force`"
+    elif planned.name == "saved_model":
+        spec.preload, spec.in_process = True, "keras" in names  # TensorFlow is imported here anyway: no round trips
+    elif planned.name == "session":
+        spec.preload = preload_session
+    elif planned.name in ("serving", "rest"):
+        spec.signatures = plan.signatures
+        spec.server = ServerSpec(o.serving, o.model_name, o.model_version, o.model_server_bin, o.load_timeout,
+                                 _launch_options(o), rest="rest" in names, owned_by_rest="serving" not in names)
+    elif planned.name == "trained":  # recorded as float32 where the model computed in half precision: as signed
         trained = plan.trained
         dtypes = next(c for c in plan.checks if c.name == trained.signature).output_dtypes
         as_signed = [{k: v.astype(numpy_dtype(dtypes[k])) if k in dtypes and v.dtype.kind == "f"
                       and dtypes[k] in HALF_DTYPES else v for k, v in out.items()} for out in trained.outputs]
-        runtime = GoldenRuntime(trained.inputs, as_signed, name="trained")
-        runtime.signature_name = trained.signature
-        return runtime
-    if planned.name == "keras":
-        return KerasRuntime(o.against, first.output_dtypes, device=dev, output_names=plan.output_names)
-    raise AssertionError(f"no runtime is built for {planned.name!r}")
-
-
-def _versioned_session(plan: Plan, planned: PlannedRuntime):
-    """`session@X.Y`: the serving-equivalent session runtime on TensorFlow X.Y (CPU), in its own process."""
-    from exportkit.tfversions.envs import WORKER, install_command
-    from exportkit.runtimes.session import SessionRuntime
-
-    v = planned.tf_version
-    return SessionRuntime(str(plan.version_dir), plan.checks[0].name, device="cpu", python=planned.python,
-                          worker=str(WORKER), broken_remedy=f"the TF {v} environment may be damaged: rebuild it "
-                                                            f"with `{install_command(v)} --force`")
+        spec.signature, spec.recorded = trained.signature, (trained.inputs, as_signed)
+    elif planned.name == "keras":
+        spec.source_options, spec.output_dtypes, spec.output_names = o.against, first.output_dtypes, plan.output_names
+    return spec
 
 
 def close_all(runtimes_) -> None:
@@ -202,9 +173,9 @@ def close_all(runtimes_) -> None:
 
 
 @contextlib.contextmanager
-def started(o: VerifyOptions, plan: Plan):
+def started(o: VerifyOptions, plan: Plan, parse_examples: str | None = None):
     """The plan's runtimes, built and started; every one is closed on the way out, whatever happened."""
-    runtimes_ = build_runtimes(o, plan)
+    runtimes_ = build_runtimes(o, plan, parse_examples)
     try:
         yield runtimes_
     finally:
@@ -292,10 +263,10 @@ def run_signature(item: Labeled, check: SignatureCheck, outputs, infra: list | N
         if skip:
             result.status, result.error = "skipped", skip
         else:
-            timings: list[float] = []
-            outputs[item.label] = _run_all(runtime, check.batches, timings)
+            loop = BatchLoop(runtime)
+            outputs[item.label] = loop.run_all(check.batches)
             if runtime.kind != "recorded":  # golden/trained replay a record: no latency to speak of
-                result.latency = latency_summary(timings)
+                result.latency = latency_summary(loop.timings)
     except InputsRejected as err:  # our inputs were wrong: say so instead of blaming the model
         result.status = "error"
         result.error = (f"the generated inputs are not valid for this model ({err}): the inputs were wrong, not "
@@ -316,77 +287,9 @@ def run_signature(item: Labeled, check: SignatureCheck, outputs, infra: list | N
     return result
 
 
-# What a PyFunc/EagerPyFunc node answers in a process that did not register its Python callback (every reload:
-# tensorflow/python/ops/script_ops.py's FuncRegistry), as an InvalidArgument whatever the inputs.
-PY_FUNC_UNREGISTERED = "Could not find callback with key=pyfunc"
-
-
-def _rejects_inputs(err: Exception) -> bool:
-    text = f"{type(err).__name__} {err}"
-    return "InvalidArgument" in text or "INVALID_ARGUMENT" in text
-
-
-# The batching queue's refusal of a request over max_batch_size (tensorflow/core/kernels/batching_util/
-# shared_batch_scheduler.h), as TF Serving's BatchingSession answers it without enable_large_batch_splitting.
-BATCH_TOO_LARGE = re.compile(r"Task size (\d+) is larger than maximum input batch size (\d+)")
-
-
-def _model_failure(err: Exception) -> CheckFailed | None:
-    """A run failure that is the model's or its deployment's, whatever the inputs' values (None: not known to be)."""
-    if PY_FUNC_UNREGISTERED in str(err):
-        return CheckFailed(f"the graph calls Python code (tf.py_func/tf.py_function/tf.numpy_function) that only the "
-                           f"process that built it had: {_one_line(err, 160)}",
-                           "replace the Python function with TensorFlow ops in the model")
-    too_large = BATCH_TOO_LARGE.search(str(err))
-    if too_large:
-        size, limit = too_large.groups()
-        return CheckFailed(f"a request of {size} examples is over the batching parameters' max_batch_size {limit}: "
-                           f"TF Serving with these parameters refuses it the same way ({_one_line(err, 160)})",
-                           f"send at most {limit} examples per request (verify: --samples {limit}), or raise "
-                           f"max_batch_size or set enable_large_batch_splitting: true in the batching parameters")
-    return None
-
-
-def _one_line(err: Exception, limit: int = 300) -> str:
-    text = " ".join(str(getattr(err, "message", None) or err).split())
-    return (text[:limit] + "...") if len(text) > limit else text or type(err).__name__
-
-
-def _run_all(runtime, batches, timings: list | None = None) -> list:
-    """Outputs per batch. Generated batches the model rejects as invalid arguments are the inputs' fault: they
-    get None (not compared) when real inputs (golden, reference or --inputs) exist, else InputsRejected says so.
-    The seconds each answered batch took go to `timings`."""
-    if not runtime.loaded:
-        runtime.load()
-    has_real = any(origin in REAL_ORIGINS for origin, _ in batches)
-
-    def run(item):
-        origin, batch = item
-        try:
-            began = time.perf_counter()
-            out = runtime.run(batch)
-            if timings is not None:
-                timings.append(time.perf_counter() - began)
-            return out
-        except InfraError:
-            raise
-        except Exception as err:
-            failure = _model_failure(err)
-            if failure is not None:
-                raise failure from err
-            if origin not in ("generated", "repeat") or not _rejects_inputs(err):
-                raise
-            if not has_real:
-                raise InputsRejected(_one_line(err)) from err
-            runtime.rejected_generated = _one_line(err)
-            return None
-
-    return [run(item) for item in batches]
-
-
 def _launch_options(o: VerifyOptions):
     """How a server verify launches is run (container CLI, --pull, batching parameters)."""
-    from exportkit.serving.launch.launcher import LaunchOptions
+    from exportkit.options.launch import LaunchOptions
 
     return LaunchOptions(container_cli=o.container_cli, pull=o.pull, batching_parameters=o.batching_parameters,
                          server_flags=o.server_flags)
