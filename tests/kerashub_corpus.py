@@ -78,7 +78,7 @@ def measure(out: Path, names: list[str]) -> int:
 
     from exportkit.errors import ExportkitError
     from exportkit.export.pipeline import Progress, export_model
-    from exportkit.options.spec import export_options
+    from exportkit.options.export import export_options
 
     names = names or sorted(n for n in dir(keras_hub.models) if n.endswith("Backbone") and n != "Backbone")
     counts = {"clean": 0, "refused": 0, "not built": 0}

@@ -33,7 +33,7 @@ def bundles(tf, tmp_path_factory) -> dict[str, Path]:
     import keras
 
     from exportkit.export.pipeline import Progress, export_model
-    from exportkit.options.spec import export_options
+    from exportkit.options.export import export_options
 
     root = tmp_path_factory.mktemp("bundles")
     keras.utils.set_random_seed(0)

@@ -42,7 +42,7 @@ def data(tmp_path_factory):
     import keras
 
     from exportkit.export.pipeline import Progress, export_model
-    from exportkit.options.spec import export_options
+    from exportkit.options.export import export_options
 
     import io
 
@@ -73,7 +73,8 @@ def data(tmp_path_factory):
 
 
 def _verify(capsys, path, **flags):
-    from exportkit.options.spec import VerifyOptions, source_options
+    from exportkit.options.source import source_options
+    from exportkit.options.verify import VerifyOptions
     from exportkit.verify.command import verify_command
 
     flags.setdefault("serving", "none")
@@ -174,7 +175,8 @@ def test_npz_shards_sampling_is_seeded_and_limit_exact(capsys, caplog, data, mon
     monkeypatch.setattr(exportkit.verify.dataset, "PROGRESS_EVERY", 0.0)  # a progress line after every batch
     runs = {}
     for seed in (1, 1, 2):
-        from exportkit.options.spec import VerifyOptions, source_options
+        from exportkit.options.source import source_options
+        from exportkit.options.verify import VerifyOptions
         from exportkit.verify.command import verify_command
 
         code = verify_command(VerifyOptions(path=str(data["version"]), data=data["npz"], sample=0.5, seed=seed,
@@ -242,7 +244,7 @@ def test_string_inputs_from_bytes_features(capsys, sample, tmp_path):
     import tensorflow as tf
 
     from exportkit.export.pipeline import Progress, export_model
-    from exportkit.options.spec import export_options
+    from exportkit.options.export import export_options
 
     src = sample("text.keras")["path"]
     version = export_model(export_options(str(src), str(tmp_path / "text"), no_verify=True), Progress(io.StringIO())).path

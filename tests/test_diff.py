@@ -184,27 +184,28 @@ def test_logs_decode_as_tf_serving_answers_them():
 
 
 def test_change_statistics_merge_exactly_and_metrics_are_right():
-    from exportkit.data.changes import ChangeStats, top1_of
+    from exportkit.data.changes import ChangeStats
+    from exportkit.runtimes.wrappers import top1_of
 
     rng = np.random.default_rng(1)
     old = rng.standard_normal((100, 3)).astype(np.float32)
     new = old + rng.normal(0, 0.01, old.shape).astype(np.float32)
     new[:7] = old[:7][:, ::-1]
-    labels = np.argmax(old, axis=1)
-    exs = np.asarray([example([0, 0, 0, 0], b"x", float(lab)) for lab in labels], dtype=object)
+    labels = np.argmax(old, axis=1)  # the true class is the old top-1: the old version is always right
+    exs = np.asarray([example([0, 0, 0, 0], str(lab).encode(), 0.0) for lab in labels], dtype=object)
     derived = {"p/top1": ("p", None)}
-    whole, parts = ChangeStats("p/top1", label_key="y"), [ChangeStats("p/top1", label_key="y") for _ in range(2)]
+    whole, parts = ChangeStats("p/top1", label_key="label"), [ChangeStats("p/top1", label_key="label") for _ in range(2)]
     args = lambda s: (np.zeros(len(old[s]), int), np.arange(100)[s], np.full(len(old[s]), -1), exs[s])
     t_old, t_new = top1_of({"p": old}, derived)["p/top1"], top1_of({"p": new}, derived)["p/top1"]
     whole.add(t_old, t_new, *args(slice(None)))
     parts[0].add(t_old[:60], t_new[:60], *args(slice(0, 60)))
     parts[1].add(t_old[60:], t_new[60:], *args(slice(60, None)))
     merged = parts[0].merge(parts[1])
-    expected = int((t_old != t_new).sum())
-    assert whole.changed == merged.changed == expected
+    changed = np.argmax(old, axis=1) != np.argmax(new, axis=1)  # the expectation, without the code under test
+    assert 0 < changed.sum() < 100
+    assert whole.changed == merged.changed == int(changed.sum())
     assert whole.pairs == merged.pairs
-    # labels are floats here: accuracy compares their bytes with the argmax index, so none match
-    assert whole.metric(False)[0] == "accuracy"
+    assert whole.metric(False) == merged.metric(False) == ("accuracy", 1.0, pytest.approx(1 - changed.mean()))
 
     scores = ChangeStats("s")
     y = (rng.uniform(size=500) < 0.4).astype(float)
@@ -313,38 +314,102 @@ def test_diff_of_a_base_dir_on_regress_records_reports_the_shift_and_passes_with
     assert result.returncode == 1 and "min-metric-delta" in (result.stdout + result.stderr)
 
 
-@pytest.mark.slow
-def test_exportkit_warmup_records_replay_and_beam_agrees(versions, tmp_path):
-    """The warm-up file exportkit's writer makes (classify and predict records) as `--data warmup`; and the same
-    diff on Beam's DirectRunner gives the same numbers."""
-    pytest.importorskip("apache_beam")
+@pytest.fixture(scope="module")
+def warmup_diff(versions, tmp_path_factory):
+    """A copy of the old version with the warm-up file exportkit's writer makes (classify and predict records), and
+    the in-process `diff --data warmup` of it against the new version (its exit code and JSON document)."""
     import shutil
 
     from exportkit.serving.warmup import warmup_records, write_warmup_file
 
+    tmp_path = tmp_path_factory.mktemp("warmup")
     old = tmp_path / "1"
     shutil.copytree(versions["old"], old)
     batches = [{"inputs": np.asarray(versions["records"][i:i + 20], dtype=object)} for i in range(0, 200, 20)]
     records = warmup_records("model", "serving_default", batches, method="classify")
     records += warmup_records("model", "predict", [{"x": np.ones((3, 4), np.float32)}])
     write_warmup_file(str(old), records)
-    out = tmp_path / "v.json"
-    result = invoke("verify", str(old), "--data", "warmup", "--serving", "none", "--runtimes", "session,saved_model",
-                    "--json", str(out))
+    out = tmp_path / "in-process.json"
+    result = invoke("diff", str(old), versions["new"], "--data", "warmup", "--json", str(out))
+    return dict(old=old, tmp=tmp_path, result=result, doc=json.loads(out.read_text()) if out.exists() else None)
+
+
+@pytest.mark.slow
+def test_exportkit_warmup_records_replay(versions, warmup_diff):
+    """The warm-up file as `--data warmup`: verify replays its records (the predict one is skipped), and diff
+    compares the 200 classify records (needs no Beam)."""
+    out = warmup_diff["tmp"] / "v.json"
+    result = invoke("verify", str(warmup_diff["old"]), "--data", "warmup", "--serving", "none", "--runtimes",
+                    "session,saved_model", "--json", str(out))
     assert result.returncode == 0, (result.stdout + result.stderr)
     report = json.loads(out.read_text())
     assert report["inputs"]["records"] == 200 and sum(report["inputs"]["skipped"].values()) == 1
+    diffed = warmup_diff["result"]
+    assert diffed.returncode == 0, (diffed.stdout + diffed.stderr)
+    doc = warmup_diff["doc"]
+    assert doc["inputs"]["records"] == 200 and sum(doc["inputs"]["skipped"].values()) == 1
+    top1 = next(o for o in doc["outputs"] if o["key"] == "scores/top1")
+    assert top1["changed_records"] == N["a"] + N["b"]  # classes a and b swapped: exactly their records change
 
-    docs = {}
-    for runner in ("in-process", "beam"):
-        result = invoke("diff", str(old), versions["new"], "--data", "warmup", "--runner", runner, "--json",
-                        str(tmp_path / f"{runner}.json"))
-        assert result.returncode == 0, (result.stdout + result.stderr)
-        docs[runner] = json.loads((tmp_path / f"{runner}.json").read_text())
-    for a, b in zip(docs["in-process"]["outputs"], docs["beam"]["outputs"]):
+
+@pytest.mark.slow
+def test_beam_diff_of_warmup_records_agrees_with_in_process(versions, warmup_diff):
+    """The same diff on Beam's DirectRunner gives the same numbers."""
+    pytest.importorskip("apache_beam")
+    out = warmup_diff["tmp"] / "beam.json"
+    result = invoke("diff", str(warmup_diff["old"]), versions["new"], "--data", "warmup", "--runner", "beam",
+                    "--json", str(out))
+    assert result.returncode == 0, (result.stdout + result.stderr)
+    beam, in_process = json.loads(out.read_text()), warmup_diff["doc"]
+    for a, b in zip(in_process["outputs"], beam["outputs"]):
         assert (a["key"], a["changed_records"], a["abs_change"], a["confusion"], a["most_changed"]) == \
             (b["key"], b["changed_records"], b["abs_change"], b["confusion"], b["most_changed"])
-    assert docs["beam"]["inputs"]["skipped"] == docs["in-process"]["inputs"]["skipped"]
+    assert beam["inputs"]["skipped"] == in_process["inputs"]["skipped"]
+
+
+@pytest.mark.slow
+def test_no_record_left_to_compare_is_exit_2(versions, tmp_path):
+    """Every log is for another signature than the one asked: nothing to compare is the user's to fix (exit 2)."""
+    result = invoke("diff", versions["old"], versions["new"], "--data", versions["logs"], "--signature", "predict")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "no records to compare" in result.stderr and "fix:" in result.stderr
+
+
+KILL_THE_NEW_WORKER = """
+import os, signal, sys
+from exportkit.runtimes import loop
+
+run = loop.BatchLoop.run
+
+
+def killing_run(self, inputs):  # the new version's worker dies (the OOM killer) before its first batch
+    runtime = getattr(self.runtime, "inner", self.runtime)
+    if runtime.path.rstrip("/").endswith("2") and runtime.worker.process.poll() is None:
+        os.kill(runtime.worker.process.pid, signal.SIGKILL)
+        runtime.worker.process.wait()
+    return run(self, inputs)
+
+
+loop.BatchLoop.run = killing_run
+sys.argv = ["exportkit", *sys.argv[1:]]
+from exportkit.entry import main
+
+main()
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_killed_during_diff_is_exit_3_saying_why(versions):
+    """A version's TensorFlow worker SIGKILLed mid-run (as the OOM killer or a CI timeout does): exit 3, and the
+    message says it was killed and most likely why, not that exportkit is not installed."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", KILL_THE_NEW_WORKER, "diff", versions["old"], versions["new"],
+                           "--data", versions["logs"]], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "killed by SIGKILL): signal 9" in proc.stderr and "out of memory" in proc.stderr, proc.stderr
+    assert "more memory" in proc.stderr and "installed" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.slow

@@ -80,7 +80,7 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample, tmp_
 
     from exportkit.sources.model_io import feed_model, keyed_outputs
     from exportkit.sources.load import load_source
-    from exportkit.options.spec import source_options
+    from exportkit.options.source import source_options
     from exportkit.compare.outputs import compare_outputs
     from exportkit.compare.tolerances import default_tolerance
     from exportkit.inputs.batches import load_batches

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import exportkit
-from exportkit.inputs.batches import load_batches
+from exportkit.inputs.npz import load_batches
 from exportkit.errors import InfraError
 from exportkit.runtimes import forkserver
 from exportkit.runtimes.session import TfWorker
@@ -131,10 +131,15 @@ def test_a_killed_forked_worker_is_reported_as_a_fresh_one_would_be(model):
         assert isinstance(worker.process, forkserver.ForkedProcess)
         os.kill(worker.process.pid, signal.SIGKILL)
         assert worker.process.wait(timeout=10) == -signal.SIGKILL
-        with pytest.raises(InfraError, match=r"died \(killed by SIGKILL\)"):
+        with pytest.raises(InfraError, match=r"died \(killed by SIGKILL\)") as caught:
             worker.request(op="unload", loader="session")
     finally:
         worker.close()
+    # SIGKILL is the OOM killer or a timeout, not a broken install: the message and the fix say so (exit 3)
+    err = caught.value
+    assert err.exit_code == 3
+    assert "signal 9, most likely out of memory" in err.message and "timeout" in err.message, err.message
+    assert "more memory" in err.remedy and "installed" not in err.remedy, err.remedy
 
 
 def test_workers_start_fresh_once_the_server_is_gone(model, monkeypatch):

@@ -17,13 +17,13 @@ FOUR = ["serving_default", "embed:outputs=embedding", "ex:input=examples",
 
 def _export(src, out, signatures, **flags):
     from exportkit.export.pipeline import Progress, export_model
-    from exportkit.options.spec import export_options
+    from exportkit.options.export import export_options
 
     return export_model(export_options(str(src), str(out), signatures=signatures, **flags), Progress(io.StringIO()))
 
 
 def _verify(capsys, path, **flags):
-    from exportkit.options.spec import VerifyOptions
+    from exportkit.options.verify import VerifyOptions
     from exportkit.verify.command import verify_command
 
     flags.setdefault("serving", "none")
@@ -51,7 +51,7 @@ def exports(sample, tmp_path_factory):
 
 def test_signature_specs_are_checked_before_any_work(tmp_path):
     from exportkit.errors import UsageError
-    from exportkit.options.spec import export_options
+    from exportkit.options.export import export_options
 
     def fails(*signatures, needle, **flags):
         with pytest.raises(UsageError) as err:

@@ -163,7 +163,7 @@ def test_which_keras_reads_every_format_without_tensorflow(tfk):
 def test_keras_choice_flag_and_toml_override(tfk, tmp_path):
     from exportkit.errors import UsageError
     from exportkit.sources.kerases import KERAS3, TF_KERAS, chosen_keras
-    from exportkit.options.spec import source_options
+    from exportkit.options.source import source_options
 
     assert chosen_keras(source_options(str(tfk / "m.h5")), "h5") is TF_KERAS
     assert chosen_keras(source_options(str(tfk / "m.h5"), keras="3"), "h5") is KERAS3
@@ -226,7 +226,7 @@ def test_users_own_legacy_keras_setting_is_honoured(tfk, tmp_path):
 def test_hub_layer_missing_names_tensorflow_hub(tfk):
     from exportkit.errors import UsageError
     from exportkit.sources.load import load_source
-    from exportkit.options.spec import source_options
+    from exportkit.options.source import source_options
 
     with pytest.raises(UsageError, match="Unknown layer 'KerasLayer'") as err:
         load_source(source_options(str(tfk / "hub_model.h5")))
@@ -338,7 +338,7 @@ def test_tf_keras_h5_that_tf_keras_cannot_read_loads_into_keras3(tfk):
     from exportkit.errors import UsageError
     from exportkit.sources.kerases import KERAS3
     from exportkit.sources.load import load_source
-    from exportkit.options.spec import source_options
+    from exportkit.options.source import source_options
 
     with pytest.raises(UsageError, match="Unknown layer 'swishish'") as err:
         load_source(source_options(str(tfk / "seq.h5")))

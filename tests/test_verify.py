@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def _verify(capsys, path, **flags):
     """verify in this process (TensorFlow is already imported here); returns (exit code, text, JSON report)."""
-    from exportkit.options.spec import VerifyOptions
+    from exportkit.options.verify import VerifyOptions
     from exportkit.verify.command import verify_command
 
     flags.setdefault("serving", "none")
@@ -50,7 +50,8 @@ def test_golden_saved_model_and_session_agree(capsys, models, name):
 
 
 def test_against_the_training_source_in_eager_keras(capsys, models, sample):
-    from exportkit.options.spec import VerifyOptions, source_options
+    from exportkit.options.source import source_options
+    from exportkit.options.verify import VerifyOptions
     from exportkit.verify.command import verify_command
 
     against = source_options(sample("mixed_functional.keras")["path"], **CUSTOM)

@@ -18,7 +18,7 @@ from tfs_models import build_half_plus, build_half_plus_two_tf2
 
 def _verify(capsys, path, **flags):
     """verify in this process; (exit code, JSON report)."""
-    from exportkit.options.spec import VerifyOptions
+    from exportkit.options.verify import VerifyOptions
     from exportkit.verify.command import verify_command
 
     flags.setdefault("serving", "none")
@@ -28,7 +28,7 @@ def _verify(capsys, path, **flags):
 
 def _baseline(path, **flags):
     """verify's baseline check alone (static: no runtime starts): (findings, what was compared with what)."""
-    from exportkit.options.spec import VerifyOptions
+    from exportkit.options.verify import VerifyOptions
     from exportkit.verify.checks import baseline_findings
     from exportkit.verify.plan import read_model
 

@@ -2,42 +2,35 @@
 with one progress line per stage."""
 from __future__ import annotations
 
-import datetime
 import gc
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from exportkit.savedmodel import extras as layout
-from exportkit.version import __version__
 from exportkit.sources import reference as refs
 from exportkit.errors import CheckFailed, ExportkitError, UsageError
-from exportkit.files import print_report
-from exportkit.dtypes import HALF_DTYPES, name_of, name_of_array
 from exportkit.export import selfcheck
+from exportkit.export.golden import GoldenRecord, SignatureRecord, golden_record, tolerances_for
+from exportkit.export.manifest import build_manifest
+from exportkit.export.report import (ExportResult, export_html, export_markdown, export_verdict, failure_verdict,
+                                     render_summary, summary_json)
 from exportkit.export import signature as sig
 from exportkit.export import writer
 from exportkit.findings import Finding, has_errors
 from exportkit.runtimes.factory import RuntimeSpec, build
-from exportkit.sources.int_ranges import generated_inputs_failure, int_ranges_for
+from exportkit.runtimes.loop import BatchLoop
+from exportkit.sources.int_ranges import int_ranges_for
 from exportkit.sources.kerases import prepare_process
 from exportkit.sources.load import detect_format, load_source, sha256_of
-from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs, parse_input_spec
+from exportkit.sources.model_io import model_input_specs, parse_input_spec
 from exportkit.options.export import ExportOptions
-from exportkit.tfenv import import_tf, tensorflow_version, toolchain
+from exportkit.tfenv import import_tf, tensorflow_version
 from exportkit.compare.outputs import compare_batches, compare_with_default_tolerances
 from exportkit.compare.tolerances import Tolerance, default_tolerance
-from exportkit.inputs.generate import generate_batches
-from exportkit.inputs.ranges import IntRanges
 from exportkit.inputs.spec import InputSpec
-from exportkit.tfexample.features import ExampleFeature, apply_feature_spec, derive_features, encode_examples, to_manifest
-
-SCHEMA_VERSION = 1  # of the `export --json` summary (docs/report-schema.md)
-GOLDEN_SAMPLES = 8
-GOLDEN_SEED = 0
 
 
 class Progress:
@@ -54,149 +47,6 @@ class Progress:
         self.stream.write(f"  {name:<6} {now - self.start:6.2f} s  {detail}\n")
         self.stream.flush()
         self.start = now
-
-
-@dataclass
-class ExportResult:
-    path: Path
-    version: int
-    signature_name: str
-    inputs: list[InputSpec]
-    outputs: dict[str, str]  # key -> dtype in the signature
-    policy: str
-    source_format: str
-    checked: bool
-    checked_how: str = ""  # where and how the self-check loaded the SavedModel
-    stage_seconds: dict[str, float] = field(default_factory=dict)
-    findings: list[Finding] = field(default_factory=list)  # custom-object contracts (warnings, infos)
-    reference: dict | None = None  # the manifest's "reference" entry when a training-time reference was used
-    signatures: list[dict] = field(default_factory=list)  # per signature: name, method, inputs, outputs
-
-    exit_code = 0  # an export that fails raises (the version is not written)
-
-    @property
-    def version_dir(self) -> Path:
-        return Path(self.path)
-
-    def to_dict(self) -> dict:
-        """The JSON summary, as `export --json` writes it."""
-        return summary_json(self)
-
-    @classmethod
-    def from_json(cls, doc: dict) -> "ExportResult":
-        """The result back from `export --json`'s document (the Python API runs the export in a child process)."""
-        return cls(path=Path(doc["path"]), version=doc["version"], signature_name=doc["signature_name"],
-                   inputs=[InputSpec(key, spec["dtype"], spec["shape"]) for key, spec in doc["inputs"].items()],
-                   outputs={key: spec["dtype"] for key, spec in doc["outputs"].items()}, policy=doc["dtype_policy"],
-                   source_format=doc["source_format"], checked=doc["self_check"] == "passed",
-                   checked_how=doc["self_check_how"] or "", stage_seconds=dict(doc["stage_seconds"]),
-                   findings=[Finding(**f) for f in doc["findings"]], reference=doc["reference"],
-                   signatures=doc["signatures"])
-
-
-def _tolerance_dtype(policy: str, raw_dtype: str) -> str:
-    """Outputs computed in half precision are compared with half-precision tolerances, even when cast."""
-    if raw_dtype in HALF_DTYPES:
-        return raw_dtype
-    if policy.startswith("mixed_") and raw_dtype.startswith("float"):
-        return policy.removeprefix("mixed_")
-    return raw_dtype
-
-
-@dataclass
-class SignatureRecord:
-    """One signature's golden record: its inputs (tensors, or serialized Examples of the same values) and the
-    eager Keras outputs mapped to its keys."""
-
-    plan: sig.SignaturePlan
-    specs: list[InputSpec]  # the model's inputs, as the tensor signatures declare them
-    inputs: list[dict]
-    outputs: list[dict]
-    out_dtypes: dict[str, str]  # output key -> dtype in the signature
-    compute_dtypes: dict[str, str]  # output key -> dtype the model computed it in
-    features: list[ExampleFeature] | None = None
-
-    @property
-    def input_specs(self) -> dict:
-        """The inputs as the written signature declares them (-1 for every free dimension)."""
-        if self.plan.input == "examples":
-            return {self.plan.examples_key: {"dtype": "string", "shape": [-1]}}
-        return {s.key: {"dtype": s.dtype, "shape": None if s.shape is None else list(s.shape)} for s in self.specs}
-
-
-@dataclass
-class GoldenRecord:
-    """Reference inputs and the eager Keras outputs for them, keyed like the model (all outputs, as the first
-    signature without --signature has them); `signatures` holds each signature's own record."""
-
-    specs: list[InputSpec]
-    int_ranges: IntRanges  # what the generated integer inputs were drawn from
-    keys: list[str]
-    inputs: list[dict]
-    outputs: list[dict]
-    raw_dtypes: dict[str, str]  # output key -> dtype the model computed it in
-    out_dtypes: dict[str, str]  # output key -> dtype in the signature
-    generated: int = 0  # the first `generated` batches are generated; the rest are the reference's inputs
-    reference_batches: list[int] = field(default_factory=list)  # golden batch of each reference batch
-    signatures: list[SignatureRecord] = field(default_factory=list)
-
-
-def _golden_record(model, specs: list[InputSpec], options: ExportOptions, int_ranges: IntRanges,
-                   extra_inputs: list[dict] = ()) -> GoldenRecord:
-    import tensorflow as tf
-
-    inputs = generate_batches(specs, samples=GOLDEN_SAMPLES, seed=GOLDEN_SEED, int_range=int_ranges)
-    generated = len(inputs)
-    reference_batches = []
-    for batch in extra_inputs:  # a reference generated like the golden record has the very same inputs
-        same = [i for i, b in enumerate(inputs) if b.keys() == batch.keys()
-                and all(b[k].shape == batch[k].shape and np.array_equal(b[k], batch[k]) for k in b)]
-        if not same:
-            inputs.append(batch)
-        reference_batches.append(same[0] if same else len(inputs) - 1)
-    try:
-        raws = [feed_model(model, {s.key: tf.constant(b[s.key]) for s in specs}) for b in inputs]
-    except (tf.errors.OpError, ValueError, TypeError) as err:
-        raise generated_inputs_failure(err, specs, int_ranges) from err
-    keyed = [keyed_outputs(model, raw, options.output_names) for raw in raws]
-    keys = list(keyed[0])
-    raw_dtypes = {k: name_of(v.dtype) for k, v in keyed[0].items()}
-    outputs = [{k: v.numpy() for k, v in sig.serving_outputs(raw, keys, options.keep_output_dtype).items()}
-               for raw in raws]
-    out_dtypes = {k: name_of(v.dtype) for k, v in outputs[0].items()}
-    golden = GoldenRecord(specs, int_ranges, keys, inputs, outputs, raw_dtypes, out_dtypes, generated,
-                          reference_batches)
-    golden.signatures = _signature_records(specs, keyed, inputs, raw_dtypes, options)
-    return golden
-
-
-def _signature_records(specs, keyed: list[dict], inputs: list[dict], raw_dtypes: dict,
-                       options: ExportOptions) -> list[SignatureRecord]:
-    """Each signature's golden record: its inputs (the golden tensors, or Examples of them) and the eager outputs
-    mapped to its keys by the very function the traced signature uses."""
-    import tensorflow as tf
-
-    shapes = {k: tuple(v.shape) for k, v in keyed[0].items()}
-    plans = sig.resolve_all(options.signatures or sig.default_signatures(options.signature_name), list(keyed[0]),
-                            shapes)
-    features = None
-    if any(plan.input == "examples" for plan in plans):
-        features = derive_features(specs, next(p.name for p in plans if p.input == "examples"))
-        if options.feature_spec:
-            features = apply_feature_spec(features, options.feature_spec)
-    records = []
-    for plan in plans:
-        labels = tf.constant(plan.classes) if plan.classes else None
-        outputs = [{k: v.numpy() for k, v in sig.signature_outputs(plan, kv, options.keep_output_dtype, labels).items()}
-                   for kv in keyed]
-        if plan.input == "examples":
-            sig_inputs = [{plan.examples_key: encode_examples(batch, features)} for batch in inputs]
-        else:
-            sig_inputs = inputs
-        compute = {k: (raw_dtypes[src] if src else "string") for k, src in plan.outputs.items()}
-        records.append(SignatureRecord(plan, specs, sig_inputs, outputs, {k: name_of_array(v) for k, v in outputs[0].items()},
-                                       compute, features if plan.input == "examples" else None))
-    return records
 
 
 def _check_contracts(loaded, golden: GoldenRecord, options: ExportOptions, progress) -> list[Finding]:
@@ -307,61 +157,6 @@ def _labels(table, count: int):
     return labels
 
 
-def _tolerances(loaded, record: SignatureRecord) -> dict:
-    return {k: vars(default_tolerance(_tolerance_dtype(loaded.policy, record.compute_dtypes[k])))
-            for k in record.plan.outputs}
-
-
-def _signature_manifest(loaded, record: SignatureRecord, index: int) -> dict:
-    plan = record.plan
-    entry = {
-        "method": plan.method_name,
-        "input": plan.input,
-        "inputs": record.input_specs,
-        "outputs": {k: {"dtype": record.out_dtypes[k], "compute_dtype": record.compute_dtypes[k],
-                        "model_output": src or None} for k, src in plan.outputs.items()},
-        "tolerances": _tolerances(loaded, record),
-        "golden": layout.golden_prefixes(index),
-    }
-    if record.features is not None:
-        entry["features"] = to_manifest(record.features)
-    if plan.classes_file is not None:
-        entry["classes"] = plan.classes_file.name
-    return entry
-
-
-def _manifest(loaded, golden: GoldenRecord, options: ExportOptions, reference: dict | None = None) -> dict:
-    import tensorflow as tf
-
-    first = golden.signatures[0]
-    signatures = {r.plan.name: _signature_manifest(loaded, r, i) for i, r in enumerate(golden.signatures)}
-    return {
-        "exportkit_version": __version__,
-        "tensorflow_version": tf.__version__,
-        "keras_version": loaded.keras.version,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "source": {"path": loaded.path, "format": loaded.format, "sha256": loaded.sha256},
-        "dtype_policy": loaded.policy,
-        # The first signature, as older readers expect it; `signatures` holds every one.
-        "signature_name": first.plan.name,
-        "signature": {"inputs": first.input_specs,
-                      "outputs": signatures[first.plan.name]["outputs"]},
-        "tolerances": signatures[first.plan.name]["tolerances"],
-        "signatures": signatures,
-        "golden": {"dir": str(layout.EXTRA_DIR), "inputs": signatures[first.plan.name]["golden"]["inputs"],
-                   "outputs": signatures[first.plan.name]["golden"]["outputs"],
-                   "batch_sizes": [len(next(iter(b.values()))) for b in golden.inputs], "seed": GOLDEN_SEED,
-                   **golden.int_ranges.to_manifest()},
-        "output_names": list(options.output_names),
-        "assets": list(dict.fromkeys([Path(a).name for a in options.assets] + [
-            r.plan.classes_file.name for r in golden.signatures if r.plan.classes_file is not None])),
-        "custom_objects": sorted(loaded.custom_objects),
-        "reference": reference,  # a training-time reference was used (exportkit.record_reference), or null
-        # Python, TensorFlow's build (CUDA/cuDNN) and the Keras package that loaded the source
-        "toolchain": toolchain(loaded.keras.package),
-    }
-
-
 def _write_version(staging: Path, archive, loaded, golden: GoldenRecord, options: ExportOptions,
                    model_name: str, manifest: dict, reference=None) -> None:
     from exportkit.serving.warmup import resized_batches, warmup_records, write_warmup_file
@@ -418,14 +213,13 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
             specs = model_input_specs(loaded.model, overrides)
             reference, reference_inputs = _load_reference(options, specs)
             int_ranges = int_ranges_for(loaded.model, specs, options.int_range)
-            golden = _golden_record(loaded.model, specs, options, int_ranges, reference_inputs)
+            golden = golden_record(loaded.model, specs, options, int_ranges, reference_inputs)
             names = [r.plan.name for r in golden.signatures]
             progress.stage("build", f"{len(golden.specs)} input(s), {len(golden.keys)} output(s), golden record of "
                                     f"{len(golden.inputs)} batches" + (
                                         f" (integers: {int_ranges.describe()})" if int_ranges.by_input else ""))
 
-            tolerances = {k: vars(default_tolerance(_tolerance_dtype(loaded.policy, golden.raw_dtypes[k])))
-                          for k in golden.keys}
+            tolerances = tolerances_for(loaded.policy, golden.raw_dtypes, golden.keys)
             findings = _check_contracts(loaded, golden, options, progress)
             reference_entry = _check_trained(reference, golden, tolerances) if reference is not None else None
             progress.stage("audit", "custom objects rebuild from their configs" + (
@@ -434,7 +228,7 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
             archive = _archive(loaded, golden, options, assets)
             progress.stage("trace", f"signature{'s' if len(names) > 1 else ''} {', '.join(repr(n) for n in names)}")
 
-            manifest = _manifest(loaded, golden, options, reference_entry)
+            manifest = build_manifest(loaded, golden, options, reference_entry)
             if warmup_sizes:
                 manifest["warmup_batch_sizes"] = warmup_sizes  # --batching-parameters' allowed_batch_sizes
             _write_version(staging, archive, loaded, golden, options, base.resolve().name, manifest, reference)
@@ -482,10 +276,11 @@ def _self_check(session, golden: GoldenRecord, manifest: dict, with_reference: b
     export fails. `session`: selfcheck.InProcessSession, or the session runtime (fresh process)."""
     session.load()
     problems = []
+    loop = BatchLoop(session, timed=False)
     for record in golden.signatures:
         tolerances = manifest["signatures"][record.plan.name]["tolerances"]
         session.use_signature(record.plan.name, {})
-        actual = [session.run(batch) for batch in record.inputs]
+        actual = [loop.run(batch) for batch in record.inputs]
         results = compare_batches(record.outputs, actual, lambda key, dtype: Tolerance(**tolerances[key]))
         problems += [f"signature '{record.plan.name}' output '{r.key}': {r.reason} (max abs err {r.max_abs_err})"
                      for r in results if not r.passed]
@@ -495,52 +290,9 @@ def _self_check(session, golden: GoldenRecord, manifest: dict, with_reference: b
                           "the version was not written; re-run with --debug, or --no-verify to keep it for inspection")
 
 
-def render_summary(result: ExportResult) -> str:
-    lines = [f"exported {result.path} (version {result.version}, from {result.source_format}, policy {result.policy})"]
-    for entry in result.signatures:
-        method = entry["method"].rpartition("/")[2]
-        lines.append(f"signature '{entry['name']}' ({method}{', tf.Example' if entry['input'] == 'examples' else ''}):")
-        for key, spec in entry["inputs"].items():
-            lines.append(f"  input   {key:<24} {spec['dtype']:<9} {spec['shape']}")
-        for key, dtype in entry["outputs"].items():
-            lines.append(f"  output  {key:<24} {dtype}")
-    lines.append(f"self-check: passed ({result.checked_how})" if result.checked else "self-check: skipped (--no-verify)")
-    if result.reference:
-        links = ", ".join(f"{link} {verdict}" for link, verdict in result.reference["links"].items())
-        lines.append(f"training-time reference: {result.reference['path']} ({links})")
-    lines += [f"{f.severity}: {f.code}: {f.message}" for f in result.findings if f.severity == "warning"]
-    lines += ["", export_verdict(result)]
-    return "\n".join(lines)
-
-
-def export_verdict(result: ExportResult) -> str:
-    """The last line: what was written and whether the TF-Serving-style load reproduced eager Keras."""
-    outputs = sum(len(entry["outputs"]) for entry in result.signatures)
-    where = f"{result.path} (version {result.version})"
-    if not result.checked:
-        return f"EXPORTED {where}, not checked (--no-verify): run `exportkit verify {result.path}`"
-    noun = f"{len(result.signatures)} signature{'s' if len(result.signatures) != 1 else ''}"
-    warnings = sum(1 for f in result.findings if f.severity == "warning")
-    return (f"PASSED: exported {where}; loaded as TF Serving loads it, it reproduces eager Keras on {outputs} "
-            f"output{'s' if outputs != 1 else ''} of {noun}" + (f"; {warnings} warning{'s' if warnings != 1 else ''}"
-                                                                 if warnings else ""))
-
-
-def summary_json(result: ExportResult) -> dict:
-    return {"schema_version": SCHEMA_VERSION, "path": str(result.path), "version": result.version, "signature_name": result.signature_name,
-            "inputs": {s.key: {"dtype": s.dtype, "shape": s.shape} for s in result.inputs},
-            "outputs": {k: {"dtype": d} for k, d in result.outputs.items()}, "dtype_policy": result.policy,
-            "source_format": result.source_format, "self_check": "passed" if result.checked else "skipped",
-            "self_check_how": result.checked_how or None,
-            "reference": result.reference, "findings": [f.to_dict() for f in result.findings],
-            "stage_seconds": {k: round(v, 3) for k, v in result.stage_seconds.items()},
-            "signatures": result.signatures}
-
-
 def export_command(options: ExportOptions, *, json_out=None, html=None, summary=None) -> int:
     """The CLI's export: export_model, its summary printed and the report files written where the flags say."""
-    from exportkit.report.artifacts import check_report_options, write_export
-    from exportkit.verify.report import shorten
+    from exportkit.report.artifacts import check_report_options, print_report, write_report_files
 
     check_report_options(html, summary)
     if options.output_origin:
@@ -550,8 +302,11 @@ def export_command(options: ExportOptions, *, json_out=None, html=None, summary=
         result = export_model(options)
     except ExportkitError as err:  # the report says what failed; the error itself goes on as it would
         if html or summary:
-            write_export(None, f"FAILED: {shorten(err.message, 180)}", False, html, summary, (err.message, err.remedy))
+            verdict, error = failure_verdict(err), (err.message, err.remedy)
+            write_report_files(html, summary, lambda: export_html(None, verdict, False, error),
+                               lambda: export_markdown(None, verdict, False))
         raise
-    print_report(render_summary(result), summary_json(result), json_out)
-    write_export(summary_json(result), export_verdict(result), True, html, summary)
-    return 0
+    doc, verdict = summary_json(result), export_verdict(result)
+    print_report(render_summary(result), doc, json_out)
+    write_report_files(html, summary, lambda: export_html(doc, verdict, True), lambda: export_markdown(doc, verdict, True))
+    return result.exit_code

@@ -1,6 +1,6 @@
 """The serving signatures: fixed input signatures named after the model's inputs, outputs keyed for serving.
 
-An export has one or more signatures (exportkit.options.spec.SignatureSpec), each resolved here against the model into a
+An export has one or more signatures (exportkit.options.signatures.SignatureSpec), each resolved here against the model into a
 SignaturePlan: which inputs it takes (the model's tensors, or serialized tf.Example parsed in the graph), which
 outputs it returns under which keys, and its SignatureDef method (predict, classify, regress). One function
 (`signature_outputs`) maps the model's outputs to a signature's outputs, both in the traced graph and eagerly for
@@ -21,7 +21,7 @@ from exportkit.signature_constants import (CLASSIFY_CLASSES, CLASSIFY_INPUTS, CL
                                            DEFAULT_SIGNATURE, PREDICT_METHOD, REGRESS_INPUTS, REGRESS_METHOD,
                                            REGRESS_OUTPUTS)
 from exportkit.sources.model_io import feed_model, flat_outputs
-from exportkit.options.spec import SignatureSpec
+from exportkit.options.signatures import SignatureSpec
 from exportkit.tfexample.features import ExampleFeature
 
 METHOD_NAMES = {"predict": PREDICT_METHOD, "classify": CLASSIFY_METHOD, "regress": REGRESS_METHOD}

@@ -15,7 +15,7 @@ from pathlib import Path
 from exportkit.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
 from exportkit.findings import Finding, has_errors
 from exportkit.savedmodel.extras import ASSET_DIRS, read_manifest, variables_bytes
-from exportkit.options.spec import source_options
+from exportkit.options.source import source_options
 
 SOURCE_SUFFIXES = (".h5", ".hdf5", ".keras")
 SCHEMA_VERSION = 1  # of `inspect --json` (docs/report-schema.md)

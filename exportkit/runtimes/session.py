@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit.inputs.load import load_batches, save_batches
+from exportkit.inputs.npz import load_batches, save_batches
 from exportkit.errors import CheckFailed, InfraError, MissingModule
 from exportkit.runtimes import Runtime, forkserver
 from exportkit.signature_constants import DEFAULT_SIGNATURE
@@ -193,15 +193,20 @@ class TfWorker:
         except subprocess.TimeoutExpired:  # it closed its end of the channel and hangs: end it
             self._proc.kill()
             code = self._proc.wait()
-        how = f"exit {code}"
+        how, why, remedy = f"exit {code}", "", self._broken_remedy
         if code < 0:
             try:
                 how = f"killed by {signal.Signals(-code).name}"
             except ValueError:
                 how = f"killed by signal {-code}"
+        if code == -signal.SIGKILL:  # nothing in Python does that: the OOM killer, a CI timeout, a kill -9
+            why = ": signal 9, most likely out of memory (the kernel's OOM killer) or a timeout"
+            remedy = (f"give the run more memory (each process that loads the model needs about the model's size "
+                      f"+ 0.6 GB; `dmesg | grep -i oom` tells whether the OOM killer ended pid {self._proc.pid}) or "
+                      f"more time, then run again")
         tail = self.log_tail()
         return InfraError(f"the TensorFlow worker (pid {self._proc.pid}, {' '.join(self._command[2:])}) died "
-                          f"({how})" + (f"; its log ends:\n{tail}" if tail else ""), self._broken_remedy)
+                          f"({how}){why}" + (f"; its log ends:\n{tail}" if tail else ""), remedy)
 
     def send(self, **payload) -> int:
         """Send a request; returns its id for `wait`. Runtimes in several threads may send and wait at once."""

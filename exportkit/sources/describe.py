@@ -7,7 +7,7 @@ from pathlib import Path
 from exportkit.errors import EXIT_OK, EXIT_USAGE, UsageError
 from exportkit.findings import Finding
 from exportkit.sources.kerases import KERAS3, prepare_process
-from exportkit.options.spec import SourceOptions
+from exportkit.options.source import SourceOptions
 
 
 @dataclass

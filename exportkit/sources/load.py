@@ -26,7 +26,7 @@ from exportkit.errors import UsageError
 from exportkit.savedmodel.reader import check_path, path_problem
 from exportkit.sources.kerases import (KERAS3, KERASES, TF_KERAS, Keras, keras_of, mismatch_remedy, parse_choice,
                                       prepare_process)
-from exportkit.options.spec import SourceOptions
+from exportkit.options.source import SourceOptions
 from exportkit.tfenv import import_tf
 
 FORMATS = ("h5", "keras", "saved_model", "checkpoint", "weights")

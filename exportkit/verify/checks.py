@@ -15,7 +15,7 @@ import numpy as np
 from exportkit.inputs.batches import DEFAULT_UNKNOWN_DIM
 from exportkit.errors import InfraError, UsageError
 from exportkit.findings import Finding
-from exportkit.options.spec import VerifyOptions
+from exportkit.options.verify import VerifyOptions
 from exportkit.verify.baseline import served_signature_findings
 from exportkit.compare.outputs import compare_batches
 from exportkit.verify.execute import Labeled, error_text

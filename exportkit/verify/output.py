@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from exportkit.files import print_report, write_atomic
-from exportkit.options.spec import VerifyOptions
+from exportkit.options.verify import VerifyOptions
 from exportkit.verify.report import VerifyReport
 
 

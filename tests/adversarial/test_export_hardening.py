@@ -195,7 +195,8 @@ def test_disk_full_is_a_clear_infrastructure_error(sources, tmp_path):
 
 
 def test_default_base_directory(tmp_path):
-    from exportkit.options.spec import export_options, source_stem
+    from exportkit.options.export import export_options
+    from exportkit.options.source import source_stem
 
     assert [source_stem(s) for s in ("ckpt/", "m/ranker.keras", "w.weights.h5", "ckpt/ckpt-3", "old.h5")] == [
         "ckpt", "ranker", "w", "ckpt-3", "old"]

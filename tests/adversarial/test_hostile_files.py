@@ -449,7 +449,7 @@ def test_non_finite_or_negative_tolerances_are_refused_at_once(third_party, flag
 
 def test_a_signature_key_given_twice_is_refused():
     from exportkit.errors import UsageError
-    from exportkit.options.spec import parse_signature_arg
+    from exportkit.options.signatures import parse_signature_arg
 
     with pytest.raises(UsageError) as info:
         parse_signature_arg("x:outputs=score,outputs=embed")
