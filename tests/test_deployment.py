@@ -21,7 +21,7 @@ from exportkit.export.selfcheck import external_files_check
 from exportkit.inspection.command import read_info
 from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 from exportkit.options.server_flags import STOCK, parse_server_flags
-from exportkit.serving.launch.container import moving_tag
+from exportkit.serving.launch.docker import moving_tag
 from exportkit.tfenv import package_version
 
 

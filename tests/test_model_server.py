@@ -32,7 +32,7 @@ def _config(models: dict) -> str:
 def server(tmp_path_factory):
     """One server started with TF Serving's flags: a two-version model (policy all, labels), the same base under
     the default latest policy, a TF2 model, a polled model; REST, a Unix socket and Prometheus on."""
-    from exportkit.serving.launch.launcher import free_port
+    from exportkit.serving.launch.process import free_port
 
     root = tmp_path_factory.mktemp("model_server")
     hp = root / "half_plus"

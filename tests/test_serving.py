@@ -42,7 +42,10 @@ from tensorflow_serving.apis import (  # noqa: E402
 )
 
 from exportkit.runtimes.serving import ServingRuntime  # noqa: E402
-from exportkit.serving.launch import launcher  # noqa: E402
+from exportkit.serving.launch.binary import BINARY_ENV  # noqa: E402
+from exportkit.serving.launch.embedded import launch_embedded  # noqa: E402
+from exportkit.serving.launch.modes import launch  # noqa: E402
+from exportkit.serving.launch.process import free_port  # noqa: E402
 from exportkit.serving.client.grpc_client import ServingClient, ServingError  # noqa: E402
 from exportkit.serving.tensors import to_ndarray, to_tensor_proto  # noqa: E402
 from exportkit.serving.warmup import read_warmup_records, write_warmup_records  # noqa: E402
@@ -109,7 +112,7 @@ def tf2_reference(model_base):
 
 @pytest.fixture(scope="session")
 def embedded(model_base):
-    handle = launcher.launch_embedded(str(model_base), MODEL, load_timeout=120)
+    handle = launch_embedded(str(model_base), MODEL, load_timeout=120)
     SESSION_CHILDREN.add(handle.process.pid)
     yield handle
     handle.stop()
@@ -284,7 +287,7 @@ def test_client_round_trip_and_error_codes(embedded, reference):
 
 
 def test_client_wait_times_out_on_a_dead_port():
-    with ServingClient(f"127.0.0.1:{launcher.free_port()}", MODEL) as client:
+    with ServingClient(f"127.0.0.1:{free_port()}", MODEL) as client:
         with pytest.raises(ServingError) as info:
             client.wait_available(0.5)
         assert info.value.code == "DEADLINE_EXCEEDED"
@@ -321,7 +324,7 @@ def test_remote_runtime_against_running_serve(embedded, model_base, reference):
     assert embedded.process.poll() is None, "closing a remote runtime must not stop the server"
 
     with pytest.raises(CheckFailed, match="NOT_FOUND"):
-        launcher.launch(embedded.address, model_name="nope", load_timeout=5)
+        launch(embedded.address, model_name="nope", load_timeout=5)
 
 
 # ------------------------------------------------------------------------------------------------ binary mode
@@ -334,12 +337,12 @@ def _write_exe(directory, text: str) -> str:
 
 def test_binary_not_found(monkeypatch, tmp_path, model_base):
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.delenv(launcher.BINARY_ENV, raising=False)
+    monkeypatch.delenv(BINARY_ENV, raising=False)
     with pytest.raises(InfraError) as info:
-        launcher.launch("binary", str(model_base))
+        launch("binary", str(model_base))
     assert "tensorflow/serving" in info.value.remedy and "tensorflow-model-server" in info.value.remedy
     with pytest.raises(InfraError):
-        launcher.launch("binary", str(model_base), binary=str(tmp_path / "missing"))
+        launch("binary", str(model_base), binary=str(tmp_path / "missing"))
 
 
 def test_binary_load_error_is_check_failed_with_log(tmp_path, model_base):
@@ -350,14 +353,14 @@ def test_binary_load_error_is_check_failed_with_log(tmp_path, model_base):
         exit 1
         """))
     with pytest.raises(CheckFailed) as info:
-        launcher.launch("binary", str(model_base), binary=exe, load_timeout=30)
+        launch("binary", str(model_base), binary=exe, load_timeout=30)
     assert "Op type not registered 'Foo'" in info.value.message
 
 
 def test_binary_timeout_kills_the_process_group(tmp_path, model_base):
     exe = _write_exe(tmp_path, "#!/bin/sh\nsleep 60\n")  # never listens; `sleep` is a grandchild
     with pytest.raises(CheckFailed, match="timed out"):
-        launcher.launch("binary", str(model_base), binary=exe, load_timeout=1.0)
+        launch("binary", str(model_base), binary=exe, load_timeout=1.0)
 
 
 STANDIN = """\
@@ -431,7 +434,7 @@ def test_embedded_failing_warmup_is_check_failed(tmp_path, model_base):
     write_warmup_records(str(bad), MODEL, "serving_default", [{"x": inputs["x"].astype(np.float64), "k": inputs["k"]}],
                          signature_def=_float64_signature())
     with pytest.raises(CheckFailed) as info:
-        launcher.launch("embedded", str(bad.parent), load_timeout=120)
+        launch("embedded", str(bad.parent), load_timeout=120)
     # The session refuses the float64 feed as TF Serving's C++ session does ("... float but double is provided").
     assert "warm-up record 0" in info.value.message and "double" in info.value.message
 

@@ -285,7 +285,7 @@ def served(toy_base, tmp_path_factory):
     import grpc
     from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
-    from exportkit.serving.launch.launcher import free_port
+    from exportkit.serving.launch.process import free_port
 
     root = tmp_path_factory.mktemp("served")
     base = root / MODEL

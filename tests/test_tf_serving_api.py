@@ -209,7 +209,7 @@ def test_rest_against_grpc_reports_what_json_loses(models, tmp_path):
 @pytest.fixture(scope="module")
 def server(models):
     """`exportkit serve` on the Estimator-style export with gRPC and REST (warm-up of every kind replayed)."""
-    from exportkit.serving.launch.launcher import free_port
+    from exportkit.serving.launch.process import free_port
     from exportkit.serving.server.model_server import ADDRESS_RE
 
     proc = subprocess.Popen([sys.executable, "-m", "exportkit", "serve", models["estimator_style"], "--port", "0",

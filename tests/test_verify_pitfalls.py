@@ -325,7 +325,7 @@ def test_a_re_export_with_batching_warms_every_allowed_size_and_breaks_no_client
 @pytest.mark.slow
 @pytest.mark.serving
 def test_with_a_remote_server_the_deployed_model_is_the_baseline(models, tmp_path):
-    from exportkit.serving.launch.launcher import free_port
+    from exportkit.serving.launch.process import free_port
 
     deployed = tmp_path / "renamed"
     shutil.copytree(models / "renamed" / "1", deployed / "1")

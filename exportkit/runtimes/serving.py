@@ -30,8 +30,8 @@ class ServingRuntime(Runtime):
                  binary: str | None = None, device: str = "cpu", load_timeout: float = 120.0,
                  timeout: float = 30.0, signatures: dict | None = None, rest: bool = False, worker=None,
                  launch=None):
-        """`mode`: auto | binary | embedded | docker[:TAG] | HOST:PORT (see serving.launcher.start); `launch`:
-        serving.launcher.LaunchOptions (container CLI, --pull, batching parameters). `worker`: a
+        """`mode`: auto | binary | embedded | docker[:TAG] | HOST:PORT (see serving.launch.modes.start); `launch`:
+        options.launch.LaunchOptions (container CLI, --pull, batching parameters). `worker`: a
         runtimes.session.TfWorker for the model; the embedded server then runs in it, on its session loader's load.
 
         `signatures` ({name: savedmodel.signatures_of's form}) pick the API of the signature in use: Classify or
@@ -65,7 +65,8 @@ class ServingRuntime(Runtime):
 
     def start(self) -> None:
         """Spawn the server now (cheap) so its TF import and model load overlap other runtimes' work."""
-        from exportkit.serving.launch.launcher import find_binary, start
+        from exportkit.serving.launch.binary import find_binary
+        from exportkit.serving.launch.modes import start
 
         if self._closed:  # closed while a lane was on its way here (Ctrl-C): no server may start after that
             raise _closed_error("before its server started")
@@ -266,10 +267,10 @@ def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str, la
     """The embedded server inside the TensorFlow worker: TF Serving's APIs over the session loader's graph and
     session, started (warm-up replayed first) when waited for, so `session` runs before the warm-up, as a fresh
     TF Serving load would answer them. `batching`: a BatchingParameters file, served with TF Serving's batching."""
-    from exportkit.serving.launch.launcher import batching_file
+    from exportkit.options.launch import batching_file
     from exportkit.version import __version__
     from exportkit.savedmodel.reader import resolve_model_path
-    from exportkit.serving.launch.launcher import PendingServer, ServerHandle
+    from exportkit.serving.launch.process import PendingServer, ServerHandle
 
     name = model_name or resolve_model_path(worker.path).default_name
 

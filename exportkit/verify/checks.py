@@ -90,7 +90,7 @@ def baseline_findings(o: VerifyOptions, signatures: dict, selected: list[str],
 
 
 def _remote(serving: str) -> bool:
-    from exportkit.serving.launch.container import is_container_mode
+    from exportkit.serving.launch.docker import is_container_mode
 
     return serving not in ("auto", "binary", "embedded", "none") and not is_container_mode(serving)
 

@@ -124,7 +124,7 @@ def _options(o: VerifyOptions):
 
         prepare_process(o.against, detect_format(o.against.src, o.against.format))
     if "serving" in names or "rest" in names:
-        from exportkit.serving.launch.launcher import check_serving_mode
+        from exportkit.serving.launch.modes import check_serving_mode
 
         check_serving_mode(o.serving)
     return devices, names, dict(parse_tol(t) for t in o.tol)

@@ -125,7 +125,7 @@ def devices_of(device: str) -> list[str]:
 
 def protocol_of(protocol: str | None, serving: str) -> str:
     """--serving-protocol; by default both for servers exportkit launches, gRPC for a remote one (REST port unknown)."""
-    from exportkit.serving.launch.container import is_container_mode
+    from exportkit.serving.launch.docker import is_container_mode
 
     launched = serving in ("auto", "binary", "embedded") or is_container_mode(serving)
     if protocol is None:

@@ -51,7 +51,7 @@ def test_server_exiting_with_a_code_shows_its_log_tail_in_the_text_report(third_
 
 @pytest.mark.slow
 def test_nothing_listening_fails_fast_and_still_prints_the_table(third_party, tmp_path):
-    from exportkit.serving.launch.launcher import free_port
+    from exportkit.serving.launch.process import free_port
 
     address = f"127.0.0.1:{free_port()}"
     began = time.monotonic()

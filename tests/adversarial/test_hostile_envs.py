@@ -286,7 +286,7 @@ def test_an_embedded_server_without_h11_is_infrastructure_naming_the_package(pyt
 LAUNCH_EMBEDDED = """
 import json, sys
 from exportkit.errors import ExportkitError
-from exportkit.serving.launch.launcher import start_embedded
+from exportkit.serving.launch.embedded import start_embedded
 try:
     start_embedded(sys.argv[1], rest=True).wait().stop()
 except ExportkitError as err:

@@ -29,7 +29,7 @@ def model_base(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(model_base, tmp_path_factory):
     """`exportkit serve` in its own process: (process, REST port). It serves version 2: y = 0.5x + 3."""
-    from exportkit.serving.launch.launcher import free_port
+    from exportkit.serving.launch.process import free_port
     from exportkit.serving.server.model_server import ADDRESS_RE
 
     log = (tmp_path_factory.mktemp("rest_hostile_log") / "serve.log").open("w+")

@@ -18,9 +18,15 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 
-from exportkit.errors import InfraError, UsageError
+from exportkit.errors import CheckFailed, InfraError, UsageError
+from exportkit.log import log
+from exportkit.options.launch import LaunchOptions, batching_file
 from exportkit.processes import pid_alive
+from exportkit.savedmodel.reader import resolve_model_path
+from exportkit.serving.launch.binary import NO_LOAD_RETRIES, batching_flags
+from exportkit.serving.launch.process import PendingServer, ServerHandle, flags_entry, free_port
 
 IMAGE_REPO = "tensorflow/serving"
 LABEL = "org.exportkit.run"
@@ -33,6 +39,62 @@ LOG_TAIL_LINES = 40
 
 def is_container_mode(serving: str) -> bool:
     return serving == "docker" or serving.startswith("docker:")
+
+
+def start_container(serving: str, path: str, model_name: str | None = None, device: str = "cpu",
+                    load_timeout: float = 120.0, options: LaunchOptions | None = None) -> PendingServer:
+    """TF Serving's image on the model in a container; `wait()` returns once the model is AVAILABLE."""
+    options = options or LaunchOptions()
+    image = image_for(serving, device)
+    batching_file(options)
+    cli = ContainerCli(options.container_cli)
+    removed = remove_stale(cli)
+    for stale in removed:
+        log.warning(f"note: removed container {stale}, left behind by an exportkit run that was killed")
+    image_id, digest = image_identity(cli, image, options.pull)
+    loc = resolve_model_path(path)
+    name = model_name or loc.default_name
+    grpc_port, rest_port = free_port(), free_port()
+    container = Container.run(cli, image, model_name=name, version_dir=str(loc.version_dir), version=loc.version,
+                              grpc_port=grpc_port, rest_port=rest_port, gpu=device == "gpu",
+                              batching_parameters=options.batching_parameters, server_args=options.server_flags.argv())
+    address = f"127.0.0.1:{grpc_port}"
+    what = f"TF Serving in {image} (container {container.name})"
+    log_tail = f"container log (last {LOG_TAIL_LINES} lines)"
+
+    def finish() -> ServerHandle:
+        from exportkit.serving.client.grpc_client import ModelLoadFailed, ServingClient, ServingError
+
+        def check() -> None:
+            if not container.running():
+                raise CheckFailed(f"{what} exited before the model was AVAILABLE; {log_tail}:\n{container.tail()}",
+                                  "the container log says why TF Serving did not load the model")
+
+        with ServingClient(address, name, loc.version) as client:
+            try:
+                client.wait_available(load_timeout, check=check)
+            except ModelLoadFailed as err:
+                raise CheckFailed(f"{what}: {err.message}\n{log_tail}:\n{container.tail()}",
+                                  "the container log says why TF Serving did not load the model") from None
+            except ServingError as err:
+                hint = ("raise --load-timeout if the model is big" if err.code == "DEADLINE_EXCEEDED"
+                        else "the container log says what went wrong")
+                raise CheckFailed(f"{what}: {err}\n{log_tail}:\n{container.tail()}", hint) from None
+        description = {"kind": "docker", "version": server_version(cli, image), "address": address,
+                       "binary": None, "image": image, "image_id": image_id, "digest": digest,
+                       "container": container.name, "cli": cli.name, "model_name": name,
+                       "model_version": loc.version, **flags_entry(options.server_flags)}
+        if removed:
+            description["removed_stale"] = removed
+        if moving_tag(image):
+            print(f"warning: {image} moves with every TF Serving release; this run used TF Serving "
+                  f"{description['version']} ({digest or image_id}): pin it with --serving "
+                  f"docker:{description['version']}{'-gpu' if device == 'gpu' else ''} to run the same server again",
+                  file=sys.stderr)
+        return ServerHandle(address, description, name, loc.version, container.remove, None, container.tail,
+                            rest_address=f"127.0.0.1:{rest_port}")
+
+    return PendingServer(finish, container.remove)
 
 
 def image_for(serving: str, device: str = "cpu") -> str:
@@ -159,16 +221,6 @@ def remove_stale(cli: ContainerCli) -> list[str]:
         cli.run("rm", "-f", container, check=False)
         removed.append(name)
     return removed
-
-
-# A server exportkit launches serves one complete version: a failed load is the answer at once, not after TF Serving's
-# default 5 retries a minute apart (model_servers/server.h, core/loader_harness.cc).
-NO_LOAD_RETRIES = ["--max_num_load_retries=0"]
-
-
-def batching_flags(path: str | None) -> list[str]:
-    """The server flags that turn on TF Serving's batching with a parameters file at `path` (as the server sees it)."""
-    return ["--enable_batching=true", f"--batching_parameters_file={path}"] if path else []
 
 
 class Container:
