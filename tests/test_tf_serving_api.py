@@ -89,15 +89,15 @@ def test_feature_spec_read_from_the_graph(models):
 
     est = models["estimator_style"] + "/1"
     spec = example_inputs(select_meta_graph(read_saved_model_proto(est)), "classification", est)["inputs"]
-    features = {f.key: f for f in spec.features}
-    assert (features["x"].kind, features["x"].dtype, features["x"].shape, features["x"].default) == ("dense", "float32", [2], None)
-    assert (features["age"].dtype, features["age"].default) == ("int64", [30])
+    features = {f.feature: f for f in spec.features}
+    assert (features["x"].kind, features["x"].storage, features["x"].shape, features["x"].default) == ("dense", "float32", [2], None)
+    assert (features["age"].storage, features["age"].default) == ("int64", [30])
     assert features["color"].default == [b"red"] and features["color"].vocabulary == [b"red", b"green", b"blue"]
-    assert (features["tags"].kind, features["tags"].dtype, features["tags"].vocabulary) == ("sparse", "string", None)
+    assert (features["tags"].kind, features["tags"].storage, features["tags"].vocabulary) == ("sparse", "string", None)
 
     tfx = models["tfx_style"] + "/1"  # ParseExampleV2 inside the function library, the table a captured resource
     spec = example_inputs(select_meta_graph(read_saved_model_proto(tfx)), "serving_default", tfx)["examples"]
-    features = {f.key: f for f in spec.features}
+    features = {f.feature: f for f in spec.features}
     assert features["company"].vocabulary == [b"flash", b"taxi_affiliation", b"other"]
     assert features["hour"].default == [12.0] and features["trip_miles"].default is None
 

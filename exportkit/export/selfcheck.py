@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from exportkit.savedmodel import lint
+from exportkit.savedmodel.graph import function_label, graph_of
 from exportkit.tfversions import registry as registries
 from exportkit.errors import CheckFailed, ExportkitError
 from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
@@ -39,8 +40,8 @@ def static_check(path: str | Path, version: str) -> None:
     `version` names the registry of stock ops (`stock_version`)."""
     registry = registries.load(version)
     meta_graph = select_meta_graph(read_saved_model_proto(path))
-    py_funcs = sorted({f"{node.op} '{node.name}' in {lint.function_label(function)}"
-                       for function, node in lint.reachable_nodes(meta_graph) if node.op in lint.PY_FUNC_OPS})
+    py_funcs = sorted({f"{node.op} '{node.name}' in {function_label(function)}"
+                       for function, node in lint.reachable_py_funcs(graph_of(meta_graph))})
     if py_funcs:
         raise CheckFailed(f"the signatures run Python code (tf.py_function/tf.numpy_function): {lint.few(py_funcs)}; "
                           f"TF Serving cannot run it", REFUSED + "replace them with TensorFlow ops in the model")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exportkit.findings import Finding
-from exportkit.savedmodel.lint import reachable_nodes
+from exportkit.savedmodel.graph import graph_of
 
 # Ops that write a variable (ref or resource) they take as input 0.
 STATE_WRITES = frozenset({
@@ -34,7 +34,7 @@ def _tensor_node(name: str) -> str:
 
 
 def _signature_roots(signature) -> list[str]:
-    from exportkit.savedmodel.reader import tensor_info_names
+    from exportkit.savedmodel.graph import tensor_info_names
 
     return [name for info in signature.outputs.values() for name in tensor_info_names(info)]
 
@@ -44,7 +44,7 @@ def _variables(meta_graph, roots: list[str]) -> tuple[set[str], set[str]]:
     Inside functions (TF2 writers) a write is counted by its op only: its variable is a captured handle."""
     by_name = {node.name: node for node in meta_graph.graph_def.node}
     writes, reads = set(), set()
-    for function, node in reachable_nodes(meta_graph, roots):
+    for function, node in graph_of(meta_graph).reachable_nodes(roots):
         if node.op in VARIABLES and function is None:
             reads.add(node.name)
         if node.op in STATE_WRITES and node.input:

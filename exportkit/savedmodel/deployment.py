@@ -19,7 +19,8 @@ import os
 from dataclasses import asdict, dataclass
 
 from exportkit.findings import Finding
-from exportkit.savedmodel.lint import few, function_label, iter_nodes, reachable_nodes, signature_tensors
+from exportkit.savedmodel.graph import CALL_OPS, Graph, data_inputs, function_label, graph_of, signature_tensors
+from exportkit.savedmodel.lint import few
 from exportkit.options.server_flags import STOCK, ServerFlags
 
 # Op -> index of its file-name input. Tables read at load time; files and datasets while a request runs.
@@ -42,7 +43,6 @@ PASS_THROUGH = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot", "
                           "EnsureShape"})
 VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 ASSIGN_OPS = frozenset({"AssignVariableOp", "Assign"})
-CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 XLA_ATTR = "_XlaMustCompile"  # set by tf.function(jit_compile=True) on the function and its call
 _REMOTE = ("gs://", "s3://", "hdfs://", "http://", "https://")
 _DT_STRING = 7
@@ -86,38 +86,18 @@ def asset_file_defs(meta_graph) -> list:
     return found
 
 
-class _Graph:
-    """The graph as the loader sees it, to follow a tensor back through identities and function calls."""
+class _FileNames:
+    """Follows a file-name tensor back through identities, variables and function calls to where it comes from."""
 
-    def __init__(self, meta_graph):
-        graph = meta_graph.graph_def
-        self.meta_graph = meta_graph
-        self.top = {node.name: node for node in graph.node}
-        self.functions = {f.signature.name: f for f in graph.library.function}
-        self.nodes = {name: {node.name: node for node in f.node_def} for name, f in self.functions.items()}
-        self.args = {name: [a.name for a in f.signature.input_arg] for name, f in self.functions.items()}
-        self.assets = {info.tensor_info.name.split(":")[0]: info.filename for info in asset_file_defs(meta_graph)}
-        self._callers: dict[str, list] | None = None
-        self._owners: dict[str, str] | None = None
-
-    def callers(self, function: str) -> list[tuple[str | None, object]]:
-        if self._callers is None:
-            self._callers = {}
-            places = [(None, n) for n in self.top.values()] + [
-                (f, n) for f, nodes in self.nodes.items() for n in nodes.values()]
-            for where, node in places:
-                callee = node.op if node.op in self.functions else (
-                    node.attr["f"].func.name if node.op in CALL_OPS and "f" in node.attr else None)
-                if callee:
-                    self._callers.setdefault(callee, []).append((where, node))
-        return self._callers.get(function, [])
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.meta_graph = graph.meta_graph
+        self.assets = {info.tensor_info.name.split(":")[0]: info.filename for info in asset_file_defs(self.meta_graph)}
 
     def owner(self, function: str | None, node) -> str | None:
         """The node's name scope (a Keras layer's name, e.g. `functional_1/vocab`) in the object-graph path of its
         function (e.g. `root.serve`, `root.table._initialize`): who captured the path."""
-        if self._owners is None:
-            self._owners = _object_paths(self.meta_graph.object_graph_def)
-        parts = [node.name.rpartition("/")[0], self._owners.get(function or "")]
+        parts = [node.name.rpartition("/")[0], self.graph.object_path(function)]
         return " in ".join(p for p in parts if p) or None
 
     def sources(self, function: str | None, ref: str, depth: int = 0) -> list[tuple[str, str]]:
@@ -126,9 +106,9 @@ class _Graph:
         name, _, rest = ref.lstrip("^").partition(":")
         if depth > _MAX_DEPTH:
             return [("computed", name)]
-        if function is not None and not rest and name in self.args[function]:
-            return self._argument(function, self.args[function].index(name), depth)
-        node = (self.top if function is None else self.nodes[function]).get(name)
+        if function is not None and not rest and name in self.graph.args(function):
+            return self._argument(function, self.graph.args(function).index(name), depth)
+        node = self.graph.node(function, name)
         if node is None:
             return []
         if function is None and name in self.assets:
@@ -147,35 +127,34 @@ class _Graph:
         if node.op in VARIABLE_OPS:  # TF2 saves an asset's path as a variable the init op assigns the fed path to
             return [found for value in self._assigned(function, name) for found in self.sources(function, value, depth + 1)]
         if node.op in PASS_THROUGH:
-            data = [i for i in node.input if not i.startswith("^")]
+            data = data_inputs(node)
             index = int(rest.rpartition(":")[2] or 0) if node.op == "IdentityN" and rest else 0
             return self.sources(function, data[index], depth + 1) if index < len(data) else []
         return [("computed", name)]
 
     def _assigned(self, function: str | None, variable: str) -> list[str]:
         """The values assigned to `variable` (AssignVariableOp / Assign in the same graph or function)."""
-        nodes = self.top if function is None else self.nodes[function]
-        return [data[1] for data in ([i for i in n.input if not i.startswith("^")] for n in nodes.values()
-                                     if n.op in ASSIGN_OPS)
+        nodes = self.graph.function_nodes(function)
+        return [data[1] for data in (data_inputs(n) for n in nodes.values() if n.op in ASSIGN_OPS)
                 if len(data) > 1 and data[0].partition(":")[0] == variable]
 
     def enqueued(self, function: str | None, queue: str) -> list[tuple[str, str]]:
         """What the enqueue ops of the same graph put into `queue`: a reader's file names."""
-        nodes = self.top if function is None else self.nodes[function]
+        nodes = self.graph.function_nodes(function)
         name = queue.lstrip("^").partition(":")[0]
         found = []
         for node in nodes.values():
-            data = [i for i in node.input if not i.startswith("^")]
+            data = data_inputs(node)
             if node.op in ENQUEUE_OPS and data and data[0].partition(":")[0] == name:
                 found += [source for component in data[1:] for source in self.sources(function, component)]
         return found
 
     def _argument(self, function: str, index: int, depth: int) -> list[tuple[str, str]]:
-        callers = self.callers(function)
+        callers = self.graph.callers(function)
         if callers:
             found = []
             for where, node in callers:
-                data = [i for i in node.input if not i.startswith("^")]
+                data = data_inputs(node)
                 if index < len(data):
                     found += self.sources(where, data[index], depth + 1)
             return found
@@ -189,7 +168,7 @@ class _Graph:
         if saved is None:
             return []
         bound = list(saved.bound_inputs)
-        position = index - (len(self.args[function]) - len(bound))
+        position = index - (len(self.graph.args(function)) - len(bound))
         if not 0 <= position < len(bound) or bound[position] >= len(graph.nodes):
             return []
         obj = graph.nodes[bound[position]]
@@ -203,48 +182,27 @@ class _Graph:
         return []
 
 
-def _object_paths(object_graph) -> dict[str, str]:
-    """{concrete function name: the shortest object path that reaches it, e.g. root.layer.table._initialize}."""
-    if not object_graph.nodes:
-        return {}
-    paths = {0: "root"}
-    order = [0]
-    for node_id in order:
-        for child in object_graph.nodes[node_id].children:
-            if child.node_id not in paths and child.node_id < len(object_graph.nodes):
-                paths[child.node_id] = f"{paths[node_id]}.{child.local_name}"
-                order.append(child.node_id)
-    out: dict[str, str] = {}
-    for node_id in order:
-        obj = object_graph.nodes[node_id]
-        kind = obj.WhichOneof("kind")
-        names = (list(obj.function.concrete_functions) if kind == "function" else
-                 [obj.bare_concrete_function.concrete_function_name] if kind == "bare_concrete_function" else [])
-        for name in names:
-            out.setdefault(name, paths[node_id])
-    return out
-
-
 def file_reads(meta_graph) -> list[FileRead]:
     """Every file a loader or a request makes the graph read, where TensorFlow can tell the name without running it:
     table initializers, ReadFile, file datasets, descriptor files, whose file name is an asset or a constant."""
-    if not any(node.op in READ_OPS for _, node in iter_nodes(meta_graph)):
-        return []  # the common case, at the cost of one pass over the nodes (no reachability walk)
-    graph = _Graph(meta_graph)
-    on_request = {(f, n.name) for f, n in reachable_nodes(meta_graph, signature_tensors(meta_graph, served_only=True))}
+    graph = graph_of(meta_graph)
+    if not READ_OPS & graph.op_counts().keys():
+        return []  # the common case: no reachability walk
+    names = _FileNames(graph)
+    on_request = {(f, n.name) for f, n in graph.reachable_nodes(signature_tensors(meta_graph, served_only=True))}
     reads: list[FileRead] = []
     seen = set()
-    for function, node in reachable_nodes(meta_graph):
+    for function, node in graph.reachable_nodes():
         if node.op not in READ_OPS:
             continue
         where = f"{function}/{node.name}" if function else node.name
         when = "request" if (function, node.name) in on_request else "load"
         if node.op in FILENAME_INPUTS:
-            data = [i for i in node.input if not i.startswith("^")]
+            data = data_inputs(node)
             index = FILENAME_INPUTS[node.op]
-            found = graph.sources(function, data[index]) if index < len(data) else []
+            found = names.sources(function, data[index]) if index < len(data) else []
         elif node.op in READER_OPS and len(node.input) > 1:
-            found = graph.enqueued(function, node.input[1])
+            found = names.enqueued(function, node.input[1])
         elif node.op in FILENAME_ATTRS and FILENAME_ATTRS[node.op] in node.attr:
             value = node.attr[FILENAME_ATTRS[node.op]].s.decode("utf-8", "replace")
             found = [("path", value)] if value and not value.startswith(_NOT_FILES) else []
@@ -255,7 +213,7 @@ def file_reads(meta_graph) -> list[FileRead]:
                 continue
             seen.add((where, kind, value))
             reads.append(FileRead(node.op, where, when, path=value if kind == "path" else None,
-                                  asset=value if kind == "asset" else None, owner=graph.owner(function, node)))
+                                  asset=value if kind == "asset" else None, owner=names.owner(function, node)))
     return reads
 
 
@@ -303,11 +261,12 @@ def file_findings(reads: list[FileRead], prefix: str = "", directory=None) -> li
 
 def xla_functions(meta_graph) -> list[str]:
     """Functions reachable from a signature or the init op that must be compiled by XLA (`_XlaMustCompile`)."""
-    functions = {f.signature.name: f for f in meta_graph.graph_def.library.function}
+    graph = graph_of(meta_graph)
+    functions = graph.functions
     if not any(XLA_ATTR in f.attr for f in functions.values()):
         return []  # jit_compile=True marks the FunctionDef itself (and the ops that call it)
     found: dict[str, None] = {}
-    for function, node in reachable_nodes(meta_graph):
+    for function, node in graph.reachable_nodes():
         attrs = functions[function].attr if function is not None else {}
         if XLA_ATTR in attrs and _true(attrs[XLA_ATTR]):
             found[function] = None

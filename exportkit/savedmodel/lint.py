@@ -1,29 +1,24 @@
 """Static checks of a SavedModel: the one implementation used by `inspect` and `verify`.
 
 Errors mean TF Serving cannot load or run the model; warnings mean it can, but clients or later exports will
-likely trip over it. Everything here works on the parsed protobuf and never imports TensorFlow, except the
-one-time fill of the registered-op cache (a subprocess, see `registered_ops`).
+likely trip over it. Everything here works on the parsed protobuf and never imports TensorFlow: the installed
+TensorFlow's op names come from the caller (exportkit.tfversions.installed.registered_ops).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
-import sys
-import threading
-from collections import Counter
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from exportkit.savedmodel.checkpoint import format_bytes, saved_model_checkpoint
 from exportkit.dtypes import HALF_DTYPES
-from exportkit.errors import ExportkitError, UsageError
-from exportkit.files import write_atomic
+from exportkit.errors import UsageError
 from exportkit.findings import Finding
+from exportkit.savedmodel.graph import function_label, graph_of
 from exportkit.savedmodel.reader import dtype_name, select_meta_graph, shape_list, signature_names
 from exportkit.signature_constants import DEFAULT_SIGNATURE, INIT_OP_SIGNATURE, SERVE_TAG
-from exportkit.tfenv import child_env, tensorflow_version
+from exportkit.tfenv import tensorflow_version
 
 # Ops that run Python in the exporting process: TF Serving (C++) cannot run them.
 PY_FUNC_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
@@ -86,138 +81,14 @@ def op_namespace_package(op: str) -> str | None:
     return next((package for prefix, package in OP_NAMESPACES.items() if op.startswith(prefix)), None)
 
 
-OP_CACHE_ENV = "EXPORTKIT_CACHE_DIR"
-_REGISTRY_TIMEOUT_S = 300
-
-_registry_lock = threading.Lock()
-_registry: dict[str, frozenset[str] | None] = {}
-
-
-# ------------------------------------------------------------------------------------- graph traversal
-def iter_nodes(meta_graph) -> Iterator[tuple[str | None, object]]:
-    """(function name or None for the top-level graph, NodeDef) for every node of the graph and its library.
-
-    The library is flat (nested functions are listed there too), so this reaches every function recursively.
-    """
-    graph = meta_graph.graph_def
-    for node in graph.node:
-        yield None, node
-    for fdef in graph.library.function:
-        for node in fdef.node_def:
-            yield fdef.signature.name, node
-
-
-def library_function_names(meta_graph) -> set[str]:
-    return {f.signature.name for f in meta_graph.graph_def.library.function}
-
-
-def op_counts(meta_graph) -> dict[str, int]:
-    """{op type: number of nodes} over the graph and, recursively, its function library; sorted by op name."""
-    counts = Counter(node.op for _, node in iter_nodes(meta_graph))
-    return dict(sorted(counts.items()))
-
-
-def _tensor_node(name: str) -> str:
-    """`node:0`, `^node`, `node:output:0` (inside functions) -> `node`."""
-    return name.lstrip("^").split(":", 1)[0]
-
-
-def _called_functions(node, library: set[str]) -> Iterator[str]:
-    """Library functions a node calls: as its op, or through function-valued attrs (f, then_branch, body, ...)."""
-    if not library:
-        return  # a TF1 graph without functions: nothing to look for in its (many) attrs
-    if node.op in library:
-        yield node.op
-    for value in node.attr.values():
-        if value.HasField("func") and value.func.name in library:
-            yield value.func.name
-        if value.HasField("list"):
-            for func in value.list.func:
-                if func.name in library:
-                    yield func.name
-
-
-def root_tensors(meta_graph) -> list[str]:
-    """Tensors a loader or a client makes the graph compute: every signature's outputs (the init op's too) and
-    the main-op collections. The saver's restore op is not a root: it only reads the model's own variables/."""
-    roots = signature_tensors(meta_graph)
-    for key in ("saved_model_main_op", "legacy_init_op", "main_op", "table_initializer"):
-        if key in meta_graph.collection_def:
-            roots += list(meta_graph.collection_def[key].node_list.value)
-    return roots
-
-
-def signature_tensors(meta_graph, served_only: bool = False) -> list[str]:
-    """Every signature's output tensors: the init op signature's too, unless `served_only` (what requests compute)."""
-    roots = []
-    for name, sig in meta_graph.signature_def.items():
-        if served_only and name == INIT_OP_SIGNATURE:
-            continue
-        for info in sig.outputs.values():
-            which = info.WhichOneof("encoding")
-            if which == "name":
-                roots.append(info.name)
-            elif which == "coo_sparse":
-                roots += [info.coo_sparse.values_tensor_name, info.coo_sparse.indices_tensor_name,
-                          info.coo_sparse.dense_shape_tensor_name]
-            elif which == "composite_tensor":
-                roots += [c.name for c in info.composite_tensor.components if c.WhichOneof("encoding") == "name"]
-    return roots
-
-
-def _load_time_functions(meta_graph) -> list[str]:
-    """Functions tf.saved_model.load runs by itself: resources' _create_resource/_initialize (object graph)."""
-    graph = meta_graph.object_graph_def
-    names = []
-    for obj in graph.nodes:
-        for child in obj.children:
-            if child.local_name in ("_create_resource", "_initialize") and child.node_id < len(graph.nodes):
-                target = graph.nodes[child.node_id]
-                if target.HasField("function"):
-                    names += list(target.function.concrete_functions)
-                elif target.HasField("bare_concrete_function"):
-                    names.append(target.bare_concrete_function.concrete_function_name)
-    return names
-
-
-def reachable_nodes(meta_graph, roots: Iterable[str] | None = None) -> Iterator[tuple[str | None, object]]:
-    """(function or None, NodeDef) for every node that computing `roots` (default: `root_tensors`) may run.
-
-    Top-level graph: the roots' ancestors (data and control inputs). Functions: every node of a function that is
-    called (call ops, function-valued attrs such as If/While branches and dataset map functions), recursively.
-    """
-    graph = meta_graph.graph_def
-    by_name = {node.name: node for node in graph.node}
-    functions = {f.signature.name: f for f in graph.library.function}
-    library = set(functions)
-    pending_nodes = [_tensor_node(t) for t in (root_tensors(meta_graph) if roots is None else roots)]
-    pending_functions = [] if roots is not None else [f for f in _load_time_functions(meta_graph) if f in library]
-    seen_nodes: set[str] = set()
-    seen_functions: set[str] = set()
-    while pending_nodes or pending_functions:
-        if pending_nodes:
-            name = pending_nodes.pop()
-            node = by_name.get(name)
-            if name in seen_nodes or node is None:
-                continue
-            seen_nodes.add(name)
-            yield None, node
-            pending_nodes += [_tensor_node(i) for i in node.input]
-            pending_functions += list(_called_functions(node, library))
-            continue
-        fname = pending_functions.pop()
-        if fname in seen_functions:
-            continue
-        seen_functions.add(fname)
-        for node in functions[fname].node_def:
-            yield fname, node
-            pending_functions += list(_called_functions(node, library))
-
-
+# ------------------------------------------------------------------------------------------------ checks
 def io_op_nodes(meta_graph) -> dict[str, list[str]]:
     """{op: ["node in function F", ...]} for the I/O ops (IO_OPS) reachable from the signatures."""
     found: dict[str, list[str]] = {}
-    for function, node in reachable_nodes(meta_graph):
+    graph = graph_of(meta_graph)
+    if not (IO_OP_CATEGORY.keys() | set(_PROTO_DESCRIPTOR_OPS)) & graph.op_counts().keys():
+        return found  # no such op anywhere: no walk
+    for function, node in graph.reachable_nodes():
         op = node.op
         if op in _PROTO_DESCRIPTOR_OPS and "descriptor_source" in node.attr:
             source = node.attr["descriptor_source"].s.decode("utf-8", "replace")
@@ -239,98 +110,11 @@ def io_op_finding(found: dict[str, list[str]], prefix: str = "") -> Finding | No
                    f"{'; '.join(parts)}." + IO_OP_REFUSAL)
 
 
-# ------------------------------------------------------------------------------------- op registry cache
-def cache_dir() -> Path:
-    """`$EXPORTKIT_CACHE_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/exportkit`."""
-    override = os.environ.get(OP_CACHE_ENV)
-    if override:
-        return Path(override).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "exportkit"
-
-
-def op_cache_path(version: str | None = None) -> Path:
-    version = version or tensorflow_version() or "unknown"
-    return cache_dir() / f"ops-{re.sub(r'[^A-Za-z0-9_.+-]', '_', version)}.json"
-
-
-# Runs in a fresh interpreter: TF's C registry after `import tensorflow` holds every op of the core
-# libraries and of the kernel libraries TF loads at import time (including tensorflow-plugins).
-_REGISTRY_SCRIPT = r"""
-import json, os, sys
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-import tensorflow as tf
-from tensorflow.core.framework import op_def_pb2
-from tensorflow.python.client import pywrap_tf_session as c_api
-buf = c_api.TF_GetAllOpList()
-try:
-    op_list = op_def_pb2.OpList()
-    op_list.ParseFromString(c_api.TF_GetBuffer(buf))
-finally:
-    c_api.TF_DeleteBuffer(buf)
-names = sorted({op.name for op in op_list.op})
-sys.stdout.write(json.dumps({"tensorflow_version": tf.__version__, "ops": names}))
-"""
-
-
-def compute_registered_ops() -> dict:
-    """Ask a fresh Python with TensorFlow for its op registry: {"tensorflow_version", "ops": [names]}."""
-    # Isolated (-I, no PYTHON* variables) like the serving-equivalent workers: a user's sitecustomize or PYTHONPATH
-    # could load custom op libraries and hide an op TF Serving does not have.
-    proc = subprocess.run([sys.executable, "-I", "-c", _REGISTRY_SCRIPT], capture_output=True, text=True,
-                          env=child_env("cpu"), timeout=_REGISTRY_TIMEOUT_S)
-    if proc.returncode != 0:
-        tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"listing TensorFlow's ops failed (exit {proc.returncode}): {tail[0]}")
-    data = json.loads(proc.stdout)
-    if not data.get("ops"):
-        raise RuntimeError("TensorFlow reported no registered ops")
-    return data
-
-
-def registered_ops() -> frozenset[str] | None:
-    """Names of every op registered in the installed TensorFlow; None if TensorFlow cannot say.
-
-    Read from `<cache dir>/ops-<tf version>.json`; the first call per TensorFlow version fills it from a
-    subprocess (a few seconds) and writes it atomically. Later calls cost a JSON read.
-    """
-    version = tensorflow_version()
-    key = version or "unknown"
-    if key in _registry:
-        return _registry[key]
-    with _registry_lock:
-        if key in _registry:
-            return _registry[key]
-        path = op_cache_path(version)
-        ops = None
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if data.get("ops") and (version is None or data.get("tensorflow_version") == version):
-                ops = frozenset(data["ops"])
-        except (OSError, ValueError, AttributeError):
-            pass
-        if ops is None:
-            if sys.stderr.isatty():
-                sys.stderr.write(f"exportkit: listing the ops TensorFlow {key} registers (once; cached in {path})\n")
-            try:
-                data = compute_registered_ops()
-            except (OSError, RuntimeError, ValueError, subprocess.SubprocessError):
-                _registry[key] = None
-                return None
-            ops = frozenset(data["ops"])
-            path = op_cache_path(data.get("tensorflow_version") or version)
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(path, json.dumps(data), f"the op cache {path}")
-            except (OSError, ExportkitError):
-                pass  # a read-only cache dir only costs speed
-        _registry[key] = ops
-        return ops
-
-
-# ------------------------------------------------------------------------------------------------ checks
-def function_label(function: str | None) -> str:
-    return f"function '{function}'" if function else "the top-level graph"
+def reachable_py_funcs(graph) -> list[tuple[str | None, object]]:
+    """(function, node) of the Python-callback ops the signatures and the loader reach."""
+    if not PY_FUNC_OPS & graph.op_counts().keys():
+        return []
+    return [(function, node) for function, node in graph.reachable_nodes() if node.op in PY_FUNC_OPS]
 
 
 def py_func_findings(nodes: Iterable[tuple[str | None, object]], prefix: str = "") -> list[Finding]:
@@ -346,16 +130,17 @@ def py_func_findings(nodes: Iterable[tuple[str | None, object]], prefix: str = "
             for op, where in sorted(places.items())]
 
 
-def _op_findings(meta_graph, prefix: str, check_registry: bool, server_registry=None,
+def _op_findings(meta_graph, prefix: str, check_registry: bool, installed_ops=None, server_registry=None,
                  op_libraries: tuple[str, ...] = ()) -> list[Finding]:
+    graph = graph_of(meta_graph)
     findings: list[Finding] = []
     reached = io_op_nodes(meta_graph)
     io_finding = io_op_finding(reached, prefix)
     if io_finding is not None:
         findings.append(io_finding)
-    findings += py_func_findings(reachable_nodes(meta_graph), prefix)  # a PyFunc no request runs is never run
+    findings += py_func_findings(reachable_py_funcs(graph), prefix)  # a PyFunc no request runs is never run
     denylisted: dict[str, list[str]] = {}
-    for function, node in iter_nodes(meta_graph):
+    for function, node in graph.iter_nodes() if DENYLIST_OPS & graph.op_counts().keys() else ():
         if node.op in DENYLIST_OPS and node.op not in reached:  # reached ones are io-op errors
             denylisted.setdefault(node.op, []).append(function_label(function))
 
@@ -366,9 +151,9 @@ def _op_findings(meta_graph, prefix: str, check_registry: bool, server_registry=
             f"file system or prints on the server (no signature reaches it now)"))
 
     if check_registry:
-        # This TensorFlow's own registry (a cached subprocess) and, where exportkit ships it, the registry of the
+        # This TensorFlow's own registry (`installed_ops`) and, where exportkit ships it, the registry of the
         # stock TF Serving of this version, which adds the TF Text and TF-DF ops tensorflow_model_server links.
-        registry = registered_ops()
+        registry = installed_ops
         if registry is None and server_registry is None:
             findings.append(Finding(
                 "warning", "op-registry-unavailable",
@@ -402,10 +187,11 @@ def unknown_op_advice(op: str, server: str, package: str | None) -> str:
 def unregistered_ops(meta_graph, known) -> dict[str, list[str]]:
     """{op: where it is used} for every op of the graph and its function library that is neither in `known` (a
     registry's op names) nor a library function; sorted."""
-    functions = library_function_names(meta_graph)
+    graph = graph_of(meta_graph)
+    ops = {op for op in graph.op_counts() if op and op not in graph.library and op not in known}
     unknown: dict[str, set[str]] = {}
-    for function, node in iter_nodes(meta_graph):
-        if node.op and node.op not in functions and node.op not in known:
+    for function, node in graph.iter_nodes() if ops else ():
+        if node.op in ops:
             unknown.setdefault(node.op, set()).add(function_label(function))
     return {op: sorted(places) for op, places in sorted(unknown.items())}
 
@@ -517,9 +303,10 @@ def checkpoint_findings(directory: str | Path) -> list[Finding]:
 
 
 def lint_meta_graph(meta_graph, signature_name: str | None = None, prefix: str = "",
-                    check_registry: bool = True, server_registry=None,
+                    check_registry: bool = True, installed_ops: frozenset[str] | None = None, server_registry=None,
                     op_libraries: tuple[str, ...] = ()) -> list[Finding]:
     """Findings for one MetaGraph. With `signature_name`, signature checks cover that signature only.
+    `installed_ops`: the op names of the installed TensorFlow (exportkit.tfversions.installed.registered_ops).
     `server_registry` (exportkit.tfversions.registry.Registry: `names()`, `provider(op)`, `server`) is the op
     registry of the TF Serving the ops are checked against; None: this TensorFlow's own registry.
     `op_libraries` (--op-library) make unknown ops warnings: the runtimes load them and show whether they run."""
@@ -543,18 +330,19 @@ def lint_meta_graph(meta_graph, signature_name: str | None = None, prefix: str =
                                     f"{prefix}no '{DEFAULT_SIGNATURE}' signature (available: {', '.join(available)}): "
                                     f"requests must name a signature"))
     findings.extend(_signature_findings(meta_graph, prefix, names))
-    findings.extend(_op_findings(meta_graph, prefix, check_registry, server_registry, op_libraries))
+    findings.extend(_op_findings(meta_graph, prefix, check_registry, installed_ops, server_registry, op_libraries))
     return findings
 
 
 def lint_saved_model(saved_model_proto, signature_name: str | None = None, *,
-                     check_registry: bool = True, server_registry=None,
-                     op_libraries: tuple[str, ...] = ()) -> list[Finding]:
+                     check_registry: bool = True, installed_ops: frozenset[str] | None = None,
+                     server_registry=None, op_libraries: tuple[str, ...] = ()) -> list[Finding]:
     """All findings for a parsed SavedModel, errors first (stable order within a severity).
 
     Checks the MetaGraph TF Serving loads (tag `serve`; the first one if none has it). `signature_name`
     restricts the signature checks to that signature and reports `missing-signature` if it is absent.
-    `check_registry=False` skips the unregistered-op check (which may need a one-time TensorFlow subprocess).
+    `check_registry=False` skips the unregistered-op check; otherwise ops are checked against `installed_ops` (this
+    TensorFlow's, from exportkit.tfversions.installed.registered_ops) and `server_registry`.
     """
     graphs = list(saved_model_proto.meta_graphs)
     findings: list[Finding] = []
@@ -567,6 +355,7 @@ def lint_saved_model(saved_model_proto, signature_name: str | None = None, *,
                                 f"no MetaGraph is tagged '{SERVE_TAG}' (tag sets: {', '.join(tags)}): TF Serving "
                                 f"loads '{SERVE_TAG}' by default; export with tags=['serve']"))
     findings.extend(lint_meta_graph(meta_graph, signature_name, check_registry=check_registry,
-                                    server_registry=server_registry, op_libraries=op_libraries))
+                                    installed_ops=installed_ops, server_registry=server_registry,
+                                    op_libraries=op_libraries))
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(findings, key=lambda f: order.get(f.severity, 3))

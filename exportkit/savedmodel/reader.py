@@ -21,6 +21,7 @@ from pathlib import Path
 
 from exportkit.dtypes import canonical
 from exportkit.errors import UsageError
+from exportkit.savedmodel.graph import graph_of, tensor_info_names
 from exportkit.signature_constants import (CLASSIFY_CLASSES, CLASSIFY_METHOD, CLASSIFY_SCORES, INIT_OP_SIGNATURE,
                                            REGRESS_METHOD, REGRESS_OUTPUTS, SERVE_TAG)
 
@@ -413,8 +414,8 @@ def graph_shape(meta_graph, tensor_name: str | None) -> list[int] | None:
         return None
     node_name, _, index = tensor_name.lstrip("^").partition(":")
     index = int(index) if index.isdigit() else 0
-    nodes = {node.name: node for node in meta_graph.graph_def.node}
-    node = nodes.get(node_name)
+    graph = graph_of(meta_graph)
+    node = graph.node(None, node_name)
     if node is None:
         return None
     shape = None
@@ -426,7 +427,7 @@ def graph_shape(meta_graph, tensor_name: str | None) -> list[int] | None:
         for consumer in meta_graph.graph_def.node:
             if (consumer.op in _VARIABLE_UPDATES and len(consumer.input) > 1
                     and consumer.input[1] in (tensor_name, node_name)):
-                variable = nodes.get(consumer.input[0].lstrip("^").partition(":")[0])
+                variable = graph.node(None, consumer.input[0].lstrip("^").partition(":")[0])
                 if variable is not None and "shape" in variable.attr:
                     return shape_list(variable.attr["shape"].shape)
     return shape
@@ -434,24 +435,6 @@ def graph_shape(meta_graph, tensor_name: str | None) -> list[int] | None:
 
 _VARIABLE_UPDATES = ("Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
                      "AssignSubVariableOp")
-
-
-def graph_tensor_names(meta_graph) -> set[str]:
-    """Every node name of the MetaGraph's graph (functions' bodies excluded: signatures name graph tensors)."""
-    return {node.name for node in meta_graph.graph_def.node}
-
-
-def tensor_info_names(info) -> list[str]:
-    """The graph tensors a TensorInfo names: one, or a sparse tensor's three, or a composite's components."""
-    encoding = info.WhichOneof("encoding")
-    if encoding == "name":
-        return [info.name]
-    if encoding == "coo_sparse":
-        return [info.coo_sparse.values_tensor_name, info.coo_sparse.indices_tensor_name,
-                info.coo_sparse.dense_shape_tensor_name]
-    if encoding == "composite_tensor":
-        return [name for c in info.composite_tensor.components for name in tensor_info_names(c)]
-    return []
 
 
 def missing_tensor_findings(meta_graph) -> list:
@@ -469,7 +452,7 @@ def missing_signature_tensors(meta_graph) -> list[tuple[str, str, str]]:
     """(signature, "input KEY" | "output KEY", tensor name) for every TensorInfo that names a tensor the graph does
     not have: both loaders refuse such a model (Session.run: "The name ... refers to a Tensor which does not
     exist"; TF Serving fails its load when it validates signatures)."""
-    nodes = graph_tensor_names(meta_graph)
+    nodes = graph_of(meta_graph).position
     missing = []
     for name in signature_names(meta_graph):
         sig = meta_graph.signature_def[name]

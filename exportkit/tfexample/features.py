@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from exportkit.inputs.batches import InputSpec
+from exportkit.inputs.spec import InputSpec
 from exportkit.dtypes import canonical, is_float, is_string
 from exportkit.errors import UsageError
 
@@ -28,14 +28,17 @@ FEATURE_LISTS = {"float32": "float_list", "int64": "int64_list", "string": "byte
 
 @dataclass
 class ExampleFeature:
-    """One fixed-length feature of the Example and the model input it feeds."""
+    """One feature of a tf.Example: one export derives for a model input (fixed length, feeding `input`), or one a
+    graph's parse op declares (exportkit.tfexample.signatures: dense, sparse or ragged, maybe with a vocabulary)."""
 
     feature: str  # key in Example.features
-    input: str  # model input key
-    storage: str  # float32 | int64 | string: the Example's value list
-    dtype: str  # the model input's dtype (parsed values are cast to it)
-    shape: list[int]  # the input's non-batch dims (all fixed); [] = one value per example
+    storage: str  # float32 | int64 | string: the Example's value list (a parse op's declared dtype)
+    shape: list[int] = field(default_factory=list)  # non-batch dims; [] = one value per example; -1 = any length
     default: list | None = None  # used when an Example lacks the feature; None = required
+    input: str | None = None  # the model input it feeds (features export derives)
+    dtype: str | None = None  # that input's dtype (parsed values are cast to it)
+    kind: str = "dense"  # dense | sparse | ragged
+    vocabulary: list[bytes] | None = None  # categorical strings found in the graph or its assets
 
     @property
     def length(self) -> int:
@@ -131,8 +134,11 @@ def _check_default(where: str, feature: ExampleFeature) -> None:
                              + json.dumps([{"string": "", "int64": 0, "float32": 0.0}[feature.storage]] * feature.length))
 
 
+MANIFEST_KEYS = ("feature", "input", "storage", "dtype", "shape", "default")  # what export derives and records
+
+
 def to_manifest(features: list[ExampleFeature]) -> list[dict]:
-    return [asdict(f) for f in features]
+    return [{key: getattr(f, key) for key in MANIFEST_KEYS} for f in features]
 
 
 def from_manifest(items: list[dict]) -> list[ExampleFeature]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from exportkit.savedmodel.reader import dtype_name, protos, shape_list
+from exportkit.tfexample.features import ExampleFeature
 
 PARSE_OPS = frozenset({"ParseExample", "ParseExampleV2", "ParseSingleExample"})
 _CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
@@ -28,28 +29,18 @@ _MAX_VOCAB = 1000
 
 
 @dataclass
-class FeatureSpec:
-    key: str
-    kind: str  # "dense" | "sparse" | "ragged"
-    dtype: str  # "float32" | "int64" | "string"
-    shape: list[int] = field(default_factory=list)  # dense only; -1 = variable length
-    default: list | None = None  # dense only; None = required
-    vocabulary: list[bytes] | None = None  # categorical strings found in the graph or its assets
-
-
-@dataclass
 class ExampleSpec:
     """What one signature input (serialized tf.Example) must contain."""
 
     input_key: str
     parse_op: str
-    features: list[FeatureSpec]
+    features: list[ExampleFeature]
 
     def describe(self) -> str:
-        return ", ".join(f"{f.key}:{f.kind}:{f.dtype}" + (f"{f.shape}" if f.kind == "dense" else "")
+        return ", ".join(f"{f.feature}:{f.kind}:{f.storage}" + (f"{f.shape}" if f.kind == "dense" else "")
                          for f in self.features)
 
-    # The batch generator and the --inputs reader (exportkit.inputs.batches, a lower layer) call these two.
+    # The batch generator and the --inputs reader (exportkit.inputs.generate and .load, a lower layer) call these two.
     def generate(self, shape: tuple[int, ...], rng: np.random.Generator,
                  int_range: tuple[int, int] = (0, 10)) -> np.ndarray:
         return generate_examples(self, shape, rng, int_range)
@@ -161,7 +152,7 @@ def _data_inputs(node) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ parse ops
-def _features_of(scope: _Scope, node) -> list[FeatureSpec]:
+def _features_of(scope: _Scope, node) -> list[ExampleFeature]:
     attr = node.attr
     inputs = _data_inputs(node)
     tdense = [dtype_name(t) for t in attr["Tdense"].list.type] if "Tdense" in attr else []
@@ -188,14 +179,14 @@ def _features_of(scope: _Scope, node) -> list[FeatureSpec]:
     for i, key in enumerate(dense_keys):
         default = defaults[i] if i < len(defaults) else None
         values = _values(default)
-        features.append(FeatureSpec(key=_text(key), kind="dense", dtype=tdense[i] if i < len(tdense) else "float32",
-                                    shape=shapes[i] if i < len(shapes) else [], default=values or None))
+        features.append(ExampleFeature(_text(key), tdense[i] if i < len(tdense) else "float32",
+                                       shapes[i] if i < len(shapes) else [], default=values or None))
     for i, key in enumerate(sparse_keys):
-        features.append(FeatureSpec(key=_text(key), kind="sparse",
-                                    dtype=sparse_types[i] if i < len(sparse_types) else "float32"))
+        features.append(ExampleFeature(_text(key), sparse_types[i] if i < len(sparse_types) else "float32",
+                                       kind="sparse"))
     for i, key in enumerate(ragged_keys):
-        features.append(FeatureSpec(key=_text(key), kind="ragged",
-                                    dtype=ragged_types[i] if i < len(ragged_types) else "float32"))
+        features.append(ExampleFeature(_text(key), ragged_types[i] if i < len(ragged_types) else "float32",
+                                       kind="ragged"))
     return features
 
 
@@ -204,21 +195,21 @@ def _text(key) -> str:
 
 
 # ------------------------------------------------------------------------------------------ vocabularies
-def _output_refs(scope: _Scope, node, features: list[FeatureSpec]) -> dict[str, list[str]]:
+def _output_refs(scope: _Scope, node, features: list[ExampleFeature]) -> dict[str, list[str]]:
     """Feature key -> the producer references of its values output (graph: `node:k`, function: `node:name:i`)."""
     kinds = {k: [f for f in features if f.kind == k] for k in ("sparse", "dense", "ragged")}
     n_sparse = len(kinds["sparse"])
     refs: dict[str, list[str]] = {}
     for i, f in enumerate(kinds["sparse"]):
-        refs[f.key] = [f"{node.name}:{n_sparse + i}", f"{node.name}:sparse_values:{i}"]
+        refs[f.feature] = [f"{node.name}:{n_sparse + i}", f"{node.name}:sparse_values:{i}"]
     for i, f in enumerate(kinds["dense"]):
-        refs[f.key] = [f"{node.name}:{3 * n_sparse + i}", f"{node.name}:dense_values:{i}"]
+        refs[f.feature] = [f"{node.name}:{3 * n_sparse + i}", f"{node.name}:dense_values:{i}"]
     base = 3 * n_sparse + len(kinds["dense"])
     for i, f in enumerate(kinds["ragged"]):
-        refs[f.key] = [f"{node.name}:{base + i}", f"{node.name}:ragged_values:{i}"]
+        refs[f.feature] = [f"{node.name}:{base + i}", f"{node.name}:ragged_values:{i}"]
     for f in features:  # ParseSingleExample / single outputs written without an index
         if len(features) == 1:
-            refs[f.key].append(node.name)
+            refs[f.feature].append(node.name)
     return refs
 
 
@@ -300,22 +291,22 @@ def example_inputs(meta_graph, signature_name: str, version_dir: str | Path | No
         parse_nodes = _find_parse_nodes(scopes, top, _producer(info.name))
         if not parse_nodes:
             continue
-        features: dict[str, FeatureSpec] = {}
+        features: dict[str, ExampleFeature] = {}
         for scope, node in parse_nodes:
             specs = _features_of(scope, node)
-            if any(f.dtype == "string" for f in specs):
+            if any(f.storage == "string" for f in specs):
                 if vocabularies is None:
                     vocabularies = _vocabularies(meta_graph, scopes, Path(version_dir) if version_dir else None)
                 refs = _output_refs(scope, node, specs)
                 for f in specs:
-                    for table in _lookup_tables(scope, refs[f.key]) if f.dtype == "string" else []:
+                    for table in _lookup_tables(scope, refs[f.feature]) if f.storage == "string" else []:
                         f.vocabulary = vocabularies.get(table) or f.vocabulary
-                strings = [f for f in specs if f.dtype == "string"]
+                strings = [f for f in specs if f.storage == "string"]
                 distinct = {tuple(v) for v in vocabularies.values()}
                 if len(strings) == 1 and strings[0].vocabulary is None and len(distinct) == 1:
                     strings[0].vocabulary = list(distinct.pop())  # the model's only string feature and vocabulary
             for f in specs:
-                features.setdefault(f.key, f)
+                features.setdefault(f.feature, f)
         result[key] = ExampleSpec(input_key=key, parse_op=parse_nodes[0][1].op, features=list(features.values()))
     return result
 
@@ -323,7 +314,7 @@ def example_inputs(meta_graph, signature_name: str, version_dir: str | Path | No
 def input_specs(meta_graph, signature_name: str, signature: dict, version_dir: str | Path | None = None) -> list:
     """The signature's inputs as batches.InputSpec, with the ExampleSpec of those that are serialized tf.Example
     (so generated inputs are Examples the model parses). `signature`: savedmodel.signatures_of's form."""
-    from exportkit.inputs.batches import InputSpec
+    from exportkit.inputs.spec import InputSpec
     from exportkit.savedmodel.reader import graph_shape
 
     examples = example_inputs(meta_graph, signature_name, version_dir)
@@ -350,15 +341,15 @@ def make_example(spec: ExampleSpec, rng: np.random.Generator, int_range: tuple[i
                 n *= d if d >= 0 else 2  # variable-length dense (allow_missing): two values
         else:
             n = int(rng.integers(1, 4))
-        feature = example.features.feature[f.key]
-        if f.dtype == "string":
+        feature = example.features.feature[f.feature]
+        if f.storage == "string":
             if f.vocabulary:
                 values = [f.vocabulary[int(i)] for i in rng.integers(0, len(f.vocabulary), size=n)]
             else:
                 letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
                 values = [bytes(rng.choice(letters, size=int(rng.integers(1, 9))).tolist()) for _ in range(n)]
             feature.bytes_list.value.extend(values)
-        elif f.dtype in ("float32", "float64", "float16", "bfloat16"):
+        elif f.storage in ("float32", "float64", "float16", "bfloat16"):
             feature.float_list.value.extend(rng.standard_normal(n).astype(np.float32).tolist())
         else:
             feature.int64_list.value.extend(rng.integers(int_range[0], int_range[1], size=n).tolist())
@@ -384,14 +375,14 @@ def check_examples(spec: ExampleSpec, values: np.ndarray) -> str | None:
         except Exception:  # noqa: BLE001 — protobuf's DecodeError and friends
             return f"element {i} is not a serialized tf.Example"
         for f in spec.features:
-            feature = example.features.feature.get(f.key)
+            feature = example.features.feature.get(f.feature)
             if feature is None or feature.WhichOneof("kind") is None:
                 if f.kind == "dense" and f.default is None:
-                    return f"element {i} lacks the required feature {f.key!r}"
+                    return f"element {i} lacks the required feature {f.feature!r}"
                 continue
-            want = kinds.get(f.dtype, "float_list")
+            want = kinds.get(f.storage, "float_list")
             if feature.WhichOneof("kind") != want:
-                return f"element {i}: feature {f.key!r} is a {feature.WhichOneof('kind')}, the model parses {want}"
+                return f"element {i}: feature {f.feature!r} is a {feature.WhichOneof('kind')}, the model parses {want}"
     return None
 
 

@@ -37,7 +37,8 @@ from exportkit.tfversions import registry as registries
 from exportkit.tfversions.attrvalue import attr_json
 from exportkit.savedmodel.deployment import deployment_findings
 from exportkit.findings import Finding
-from exportkit.savedmodel.lint import IO_OP_CATEGORY, py_func_findings, reachable_nodes
+from exportkit.savedmodel.graph import graph_of
+from exportkit.savedmodel.lint import IO_OP_CATEGORY, py_func_findings, reachable_py_funcs
 from exportkit.savedmodel.reader import dtype_name, missing_tensor_findings
 from exportkit.signature_constants import INIT_OP_SIGNATURE
 from exportkit.options.server_flags import STOCK, ServerFlags
@@ -85,55 +86,26 @@ class CompatResult:
     findings: list[Finding] = field(default_factory=list)
 
 
-def _node_name(tensor: str) -> str:
-    return tensor.lstrip("^").split(":")[0]
-
-
-def _funcs_in(attr_value) -> list[str]:
-    kind = attr_value.WhichOneof("value")
-    if kind == "func":
-        return [attr_value.func.name]
-    if kind == "list":
-        return [f.name for f in attr_value.list.func]
-    return []
-
-
 def served_nodes(meta_graph) -> list[ServedNode]:
     """Every node the loader instantiates: the top-level graph and the functions it calls, transitively;
     flagged `executed` where a signature, init or restore path reaches them, `serving` on a signature's.
     Grouped (see ServedNode): each node costs one serialization of its op, device and attrs, no objects."""
-    graph = meta_graph.graph_def
-    library = {f.signature.name: f for f in graph.library.function}
-    serving, loading = _roots(meta_graph)
-    keyer = _Keyer(library)
-    top = graph.node
-    position = {node.name: i for i, node in enumerate(top)}
+    graph = graph_of(meta_graph)
+    serving_roots, loading_roots = _roots(meta_graph)
+    serving, loading = graph.reach(t for t in serving_roots if t), graph.reach(t for t in loading_roots if t)
+    executed = {**dict.fromkeys(loading.functions, False), **dict.fromkeys(serving.functions, True)}
+    keyer = _Keyer(graph)
+    top = graph.top
     keys = [keyer.key(node) for node in top]
-    flags = bytearray(len(keys))  # 0 not reached, 1 on a load-time path, 2 on a serving path
-    executed: dict[str, bool] = {}  # function -> called from a serving path
-    for starts, flag in ((serving, 2), (loading, 1)):
-        pending = [position[n] for n in (_node_name(t) for t in starts if t) if n in position]
-        called = []
-        while pending:
-            i = pending.pop()
-            if flags[i]:
-                continue
-            flags[i] = flag
-            for name in top[i].input:
-                j = position.get(_node_name(name))
-                if j is not None and not flags[j]:
-                    pending.append(j)
-            called += keyer.calls[keys[i]]
-        _close(called, library, executed, flag == 2)
-    instantiated: dict[str, bool] = {}
-    _close([f for key in set(keys) for f in keyer.calls[key]], library, instantiated, False)
+    instantiated = graph.reach((), [f for key in dict.fromkeys(keys) for f in keyer.calls[key]]).functions
 
     groups: dict[tuple, ServedNode] = {}
     for i, key in enumerate(keys):
-        _add(groups, (key, flags[i], None), top, i, None, flags[i] > 0, flags[i] == 2, key[1])
+        flag = 2 if serving.marked[i] else 1 if loading.marked[i] else 0  # on a serving, a load-time or no path
+        _add(groups, (key, flag, None), top, i, None, flag > 0, flag == 2, key[1])
     for fname in instantiated:
         on_path, serves = fname in executed, executed.get(fname, False)
-        body = library[fname].node_def
+        body = graph.functions[fname].node_def
         for i, node in enumerate(body):
             key = keyer.key(node)
             _add(groups, (key, on_path, serves, "in a function"), body, i, fname, on_path, serves, key[1])
@@ -161,9 +133,10 @@ class _Keyer:
     the bytes costs a third of reading the attr map through Python. The functions a node calls are worked
     out once per key."""
 
-    def __init__(self, library: dict):
-        self.library = library
+    def __init__(self, graph):
+        self.graph = graph
         self.calls: dict[tuple, list[str]] = {}
+        self._keys: dict[tuple, tuple] = {}
 
     def key(self, node) -> tuple:
         raw = node.SerializeToString(deterministic=True)
@@ -178,8 +151,11 @@ class _Keyer:
             start, end = _field_end(raw, end + 1)
             inputs += raw[start:start + 1] != b"^"
         key = (raw[name_end:op_end] + raw[end:], inputs)
-        if key not in self.calls:
-            self.calls[key] = _calls(node, self.library)
+        known = self._keys.get(key)
+        if known is not None:
+            return known  # one key object per group: a million nodes hold a few keys, not a million copies
+        self._keys[key] = key
+        self.calls[key] = self.graph.calls(node)
         return key
 
 
@@ -201,51 +177,6 @@ def _add(groups: dict, group_key, nodes, index: int, function, executed, serving
         groups[group_key] = _served(nodes[index], function, executed, serving, inputs)
     else:
         group.count += 1
-
-
-def function_cycles(meta_graph) -> list[list[str]]:
-    """Functions of the library that call themselves, directly or through others: one list per cycle found
-    (the path that closes it), by a depth-first walk over the call graph (call ops and func-valued attrs)."""
-    library = {f.signature.name: f for f in meta_graph.graph_def.library.function}
-    callees = {name: sorted({c for node in f.node_def for c in _calls(node, library)})
-               for name, f in library.items()}
-    state: dict[str, int] = {}  # 1 on the current path, 2 done
-    cycles = []
-    for start in sorted(library):
-        if state.get(start):
-            continue
-        path, stack = [start], [iter(callees[start])]
-        state[start] = 1
-        while stack:
-            callee = next(stack[-1], None)
-            if callee is None:
-                state[path.pop()] = 2
-                stack.pop()
-            elif state.get(callee) == 1:
-                cycles.append(path[path.index(callee):] + [callee])
-            elif not state.get(callee):
-                state[callee] = 1
-                path.append(callee)
-                stack.append(iter(callees[callee]))
-    return cycles
-
-
-def _close(called: list[str], library, seen: dict[str, bool], flag: bool) -> None:
-    """Add `called` and every function they call, transitively, to `seen` (first flag wins)."""
-    while called:
-        fname = called.pop()
-        if fname in seen:
-            continue
-        seen[fname] = flag
-        for node in library[fname].node_def:
-            called += _calls(node, library)
-
-
-def _calls(node, library) -> list[str]:
-    names = [node.op] if node.op in library else []
-    for value in node.attr.values():
-        names += [f for f in _funcs_in(value) if f in library]
-    return names
 
 
 def _served(node, function, executed, serving, inputs) -> ServedNode:
@@ -528,10 +459,10 @@ def analyze(meta_graph, versions: list[str], device: str = "cpu", server: str = 
     """One CompatResult per version, in the order given. What fails on every version whatever its registry (cyclic
     calls, files outside the SavedModel, XLA under `server_flags`: exportkit.savedmodel.deployment) comes first in each."""
     nodes = served_nodes(meta_graph)
-    library = {f.signature.name for f in meta_graph.graph_def.library.function}
+    library = graph_of(meta_graph).library
     producer = producer_defaults(meta_graph)
     every = (loader_refusals(meta_graph) + deployment_findings(meta_graph, server_flags)
-             + py_func_findings(reachable_nodes(meta_graph)))  # the registries, from TF's wheel, list PyFunc's kernel
+             + py_func_findings(reachable_py_funcs(graph_of(meta_graph))))  # the registries, from TF's wheel, list PyFunc's kernel
     results = [check_version(nodes, library, producer, v, device, server) for v in versions]
     for result in results:
         result.findings[:0] = every
@@ -555,7 +486,7 @@ def cycle_findings(meta_graph) -> list[Finding]:
                     f"functions call each other in a cycle ({' -> '.join(cycle)}): the model fails to load "
                     f"(cyclic dependency between functions); fix: export the model again, a function library "
                     f"written by TensorFlow has no cycles", node=cycle[0])
-            for cycle in function_cycles(meta_graph)]
+            for cycle in graph_of(meta_graph).function_cycles()]
 
 
 LOADER_CODES = ("device-pinned", "nodedef-invalid", "function-cycle")
@@ -567,7 +498,7 @@ def forecast(meta_graph, device: str = "cpu") -> tuple[str | None, list[Finding]
     pinned to a GPU on a CPU server, NodeDefs their OpDef rejects, loader_refusals). Checked newest first,
     stopping at the first failure (~10 ms of CPU per registry read)."""
     nodes = served_nodes(meta_graph)
-    library = {f.signature.name for f in meta_graph.graph_def.library.function}
+    library = graph_of(meta_graph).library
     producer = producer_defaults(meta_graph)
     refusals = loader_refusals(meta_graph)
     oldest, blocking = None, [Finding(f.severity, f.code, f.message) for f in refusals]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from exportkit.inputs.batches import DEFAULT_UNKNOWN_DIM
+from exportkit.inputs.generate import DEFAULT_UNKNOWN_DIM
 from exportkit.errors import InfraError, UsageError
 from exportkit.findings import Finding
 from exportkit.options.verify import VerifyOptions
@@ -27,6 +27,7 @@ from exportkit.verify.report import VerifyReport
 def static_findings(o: VerifyOptions, proto, version_dir):
     """(findings, the io-op findings that refuse execution): lint and assets, read from the files only."""
     from exportkit.tfversions.oplibs import env_op_libraries
+    from exportkit.tfversions.installed import registered_ops
     from exportkit.tfversions.registry import installed
     from exportkit.savedmodel.deployment import deployment_findings
     from exportkit.savedmodel.lint import IO_OP_REFUSAL, asset_findings, lint_saved_model
@@ -34,7 +35,7 @@ def static_findings(o: VerifyOptions, proto, version_dir):
     from exportkit.tfenv import tensorflow_version
 
     server_registry = installed(tensorflow_version())  # the ops the stock TF Serving of this TF links
-    findings = lint_saved_model(proto, o.signature_name, server_registry=server_registry,
+    findings = lint_saved_model(proto, o.signature_name, installed_ops=registered_ops(), server_registry=server_registry,
                                 op_libraries=env_op_libraries()) + asset_findings(version_dir)
     findings += deployment_findings(select_meta_graph(proto), o.server_flags, directory=version_dir)
     refused = [f for f in findings if f.code == "io-op" and f.severity == "error"]

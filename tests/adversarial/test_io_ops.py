@@ -26,18 +26,20 @@ def test_lint_names_the_reachable_io_op_and_its_node(io_models, name):
 
 def test_save_and_restore_functions_of_every_savedmodel_are_not_io_findings(third_party):
     """SaveV2/RestoreV2/MergeV2Checkpoints sit in every SavedModel's save path: unreachable from a signature."""
-    from exportkit.savedmodel.lint import IO_OP_CATEGORY, io_op_nodes, op_counts
+    from exportkit.savedmodel.graph import graph_of
+    from exportkit.savedmodel.lint import IO_OP_CATEGORY, io_op_nodes
     from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
     meta_graph = select_meta_graph(read_saved_model_proto(third_party["plain"]))
-    present = {op for op in op_counts(meta_graph) if op in IO_OP_CATEGORY}
+    present = {op for op in graph_of(meta_graph).op_counts() if op in IO_OP_CATEGORY}
     assert {"SaveV2", "RestoreV2", "MergeV2Checkpoints"} <= present
     assert io_op_nodes(meta_graph) == {}
 
 
 def test_every_denylisted_op_exists_in_tensorflow():
     """A misspelt name in the denylist would silently protect nothing."""
-    from exportkit.savedmodel.lint import IO_OP_CATEGORY, registered_ops
+    from exportkit.savedmodel.lint import IO_OP_CATEGORY
+    from exportkit.tfversions.installed import registered_ops
 
     registry = registered_ops()
     if registry is None:
