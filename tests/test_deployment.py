@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 
 from conftest import has_gpu, invoke, run_cli
@@ -328,13 +327,35 @@ def test_export_refuses_a_layer_that_reads_a_file_from_the_build_machine(tmp_pat
 
 
 @pytest.mark.gpu
-def test_memory_growth_lets_two_processes_share_a_gpu():
+def test_memory_growth_lets_two_processes_share_a_gpu(tmp_path):
+    """Two processes (as the in-process Keras run and the GPU worker are) each hold a tensor on the GPU at the same
+    time: without memory growth the first would take nearly all of its memory and the second fail to allocate."""
     if not has_gpu():
         pytest.skip("no GPU")
-    from exportkit.runtimes.local import require_gpu
-    from exportkit.tfenv import import_tf
+    script = textwrap.dedent("""
+        import pathlib, sys, time
+        from exportkit.runtimes.local import require_gpu
+        from exportkit.tfenv import import_tf
 
-    require_gpu()
-    tf = import_tf()
-    assert all(tf.config.experimental.get_memory_growth(g) for g in tf.config.list_physical_devices("GPU"))
-    assert np.isfinite(tf.reduce_sum(tf.ones([4])).numpy())
+        require_gpu()
+        tf = import_tf()
+        assert all(tf.config.experimental.get_memory_growth(g) for g in tf.config.list_physical_devices("GPU"))
+        with tf.device("/GPU:0"):
+            held = tf.ones([64, 1024, 1024])  # 256 MB, held while the other process allocates its own
+        me, other = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+        me.touch()
+        deadline = time.monotonic() + 120
+        while not other.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert other.exists(), "the other process never held its tensor"
+        with tf.device("/GPU:0"):
+            total = float(tf.reduce_sum(held * 2.0).numpy())
+        assert total == 2.0 * 64 * 1024 * 1024, total
+        time.sleep(1)  # the other process checks this one's file after its own allocation
+    """)
+    a, b = tmp_path / "a.holds", tmp_path / "b.holds"
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(me), str(other)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for me, other in ((a, b), (b, a))]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]

@@ -20,8 +20,8 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from exportkit.errors import UsageError
-from exportkit.signature_constants import (CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES,
-                                           DEFAULT_SIGNATURE, REGRESS_INPUTS, REGRESS_METHOD, REGRESS_OUTPUTS)
+from exportkit.signature_constants import (CLASSIFY_CLASSES, CLASSIFY_METHOD, CLASSIFY_SCORES, DEFAULT_SIGNATURE,
+                                           REGRESS_METHOD, REGRESS_OUTPUTS)
 
 LOGGED = "logged"  # the runtime of the answers the logs carry (what the deployed model said)
 LOG_KINDS = ("predict_log", "classify_log", "regress_log", "multi_inference_log")
@@ -78,8 +78,12 @@ class LogReplayer:
         self.example_input = next(iter(inputs)) if len(inputs) == 1 and next(iter(inputs.values()))["dtype"] == "string" \
             else None
         self.method = self.signature.get("method") or ""
-        self._classify_problem = _classify_problem(inputs, outputs)
-        self._regress_problem = _regress_problem(inputs, outputs)
+        # TF Serving's refusals, as its server words them (the serving modules import grpc: only replays need them)
+        from exportkit.serving.server.classifier import classification_refusal
+        from exportkit.serving.server.regressor import regression_refusal
+
+        self._classify_problem = classification_refusal(inputs, outputs)
+        self._regress_problem = regression_refusal(inputs, outputs)
 
     def replay(self, record: bytes, where=lambda: "?") -> Replayed | None:
         """The log's request (and response) for the signature, or None (skipped: the reason is counted).
@@ -225,25 +229,3 @@ def _examples(input_proto) -> np.ndarray | None:
         return serialized_examples(input_proto)
     except RpcError:
         return None
-
-
-def _classify_problem(inputs: dict, outputs: dict) -> str | None:
-    """classifier.cc PreProcessClassification's refusal of this signature (None: Classify answers on it)."""
-    if len(inputs) != 1:
-        return "Expected one input Tensor."
-    if CLASSIFY_INPUTS not in inputs:
-        return "No classification inputs found in SignatureDef"
-    if CLASSIFY_CLASSES not in outputs and CLASSIFY_SCORES not in outputs:
-        return 'Expected classification signature outputs to contain at least one of "classes" or "scores".'
-    return None
-
-
-def _regress_problem(inputs: dict, outputs: dict) -> str | None:
-    """regressor.cc PreProcessRegression's refusal (None: Regress answers on it)."""
-    if len(inputs) != 1:
-        return "Expected one input Tensor."
-    if REGRESS_INPUTS not in inputs:
-        return "No regression inputs found in SignatureDef"
-    if REGRESS_OUTPUTS not in outputs:
-        return "No regression outputs found in SignatureDef"
-    return None

@@ -23,18 +23,25 @@ def run_classify(servable, request):
 
 
 def preprocess_classification(signature) -> None:
-    if len(signature.inputs) != 1:
-        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Expected one input Tensor.")
-    if len(signature.outputs) not in (1, 2):
-        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                       f"Expected one or two output Tensors, found {len(signature.outputs)}")
-    if CLASSIFY_INPUTS not in signature.inputs:
-        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                       f"No classification inputs found in SignatureDef: {signature_text(signature)}")
-    if CLASSIFY_CLASSES not in signature.outputs and CLASSIFY_SCORES not in signature.outputs:
-        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                       'Expected classification signature outputs to contain at least one of "classes" or "scores". '
-                       f"Signature was: {signature_text(signature)}")
+    refusal = classification_refusal(signature.inputs, signature.outputs, signature)
+    if refusal:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, refusal)
+
+
+def classification_refusal(inputs, outputs, signature=None) -> str | None:
+    """classifier.cc PreProcessClassification's refusal of a signature with these input and output keys (None:
+    Classify answers on it). Given the SignatureDef, the message ends with its text, as the server's does."""
+    if len(inputs) != 1:
+        return "Expected one input Tensor."
+    if len(outputs) not in (1, 2):
+        return f"Expected one or two output Tensors, found {len(outputs)}"
+    text = signature_text(signature) if signature else None
+    if CLASSIFY_INPUTS not in inputs:
+        return "No classification inputs found in SignatureDef" + (f": {text}" if text else "")
+    if CLASSIFY_CLASSES not in outputs and CLASSIFY_SCORES not in outputs:
+        return ('Expected classification signature outputs to contain at least one of "classes" or "scores".' +
+                (f" Signature was: {text}" if text else ""))
+    return None
 
 
 def classification_output_names(signature) -> list[str]:

@@ -22,16 +22,24 @@ def run_regress(servable, request):
 
 
 def preprocess_regression(signature) -> None:
-    if len(signature.inputs) != 1:
-        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Expected one input Tensor.")
-    if len(signature.outputs) != 1:
-        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "Expected one output Tensor.")
-    if REGRESS_INPUTS not in signature.inputs:
-        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                       f"No regression inputs found in SignatureDef: {signature_text(signature)}")
-    if REGRESS_OUTPUTS not in signature.outputs:
-        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                       f"No regression outputs found in SignatureDef: {signature_text(signature)}")
+    refusal = regression_refusal(signature.inputs, signature.outputs, signature)
+    if refusal:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, refusal)
+
+
+def regression_refusal(inputs, outputs, signature=None) -> str | None:
+    """regressor.cc PreProcessRegression's refusal of a signature with these input and output keys (None: Regress
+    answers on it). Given the SignatureDef, the message ends with its text, as the server's does."""
+    if len(inputs) != 1:
+        return "Expected one input Tensor."
+    if len(outputs) != 1:
+        return "Expected one output Tensor."
+    shown = f": {signature_text(signature)}" if signature else ""
+    if REGRESS_INPUTS not in inputs:
+        return f"No regression inputs found in SignatureDef{shown}"
+    if REGRESS_OUTPUTS not in outputs:
+        return f"No regression outputs found in SignatureDef{shown}"
+    return None
 
 
 def regression_output_names(signature) -> list[str]:
