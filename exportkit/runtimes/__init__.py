@@ -9,6 +9,9 @@ model's fault) or InfraError. Fields: `name` (one of RUNTIME_NAMES), `kind` (rec
 grpc | rest), `device` asked for ("cpu", "gpu", or None when not ours to choose), `placed_on` (where the last outputs
 were computed, e.g. "cpu:0", when the runtime can tell), `server` (who answered, for a server), `loaded`,
 `signature_name` (the signature `run` answers for; `use_signature` switches it without loading again).
+
+Runtimes are constructed in one place, exportkit.runtimes.factory (a RuntimeSpec -> a runtime), and batches go
+through them in one loop, exportkit.runtimes.loop.
 """
 from __future__ import annotations
 

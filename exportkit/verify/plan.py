@@ -2,7 +2,7 @@
 runtime starts. Plain dataclasses (`print(plan)` shows them; arrays are left out of the repr).
 
 A new runtime: its class in exportkit/runtimes/, its name in RUNTIME_NAMES, a PlannedRuntime here (plan_runtimes)
-and its construction in verify/execute.py. A new kind of pair: `pairs_for` here, its comparison in verify/pairs.py.
+and its construction in exportkit/runtimes/factory.py. A new kind of pair: `pairs_for` here, its comparison in verify/pairs.py.
 """
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from exportkit.inputs.batches import InputSpec, load_inputs
+from exportkit.inputs.load import load_inputs
+from exportkit.inputs.spec import InputSpec
 from exportkit.errors import UsageError
 from exportkit.savedmodel.extras import read_golden, signature_entries
 from exportkit.runtimes import RUNTIME_NAMES
-from exportkit.options.spec import VerifyOptions
+from exportkit.options.verify import VerifyOptions
 from exportkit.tfexample.features import encode_examples, from_manifest
 from exportkit.compare.tolerances import Tolerance, resolve_tolerance
-from exportkit.inputs.loader import chunks, same, tensor_batches, unrecorded
+from exportkit.inputs.loader import check_samples, chunks, same, signature_batches, tensor_batches, unrecorded
 
 PROTOCOLS = ("grpc", "rest", "both")
 PER_DEVICE = ("keras", "saved_model", "session")  # runtimes that run once per --device (labelled name@device)
@@ -204,15 +205,16 @@ def _twin(name: str, entry: dict, entries: dict, selected: list[str]) -> str | N
     return None
 
 
-def signature_checks(o: VerifyOptions, signatures: dict, names: list[str], version_dir, manifest, lo_hi,
+def signature_checks(signatures: dict, names: list[str], version_dir, manifest, lo_hi, *, inputs: str | None = None,
+                     samples: int = 8, seed: int = 0, atol: float | None = None, rtol: float | None = None,
                      per_output: dict | None = None) -> list[SignatureCheck]:
-    """A SignatureCheck per signature, with its batches: golden, --inputs, then generated.
+    """A SignatureCheck per signature of `names`, with its batches: golden, `inputs` (--inputs FILE), then
+    generated (`samples`, `seed`, integer inputs in `lo_hi`), and its tolerances (--atol, --rtol, --tol).
 
     A tf.Example signature exportkit exported (its manifest lists the features) gets serialized Examples encoded
     from tensor batches: its twin tensor signature's, so that both answer the same values; else generated ones.
     """
-    if o.samples < 1:
-        raise UsageError(f"--samples {o.samples} must be at least 1", "pass --samples 8 (for example)")
+    check_samples(samples)
     from exportkit.tfexample.signatures import input_specs
     from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
@@ -225,15 +227,15 @@ def signature_checks(o: VerifyOptions, signatures: dict, names: list[str], versi
         check = SignatureCheck(name, signature.get("method") or "", specs,
                                {k: v["dtype"] for k, v in signature["outputs"].items()}, entries.get(name, {}))
         check.golden = read_golden(version_dir, name, manifest) if manifest else (None, None)
-        check.tolerance = tolerances_for(o.atol, o.rtol, per_output or {}, check.entry)
+        check.tolerance = tolerances_for(atol, rtol, per_output or {}, check.entry)
         checks.append(check)
     by_name = {c.name: c for c in checks}
-    explicit = len(names) == 1
+    generated = dict(inputs=inputs, samples=samples, seed=seed, explicit=len(names) == 1)  # for tensor_batches
     for check in sorted(checks, key=lambda c: c.examples_input):  # tensor twins first
-        golden = [("golden", b) for b in (check.golden[0] or [])]
         if not check.examples_input:
-            check.batches = golden + unrecorded(tensor_batches(o, check.specs, lo_hi, explicit), golden)
+            check.batches = signature_batches(check.golden[0], check.specs, lo_hi, **generated)
             continue
+        golden = [("golden", b) for b in (check.golden[0] or [])]
         features = from_manifest(check.entry["features"])
         key = check.specs[0].key
         check.twin = _twin(check.name, check.entry, entries, names)
@@ -241,11 +243,11 @@ def signature_checks(o: VerifyOptions, signatures: dict, names: list[str], versi
             tensors = [(origin, b) for origin, b in by_name[check.twin].batches if origin != "golden"]
         else:
             specs = sorted((InputSpec(f.input, f.dtype, [-1, *f.shape]) for f in features), key=lambda s: s.key)
-            tensors = tensor_batches(o, specs, lo_hi, explicit)
+            tensors = tensor_batches(specs, lo_hi, **generated)
         check.batches = golden + unrecorded([(origin, {key: encode_examples(b, features)}) for origin, b in tensors],
                                             golden)
-    if o.inputs and not any(origin == "file" for c in checks for origin, _ in c.batches):
-        load_inputs(o.inputs, checks[0].specs)  # raises the UsageError that names the mismatch
+    if inputs and not any(origin == "file" for c in checks for origin, _ in c.batches):
+        load_inputs(inputs, checks[0].specs)  # raises the UsageError that names the mismatch
     for check in checks:
         check.batches = [(origin, chunk) for origin, batch in check.batches for chunk in chunks(batch)]
     return checks
@@ -331,7 +333,9 @@ def make_plan(o: VerifyOptions, model: Model, names: list[str], devices: list[st
     """The whole plan. Without a golden record (a third-party SavedModel) or a training-time reference, the
     runtimes that would replay them are left out; the others still agree or not."""
     version_dir, manifest = model.version_dir, model.manifest
-    checks = signature_checks(o, model.signatures, model.selected, version_dir, manifest, model.int_range, per_output)
+    checks = signature_checks(model.signatures, model.selected, version_dir, manifest, model.int_range,
+                              inputs=o.inputs, samples=o.samples, seed=o.seed, atol=o.atol, rtol=o.rtol,
+                              per_output=per_output)
     names = list(names)
     if "golden" in names and all(c.golden[0] is None for c in checks):
         names.remove("golden")
