@@ -263,6 +263,7 @@ def _log_lines(stream, keep: list[str]) -> None:
 
 
 def _error_of(code: int, lines: list[str], command: str) -> ExportkitError:
+        return _write(path, json_text(self.to_dict()), "JSON document")
     """The CLI's `error: MESSAGE` / `  fix: FIX` lines (or click's `Error: ...` for an unknown flag) as the error."""
     message, fix = None, None
     for line in lines:
@@ -312,7 +313,7 @@ class _op_libraries:
 # The core reports (plain dataclasses of the pipeline) with the report files as methods: the renderers sit above
 # the reports in the layers, so the methods are added here.
 
-from exportkit.export.pipeline import ExportResult as _ExportResult  # noqa: E402
+from exportkit.export.report import ExportResult as _ExportResult  # noqa: E402
 from exportkit.diff.report import DiffReport as _DiffReport  # noqa: E402
 from exportkit.inspection.command import SavedModelInfo as _SavedModelInfo  # noqa: E402
 from exportkit.compat.report import CompatReport as _CompatReport  # noqa: E402
@@ -335,7 +336,7 @@ class _Document:
     """`write_json`: the document `--json` writes (`to_dict()`), for every result of the API."""
 
     def write_json(self, path) -> Path:
-        return _write(path, json.dumps(self.to_dict(), indent=2) + "\n", "JSON document")
+        from exportkit.report.artifacts import json_text
 
 
 class VerifyReport(_Document, _VerifyReport):
@@ -362,10 +363,8 @@ class VerifyReport(_Document, _VerifyReport):
 class CompatReport(_Document, _CompatReport):
     """compat's matrix: `.versions` (one row per TF version), `.passed`, `.exit_code`, `.verdict`, `.to_dict()`."""
 
-    def write_html(self, path) -> Path:
-        from exportkit.compat.command import other_device_rows
-        from exportkit.verify.html import compat_html
-        from exportkit.report.plots import require_matplotlib
+    def write_junit(self, path) -> Path:
+        from exportkit.verify.render_junit import to_junit_xml
 
         require_matplotlib()
         return _write(path, compat_html(self, other_device_rows(self)), "HTML report")
@@ -380,9 +379,9 @@ class DiffReport(_Document, _DiffReport):
     """diff's report: `.passed`, `.exit_code`, `.verdict`, `.findings` (signatures), `.outputs` (OutputChange per
     output: change quantiles, top-1 share, confusion, metrics), `.gates`, `.to_dict()`."""
 
-    def write_html(self, path) -> Path:
-        from exportkit.diff.report import diff_html
-        from exportkit.report.plots import require_matplotlib
+    def _render(self, kind: str) -> str:
+        from exportkit.compat.command import other_device_rows
+        from exportkit.compat.report import compat_html, compat_markdown
 
         require_matplotlib()
         return _write(path, diff_html(self), "HTML report")
@@ -404,9 +403,8 @@ class ExportResult(_Document, _ExportResult):
         require_matplotlib()
         return _write(path, export_html(self.to_dict(), export_verdict(self), True), "HTML report")
 
-    def write_summary(self, path) -> Path:
-        from exportkit.export.pipeline import export_verdict
-        from exportkit.verify.summary import export_markdown
+    def _render(self, kind: str) -> str:
+        from exportkit.export.report import export_html, export_markdown, export_verdict
 
         return _write(path, export_markdown(self.to_dict(), export_verdict(self), True), "summary")
 

@@ -168,14 +168,3 @@ class GuardedStream:
     def __getattr__(self, name):
         return getattr(self._stream, name)
 
-
-def print_report(text: str, doc: dict, json_out: str | None) -> None:
-    """A command's report: `text` on stdout, and `doc` as JSON in --json FILE; `--json -` prints only the JSON."""
-    import json
-
-    if json_out == "-":
-        print(json.dumps(doc, indent=2))
-        return
-    print(text)
-    if json_out:
-        write_atomic(json_out, json.dumps(doc, indent=2) + "\n", f"--json {json_out}")

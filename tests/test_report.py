@@ -10,9 +10,9 @@ import pytest
 from exportkit.findings import Finding
 from exportkit.compare.outputs import compare_batches, compare_outputs
 from exportkit.compare.tolerances import Tolerance, resolve_tolerance
-from exportkit.verify.report import (
-    RuntimeResult, VerifyReport, render_text, to_json, to_junit_xml, verdict_line,
-)
+from exportkit.verify.render_junit import to_junit_xml
+from exportkit.verify.render_text import render_text
+from exportkit.verify.report import RuntimeResult, VerifyReport, to_json, verdict_line
 
 
 def tols(key, dtype):
@@ -98,7 +98,7 @@ def test_infrastructure_failure_does_not_blame_the_model():
     assert line.startswith("ERROR (infrastructure): serving: the server was killed by SIGKILL; ")
     assert "FAILED" not in line and "also failed: session: output 'score'" in line
     assert to_json(r)["verdict"] == line and render_text(r).splitlines()[-1] == line
-    from exportkit.verify.summary import verify_markdown
+    from exportkit.verify.render_markdown import verify_markdown
 
     heading = verify_markdown(r).splitlines()[0]
     assert "error (infrastructure)" in heading and "FAILED" not in heading

@@ -14,21 +14,21 @@ import sys
 from exportkit.errors import UsageError
 from exportkit.options.compat import CompatOptions
 from exportkit.options.server_flags import STOCK
-from exportkit.compat.report import CompatReport, VersionRow, render_text
+from exportkit.compat.report import CompatReport, VersionRow, compat_html, compat_markdown, render_text
 
 PARALLEL_VERSIONS = 2
 
 
 def compat_command(o: CompatOptions) -> int:
     """The CLI's compat: run_compat, rendered where the flags say."""
-    from exportkit.files import print_report
-    from exportkit.report.artifacts import check_report_options, write_compat
+    from exportkit.report.artifacts import check_report_options, print_report, write_report_files
 
     check_report_options(o.html, o.summary)
     report = run_compat(o)
     print_report(render_text(report, report.run), report.to_json(), o.json_out)
     sys.stdout.flush()
-    write_compat(report, o.html, o.summary, other_device_rows(report) if o.html else None)
+    write_report_files(o.html, o.summary, lambda: compat_html(report, other_device_rows(report)),
+                       lambda: compat_markdown(report))
     return report.exit_code
 
 
@@ -107,7 +107,7 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
     """Fill `observed`/`error` of each row from session@X.Y (`run`) and `served` from TF Serving X.Y's image
     (`servers`: {X.Y: docker mode}), compared with the reference like verify does."""
     from exportkit.inputs.ranges import parse_int_range_flags, recorded_int_ranges
-    from exportkit.savedmodel.extras import read_manifest
+    from exportkit.savedmodel.manifest import read_manifest
     from exportkit.options.verify import VerifyOptions
     from exportkit.compare.tolerances import parse_tol
     from exportkit.verify.report import VerifyReport

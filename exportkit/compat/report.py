@@ -1,6 +1,6 @@
 """The compat matrix: one row per TF (Serving) version, predicted (static), observed (`--run`: session@X.Y in a
-managed environment) and served (`--serving docker`: TF Serving X.Y's own image); rendered as text and JSON here,
-as HTML and Markdown by verify/html.py and verify/summary.py. The command is verify/compat_command.py.
+managed environment) and served (`--serving docker`: TF Serving X.Y's own image); rendered here as text, JSON, HTML
+and Markdown. The command is compat/command.py.
 """
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exportkit.findings import Finding
+from exportkit.report.base import Report
+from exportkit.report.format import error_cause, join_verdict, shorten
+from exportkit.report.html import e, page, severity_class, table
+from exportkit.report.markdown import cell, heading, table as markdown_table
 
 SCHEMA_VERSION = 1  # of `compat --json` (docs/report-schema.md)
 
@@ -53,7 +57,7 @@ class VersionRow:
 
 
 @dataclass
-class CompatReport:
+class CompatReport(Report):
     path: str
     device: str
     versions: list[VersionRow]
@@ -64,10 +68,6 @@ class CompatReport:
     @property
     def passed(self) -> bool:
         return not any(v.failed for v in self.versions)
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.passed else 1
 
     @property
     def verdict(self) -> str:
@@ -114,8 +114,6 @@ def render_text(report: CompatReport, run: bool) -> str:
 def compat_verdict(report: CompatReport) -> str:
     """`FAILED: TF 2.12-2.19: could not load the model (unknown op TFText>RoundRobinTrim); TF 2.21: ...`: each
     cause once, the versions it hits listed."""
-    from exportkit.verify.report import error_cause, join_verdict, shorten
-
     if report.passed:
         return f"PASSED on {', '.join(v.tf for v in report.versions)}"
     by_cause: dict[str, list[str]] = {}
@@ -148,3 +146,67 @@ def _spans(versions: list[str]) -> str:
         else:
             runs.append([v])
     return ", ".join(run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+
+
+def compat_html(report: CompatReport, other_device: list[VersionRow] | None = None) -> str:
+    """One page: the matrix version x device (`other_device`: the static forecast rows for the other device), predicted
+    against observed, the findings."""
+    devices = [report.device] + ([("gpu" if report.device == "cpu" else "cpu")] if other_device else [])
+    run = any(v.observed for v in report.versions)
+    headers = ["TF", f"{report.device} predicted"] + ([f"{report.device} observed"] if run else [])
+    if other_device:
+        headers.append(f"{devices[1]} predicted")
+    others = {v.tf: v for v in other_device or []}
+    rows = []
+    for v in report.versions:
+        reason = v.reason()
+        row = [e(v.tf), (f"{e(v.predicted)}<br><small>{e(_predicted_reason(v))}</small>", v.predicted,
+                         f' data-tf="{e(v.tf)}" data-device="{e(report.device)}" data-kind="predicted"')]
+        if run:
+            observed = v.observed or "none"
+            row.append((f"{e(v.observed or '-')}<br><small>{e(v.error or reason if v.observed else '')}</small>",
+                        observed, f' data-tf="{e(v.tf)}" data-device="{e(report.device)}" data-kind="observed"'))
+        if other_device:
+            o = others.get(v.tf)
+            row.append((f"{e(o.predicted)}<br><small>{e(_predicted_reason(o))}</small>", o.predicted,
+                        f' data-tf="{e(v.tf)}" data-device="{e(devices[1])}" data-kind="predicted"') if o else "-")
+        rows.append(row)
+    body = [f'<p class="meta">{e(report.path)} &middot; predicted from the op/kernel registries shipped with '
+            f'exportkit{"; observed with each version&#39;s TF1 loader (CPU)" if run else "; --run to observe"}</p>',
+            "<h2>TensorFlow version &times; device</h2>", table(headers, rows, id="matrix")]
+    if run:
+        observed = [v for v in report.versions if v.observed]
+        agree = [v for v in observed if (v.predicted == "fails") == (v.observed == "fails")]
+        body += ["<h2>Predicted vs observed</h2>",
+                 "<p class=\"meta\">predicted: will it load and run (ops, attrs, dtypes, kernels; no TensorFlow "
+                 "imported); observed: does it load, run and agree with the reference in that version</p>",
+                 f'<p id="agreement">predicted and observed agree on {len(agree)} of {len(observed)} versions</p>',
+                 table(["TF", "predicted", "observed", "agree"], [
+                     [e(v.tf), (e(v.predicted), v.predicted), (e(v.observed), v.observed),
+                      ("yes", "pass") if v in agree else ("no", "fail")] for v in observed])]
+    findings = [(v.tf, f) for v in report.versions for f in v.findings]
+    if findings:
+        body += ["<h2>Findings</h2>", table(["TF", "severity", "code", "op", "node", "message"], [
+            [e(tf), (e(f.severity), severity_class(f.severity)), e(f.code),
+             e(f.op), e(f.node), e(f.message)] for tf, f in findings[:200]])]
+    return page(f"exportkit compat {report.path}", compat_verdict(report), report.passed, body)
+
+
+def _predicted_reason(v: VersionRow) -> str:
+    """Why the static analysis predicts what it predicts, in one line."""
+    problems = [f for f in v.findings if f.severity != "info"]
+    if not problems:
+        return "every op, attr, dtype and kernel found"
+    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{problems[0].code}: {problems[0].message}{more}"
+
+
+def compat_markdown(report: CompatReport) -> str:
+    """The matrix as a short GitHub table (`--summary FILE`), the verdict last."""
+    run = any(v.observed for v in report.versions)
+    mark = {"ok": "✅ ok", "warn": "⚠️ warn", "fails": "❌ fails", None: "-"}
+    rows = [[v.tf, mark.get(v.predicted, v.predicted), *([mark.get(v.observed, v.observed)] if run else []),
+             v.reason()[:160]] for v in report.versions]
+    lines = [heading(f"compat ({report.device})", report.path, report.passed), ""]
+    lines += markdown_table(["TF", "predicted", *(["observed"] if run else []), "reason"], rows)
+    return "\n".join(lines + ["", f"**{cell(compat_verdict(report))}**", ""])

@@ -1,16 +1,22 @@
 """`exportkit diff`'s report: plain dataclasses (DiffReport, OutputChange, Gate) and their renderings in one place:
-the text table, JSON (docs/diff.md documents the schema), the Markdown summary and the HTML page (verify/html.py's
-page and tables, verify/plots.py's histograms)."""
+the text table, JSON (docs/diff.md documents the schema), the Markdown summary and the HTML page (report/html.py's
+page and tables, report/plots.py's histograms)."""
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 
 from exportkit.data.changes import ChangeStats
 from exportkit.findings import Finding, has_errors
 from exportkit.compare.outputs import to_jsonable
 from exportkit.compare.summaries import histogram_summary
-from exportkit.verify.report import _g, _table, clean, join_verdict
+from exportkit.report import plots
+from exportkit.report.artifacts import print_report, write_report_files
+from exportkit.report.base import Report
+from exportkit.report.format import clean, join_verdict, number, text_table
+from exportkit.report.html import e, page, table
+from exportkit.report.markdown import cell, heading, table as markdown_table
 from exportkit.version import __version__
 
 SCHEMA_VERSION = 1  # of `diff --json` (docs/diff.md), as every other JSON document of exportkit
@@ -48,7 +54,7 @@ class Gate:
 
 
 @dataclass
-class DiffReport:
+class DiffReport(Report):
     old: str
     new: str
     signature: str
@@ -61,10 +67,6 @@ class DiffReport:
     @property
     def passed(self) -> bool:
         return not has_errors(self.findings) and all(g.passed for g in self.gates)
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.passed else 1
 
     @property
     def verdict(self) -> str:
@@ -107,6 +109,7 @@ def output_change(st: ChangeStats, files: list[str], regression: bool) -> Output
 
 
 def _pct(x: float | None) -> str:
+    """A share of records in 3 digits however small (a diff counts single records, unlike format.percent)."""
     return "-" if x is None else f"{100 * x:.3g}%"
 
 
@@ -118,7 +121,7 @@ def verdict_line(report: DiffReport) -> str:
         if c.top1_changed_share is not None:
             facts.append(f"{_pct(c.top1_changed_share)} of top-1 answers change ({c.key})")
         elif c.abs_change:
-            facts.append(f"p99 |change| {_g(c.abs_change.get('p99'))} ({c.key})")
+            facts.append(f"p99 |change| {number(c.abs_change.get('p99'))} ({c.key})")
     records = report.inputs.get("records", 0)
     if breaking or failed:
         parts = [f"{len(breaking)} breaking signature change(s): {breaking[0].message}"] if breaking else []
@@ -132,7 +135,7 @@ def verdict_line(report: DiffReport) -> str:
 
 
 def _gate_value(g: Gate, value: float) -> str:
-    return _pct(value) if g.name == "max-changed-top1" else _g(value)
+    return _pct(value) if g.name == "max-changed-top1" else number(value)
 
 
 def render_text(report: DiffReport) -> str:
@@ -145,20 +148,22 @@ def render_text(report: DiffReport) -> str:
         lines += [f"  {f.severity:<7} {f.code}: {f.message}" for f in report.findings] + [""]
     else:
         lines += ["signatures: unchanged", ""]
-    rows = [(c.key, str(c.records), _pct(c.changed_share), *(_g((c.abs_change or {}).get(q))
-             for q in ("p50", "p99", "p99.9", "max")), _g((c.rel_change or {}).get("p99")), _g(c.mean_shift),
+    rows = [(c.key, str(c.records), _pct(c.changed_share), *(number((c.abs_change or {}).get(q))
+             for q in ("p50", "p99", "p99.9", "max")), number((c.rel_change or {}).get("p99")), number(c.mean_shift),
              _pct(c.top1_changed_share), c.problem or "") for c in report.outputs]
-    lines += _table(("OUTPUT", "RECORDS", "CHANGED", "ABS P50", "ABS P99", "ABS P99.9", "ABS MAX", "REL P99",
+    lines += text_table(("OUTPUT", "RECORDS", "CHANGED", "ABS P50", "ABS P99", "ABS P99.9", "ABS MAX", "REL P99",
                      "MEAN SHIFT", "TOP-1 CHANGED", "NOTE"), rows)
     for c in report.outputs:
         if c.metric:
             m = c.metric
-            lines.append(f"  {c.key}: {m['name']} old {_g(m['old'])}, new {_g(m['new'])}, delta {_g(m['delta'])}")
+            lines.append(f"  {c.key}: {m['name']} old {number(m['old'])}, new {number(m['new'])}, "
+                         f"delta {number(m['delta'])}")
     for c in report.outputs:
         if c.confusion and c.confusion["classes"] and c.top1_changed_share:
             lines += ["", f"top-1 of {c.key}, old (rows) x new (columns), the most frequent classes:"]
             classes = [str(k) for k in c.confusion["classes"]]
-            lines += _table(("old \\ new", *classes), [(k, *map(str, row)) for k, row in zip(classes, c.confusion["counts"])])
+            lines += text_table(("old \\ new", *classes),
+                                [(k, *map(str, row)) for k, row in zip(classes, c.confusion["counts"])])
     changed = [c for c in report.outputs if c.most_changed and c.kind != "top1"]
     if changed:
         lines += ["", "records that changed most (FILE:INDEX):"]
@@ -176,7 +181,7 @@ def render_text(report: DiffReport) -> str:
 
 
 def _v(x) -> str:
-    return _g(x) if isinstance(x, float) else clean(str(x))
+    return number(x) if isinstance(x, float) else clean(str(x))
 
 
 def to_json(report: DiffReport) -> dict:
@@ -191,23 +196,19 @@ def to_json(report: DiffReport) -> dict:
 
 
 def diff_markdown(report: DiffReport) -> str:
-    from exportkit.verify.summary import _heading, _table as md_table, cell
-
-    rows = [[c.key, c.records, _pct(c.changed_share), _g((c.abs_change or {}).get("p99")), _g(c.mean_shift),
-             _pct(c.top1_changed_share), "" if not c.metric else f"{c.metric['name']} {_g(c.metric['delta'])}"]
+    rows = [[c.key, c.records, _pct(c.changed_share), number((c.abs_change or {}).get("p99")), number(c.mean_shift),
+             _pct(c.top1_changed_share), "" if not c.metric else f"{c.metric['name']} {number(c.metric['delta'])}"]
             for c in report.outputs]
-    lines = [_heading("diff", f"{report.old} -> {report.new}", report.passed), ""]
-    lines += md_table(["output", "records", "changed", "abs p99", "mean shift", "top-1 changed", "metric delta"], rows)
-    lines += [""] + [f"- {'✅' if g.passed else '❌'} {cell(g.name)} on `{cell(g.output)}`: {_g(g.value)} (limit "
-                     f"{_g(g.limit)})" for g in report.gates]
+    lines = [heading("diff", f"{report.old} -> {report.new}", report.passed), ""]
+    lines += markdown_table(["output", "records", "changed", "abs p99", "mean shift", "top-1 changed", "metric delta"],
+                            rows)
+    lines += [""] + [f"- {'✅' if g.passed else '❌'} {cell(g.name)} on `{cell(g.output)}`: {number(g.value)} (limit "
+                     f"{number(g.limit)})" for g in report.gates]
     lines += [f"- **{cell(f.code)}**: {cell(f.message)}" for f in report.findings if f.severity == "error"]
     return "\n".join(lines + ["", f"**{cell(verdict_line(report))}**", ""])
 
 
 def diff_html(report: DiffReport) -> str:
-    from exportkit.report import plots
-    from exportkit.verify.html import e, page, table
-
     body = [f"<p class='meta'>old: {e(report.old)}<br>new: {e(report.new)}<br>signature {e(report.signature)}, "
             f"{e(report.inputs.get('records'))} records</p>"]
     if report.findings:
@@ -215,12 +216,12 @@ def diff_html(report: DiffReport) -> str:
                                                   [[e(f.severity), e(f.code), e(f.message)] for f in report.findings]))
     body.append("<h2>Outputs</h2>" + table(
         ["output", "records", "changed", "abs p50", "abs p99", "abs max", "rel p99", "mean shift", "top-1 changed"],
-        [[e(c.key), e(c.records), e(_pct(c.changed_share)), *(e(_g((c.abs_change or {}).get(q))) for q in
-          ("p50", "p99", "max")), e(_g((c.rel_change or {}).get("p99"))), e(_g(c.mean_shift)),
+        [[e(c.key), e(c.records), e(_pct(c.changed_share)), *(e(number((c.abs_change or {}).get(q))) for q in
+          ("p50", "p99", "max")), e(number((c.rel_change or {}).get("p99"))), e(number(c.mean_shift)),
           e(_pct(c.top1_changed_share))] for c in report.outputs]))
     if report.gates:
         body.append("<h2>Gates</h2>" + table(["gate", "output", "value", "limit", "result"],
-                                             [[e(g.name), e(g.output), e(_g(g.value)), e(_g(g.limit)),
+                                             [[e(g.name), e(g.output), e(number(g.value)), e(number(g.limit)),
                                                "ok" if g.passed else "FAIL"] for g in report.gates]))
     for c in report.outputs:
         parts = []
@@ -233,8 +234,9 @@ def diff_html(report: DiffReport) -> str:
             parts.append("<p>top-1, old (rows) x new (columns)</p>" + table(
                 ["old \\ new", *map(e, classes)], [[e(k), *map(e, row)] for k, row in zip(classes, c.confusion["counts"])]))
         if c.metric:
-            parts.append(f"<p>{e(c.metric['name'])}: old {e(_g(c.metric['old']))}, new {e(_g(c.metric['new']))}, "
-                         f"delta {e(_g(c.metric['delta']))}</p>")
+            parts.append(f"<p>{e(c.metric['name'])}: old {e(number(c.metric['old']))}, "
+                         f"new {e(number(c.metric['new']))}, "
+                         f"delta {e(number(c.metric['delta']))}</p>")
         if c.most_changed:
             parts.append(table(["record", "element", "old", "new"], [[e(f"{m['file']}:{m['index']}"),
                                e(m["element"]), e(_v(m["old"])), e(_v(m["new"]))] for m in c.most_changed]))
@@ -246,15 +248,9 @@ def diff_html(report: DiffReport) -> str:
 def finish_diff(report: DiffReport, json_out: str | None, html: str | None, summary: str | None) -> int:
     """Text (or JSON with --json -) on stdout, --json FILE, --html, --summary (and $GITHUB_STEP_SUMMARY); the exit
     code: 1 when a signature change breaks old clients or a gate fails."""
-    import sys
-
-    from exportkit.files import print_report
-    from exportkit.report.artifacts import write_report, write_summary
-
     print_report(render_text(report).rstrip() if json_out != "-" else "", to_json(report), json_out)
     sys.stdout.flush()
-    if html:
-        write_report(html, lambda: diff_html(report))
-    write_summary(summary, lambda: diff_markdown(report), append_step_summary=True)
-    return 0 if report.passed else 1
+    write_report_files(html, summary, lambda: diff_html(report), lambda: diff_markdown(report),
+                       append_step_summary=True)
+    return report.exit_code
 

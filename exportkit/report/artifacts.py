@@ -1,13 +1,15 @@
-"""The report files a command leaves for a person or a CI page: `--html FILE`, `--summary FILE` (Markdown) and,
-for verify, `$GITHUB_STEP_SUMMARY`. Each command calls one function here with its finished result.
+"""Where a command's renderings go: the text (or the JSON document with `--json -`) on stdout, `--json FILE`, and
+the report files for a person or a CI page: `--html FILE`, `--summary FILE` (Markdown) and `$GITHUB_STEP_SUMMARY`.
+Each command hands over its renderers; nothing here knows a command.
 
-Writing them never decides a command's exit code: files are written atomically (temp file + rename) and, should
-rendering or writing fail after the check ran, a warning says so on stderr and the check's verdict stands. What
-can be known before the check runs is refused first, with exit 2 (`check_report_options`): a directory that does
-not exist or cannot be written, `--html` without matplotlib.
+Writing the report files never decides a command's exit code: files are written atomically (temp file + rename)
+and, should rendering or writing fail after the check ran, a warning says so on stderr and the check's verdict
+stands. What can be known before the check runs is refused first, with exit 2 (`check_report_options`): a
+directory that does not exist or cannot be written, `--html` without matplotlib.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -17,6 +19,21 @@ from exportkit.errors import UsageError
 from exportkit.files import append_whole, write_atomic
 
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
+
+
+def json_text(doc: dict) -> str:
+    """A JSON document as every command writes it: indented, one newline at the end."""
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def print_report(text: str, doc: dict, json_out: str | None) -> None:
+    """A command's report: `text` on stdout, and `doc` as JSON in --json FILE; `--json -` prints only the JSON."""
+    if json_out == "-":
+        print(json.dumps(doc, indent=2))
+        return
+    print(text)
+    if json_out:
+        write_atomic(json_out, json_text(doc), f"--json {json_out}")
 
 
 def check_report_options(html: str | None, summary: str | None) -> None:
@@ -53,37 +70,13 @@ def write_report(path: str, render: Callable[[], str], what: str = "HTML report"
     return True
 
 
-def write_verify(report, html: str | None, summary: str | None) -> None:
-    """verify's HTML report and Markdown summary from the finished VerifyReport (also appended to
-    $GITHUB_STEP_SUMMARY when it is set)."""
-    from exportkit.verify.summary import verify_markdown
-
+def write_report_files(html: str | None, summary: str | None, render_html: Callable[[], str],
+                       render_markdown: Callable[[], str], append_step_summary: bool = False) -> None:
+    """`--html FILE` and `--summary FILE` (and $GITHUB_STEP_SUMMARY when asked and set), each rendered only when
+    wanted."""
     if html:
-        from exportkit.verify.html import verify_html
-
-        write_report(html, lambda: verify_html(report))
-    write_summary(summary, lambda: verify_markdown(report), append_step_summary=True)
-
-
-def write_compat(report, html: str | None, summary: str | None, other_device: list | None = None) -> None:
-    from exportkit.verify.summary import compat_markdown
-
-    if html:
-        from exportkit.verify.html import compat_html
-
-        write_report(html, lambda: compat_html(report, other_device))
-    write_summary(summary, lambda: compat_markdown(report))
-
-
-def write_export(summary_json: dict | None, verdict: str, passed: bool, html: str | None, summary: str | None,
-                 error: tuple[str, str | None] | None = None) -> None:
-    from exportkit.verify.summary import export_markdown
-
-    if html:
-        from exportkit.verify.html import export_html
-
-        write_report(html, lambda: export_html(summary_json, verdict, passed, error))
-    write_summary(summary, lambda: export_markdown(summary_json, verdict, passed))
+        write_report(html, render_html)
+    write_summary(summary, render_markdown, append_step_summary)
 
 
 def write_summary(path: str | None, render: Callable[[], str], append_step_summary: bool = False) -> None:

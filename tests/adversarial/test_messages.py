@@ -114,7 +114,8 @@ def test_unknown_signature_does_not_offer_the_init_op(third_party):
 
 
 def test_many_batch_sizes_are_summarised():
-    from exportkit.verify.report import VerifyReport, render_text
+    from exportkit.verify.render_text import render_text
+    from exportkit.verify.report import VerifyReport
 
     sizes = [1] + [256] * 390 + [160] + [8]
     text = render_text(VerifyReport(path="m/1", signature="serving_default", reference="saved_model",

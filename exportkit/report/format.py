@@ -1,0 +1,86 @@
+"""Formatting shared by every report and every rendering: numbers and shares as the tables print them, text made
+safe for a terminal, and the one verdict line (short enough for a screen, each cause once)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+VERDICT_LIMIT = 200  # characters of the last line: it must fit on a screen
+
+_ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
+_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_UNKNOWN_OP = re.compile(r"Op type not registered '([^']+)'|unknown op '?([\w>./-]+)")
+
+
+def number(x: Any) -> str:
+    """A number in 3 significant digits (`-` for None, `nan`, `inf`, `0`); anything else as str()."""
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if x != x:
+            return "nan"
+        if x in (float("inf"), float("-inf")):
+            return "inf" if x > 0 else "-inf"
+        if x == 0:
+            return "0"
+        return f"{x:.3g}"
+    return str(x)
+
+
+def percent(frac: float | None) -> str:
+    """A share as `12.5%` (`<0.01%` below that, `-` for None)."""
+    if frac is None:
+        return "-"
+    if frac == 0:
+        return "0%"
+    p = 100 * frac
+    return f"{p:.3g}%" if p >= 0.01 else "<0.01%"
+
+
+def clean(s: str | None) -> str:
+    """Text without ANSI escape sequences or control characters (newlines and tabs kept)."""
+    return _CTRL.sub("", _ANSI.sub("", s or ""))
+
+
+def first_line(s: str | None) -> str:
+    """The first line of cleaned text ("" for none): a table cell has room for one."""
+    s = clean(s).strip()
+    return s.splitlines()[0] if s else ""
+
+
+def shorten(text: str, limit: int = 110) -> str:
+    """`text` cut at a word boundary to at most `limit` characters, "..." marking the cut."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 3].rsplit(" ", 1)[0].rstrip(" ,;:(")
+    return cut + "..."
+
+
+def error_cause(error: str | None) -> str:
+    """A runtime error in a few words: the same cause reads the same whichever runtime (and TF) hit it."""
+    text = clean(error)
+    op = _UNKNOWN_OP.search(text)
+    if op:
+        return f"could not load the model (unknown op {op.group(1) or op.group(2)})"
+    return "error: " + shorten(first_line(error) or "unknown error", 90)
+
+
+def join_verdict(head: str, parts: list[str], limit: int = VERDICT_LIMIT) -> str:
+    """`HEAD: a; b; c` within `limit` characters: parts that do not fit are counted ("+2 more, see above")."""
+    line = f"{head}: " + "; ".join(parts)
+    for keep in range(len(parts) - 1, 0, -1):
+        if len(line) <= limit:
+            break
+        line = f"{head}: " + "; ".join(parts[:keep]) + f"; +{len(parts) - keep} more (see above)"
+    return line
+
+
+def text_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Columns padded to their widest cell, two spaces apart, one line per row (headers first)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = []
+    for row in (headers, *rows):
+        cells = [c.ljust(w) for c, w in zip(row, widths)]
+        lines.append("  ".join(cells).rstrip())
+    return lines
