@@ -252,6 +252,90 @@ def test_a_new_version_on_disk_loads_and_the_policy_unloads_the_old_one(server):
     assert _stub(server["grpc"]).Predict(_predict_request("polled"), timeout=20).outputs["y"].float_val[0] == 4.0
 
 
+def _prometheus_lines(rest: str, path: str = "/monitoring/prometheus/metrics") -> list[str]:
+    return urllib.request.urlopen(f"http://{rest}{path}", timeout=20).read().decode().splitlines()
+
+
+def test_load_metrics_count_each_versions_load(server):
+    """TF core's loader.cc metrics as prometheus_exporter.cc writes them: one successful load attempt per version
+    a model of the config loads (hp/2 twice: "hp" and "latest" both serve it), its load time in microseconds."""
+    lines = _prometheus_lines(server["rest"])
+    root = server["root"]
+    attempts = {line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1]) for line in lines
+                if line.startswith(":tensorflow:cc:saved_model:load_attempt_count{")}
+    for path, count in ((root / "half_plus" / "1", 1), (root / "half_plus" / "2", 2), (root / "tf2" / "123", 1),
+                        (root / "polled" / "1", 1)):
+        key = f':tensorflow:cc:saved_model:load_attempt_count{{model_path="{path}",status="success"}}'
+        assert attempts.get(key) == count, (key, attempts)
+    assert not any('status="fail"' in key for key in attempts)
+    latencies = {line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1]) for line in lines
+                 if line.startswith(":tensorflow:cc:saved_model:load_latency{")}
+    for path in (root / "half_plus" / "1", root / "half_plus" / "2", root / "tf2" / "123", root / "polled" / "1"):
+        assert latencies.get(f':tensorflow:cc:saved_model:load_latency{{model_path="{path}"}}', 0) > 0, latencies
+    # one TYPE line per metric, metrics in the order of their TF names (PrometheusExporter::GeneratePage)
+    types = [line for line in lines if line.startswith("# TYPE ")]
+    assert types.index("# TYPE :tensorflow:cc:saved_model:load_attempt_count counter") + 1 == \
+        types.index("# TYPE :tensorflow:cc:saved_model:load_latency counter")
+    assert types == sorted(types)
+
+
+def test_a_changed_model_config_file_is_picked_up_by_the_poll(tmp_path):
+    """--model_config_file_poll_wait_seconds (Server::PollFilesystemAndReloadConfig): a model added to the config
+    file loads, one removed from it unloads, and a file that does not parse keeps the config the server has."""
+    from exportkit.serving.launch.process import free_port
+
+    build_half_plus(str(tmp_path / "a" / "1"), b=2.0)
+    build_half_plus(str(tmp_path / "b" / "1"), b=3.0)
+    config = tmp_path / "models.config"
+
+    def write_config(text: str) -> None:  # whole or not at all, as a deployment replaces it
+        (tmp_path / "models.config.tmp").write_text(text)
+        os.replace(tmp_path / "models.config.tmp", config)
+
+    write_config(_config({"a": (tmp_path / "a", "", {})}))
+    monitoring = tmp_path / "monitoring.config"
+    monitoring.write_text('prometheus_config { enable: true path: "/monitoring/prometheus/metrics" }\n')
+    grpc_port, rest_port = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "exportkit", "serve", f"--port={grpc_port}",
+                             f"--rest_api_port={rest_port}", f"--model_config_file={config}",
+                             "--model_config_file_poll_wait_seconds=1", f"--monitoring_config_file={monitoring}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "AVAILABLE" in proc.stdout.readline(), proc.stderr.read()[-3000:]
+        predict = _stub(f"127.0.0.1:{grpc_port}").Predict
+        assert (_answers(predict, "a"), _answers(predict, "b")) == (3.0, None)
+
+        write_config(_config({"b": (tmp_path / "b", "", {})}))
+        deadline, answers = time.monotonic() + 60, None
+        while time.monotonic() < deadline:
+            answers = (_answers(predict, "a"), _answers(predict, "b"))
+            if answers == (None, 4.0):
+                break
+            time.sleep(0.5)
+        assert answers == (None, 4.0), f"the config poll did not swap model a for model b: {answers}"
+
+        write_config("model_config_list { this is not a ModelServerConfig")
+        time.sleep(3)  # three polls
+        assert proc.poll() is None and _answers(predict, "b") == 4.0
+        assert f':tensorflow:cc:saved_model:load_attempt_count{{model_path="{tmp_path / "b" / "1"}",' \
+               'status="success"} 1' in _prometheus_lines(f"127.0.0.1:{rest_port}")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _answers(predict, name: str) -> float | None:
+    """y for x = 2.0 from model `name`, or None if the server has no such model (NOT_FOUND)."""
+    import grpc
+
+    try:
+        return predict(_predict_request(name), timeout=20).outputs["y"].float_val[0]
+    except grpc.RpcError as err:
+        if err.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        return None
+
+
 # ------------------------------------------------------------------------------------------ flags and configs
 def test_flags_are_tensorflow_model_servers():
     from exportkit.errors import UsageError
@@ -281,7 +365,7 @@ def test_a_bad_config_is_refused_with_tf_servings_message(tmp_path):
 
 
 def test_a_session_bundle_is_refused_with_tf_servings_message(tmp_path):
-    from exportkit.savedmodel.reader import ModelLocation
+    from exportkit.savedmodel.versions import ModelLocation
     from exportkit.serving.server.servable import ServedModel
 
     (tmp_path / "1").mkdir()
