@@ -17,7 +17,7 @@ from typing import List, NamedTuple, Optional, get_type_hints
 import typer
 
 from exportkit.errors import EXIT_INFRA, ExportkitError, MissingModule
-from exportkit.files import GuardedStream, OutputFault
+from exportkit.files import GuardedStream, OutputFault, reopen_closed_stdio
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Export Keras/TensorFlow models for TF Serving and prove they compute what the model computed.")
@@ -155,12 +155,9 @@ class SourceFlags(NamedTuple):
 
     def options(self, src: str):
         """The flags (plus exportkit.toml) as one SourceOptions for `src`."""
-        from exportkit.options.spec import source_options
+        from exportkit.options.source import source_from_flags
 
-        return source_options(src, self.spec, format=self.format, builder=self.builder,
-                              builder_args=self.builder_arg or [], model_config=self.model_config,
-                              custom_objects=self.custom_objects or [], python_path=self.python_path or [],
-                              policy=self.policy, unsafe=self.unsafe, keras=self.keras)
+        return source_from_flags(src, self._asdict())
 
 
 def source_flags(command):
@@ -204,30 +201,30 @@ def export(
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the self-check after writing."),
     reference: Optional[str] = REFERENCE,
     allow_incomplete_config: bool = ALLOW_INCOMPLETE,
-    json_out: Optional[str] = typer.Option(None, "--json", help="Write a JSON summary here ('-' for stdout)."),
-    html: Optional[str] = HTML,
-    summary: Optional[str] = SUMMARY,
     batching_parameters: Optional[str] = typer.Option(None, "--batching-parameters", metavar="FILE",
                                                       help="TF Serving BatchingParameters text proto the model is "
                                                            "served with: the warm-up covers every allowed_batch_sizes entry."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write a JSON summary here ('-' for stdout)."),
+    html: Optional[str] = HTML,
+    summary: Optional[str] = SUMMARY,
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
-    """Export a model to BASE_DIR/<version>/ as a TF-Serving-ready SavedModel."""
+    """Export a model to BASE_DIR/<version>/ as a TF-Serving-ready SavedModel, then (unless --no-verify) check it
+    the way TF Serving loads it."""
 
     def go():
         from exportkit.export.pipeline import export_command
+        from exportkit.options.export import export_options
+        from exportkit.options.source import source_keywords
 
-        return export_command(
-            src=src, output=output, format=source.format, builder=source.builder,
-            builder_args=source.builder_arg or [], model_config=source.model_config, spec_path=source.spec,
-            custom_objects=source.custom_objects or [], python_path=source.python_path or [],
-            policy=source.policy, version=version, assets=asset or [],
-            signature_name=signature_name, input_specs=input_spec or [], keep_output_dtype=keep_output_dtype,
-            int_range=int_range or [], reference=reference, allow_incomplete_config=allow_incomplete_config,
-            signatures=signature or [], feature_spec=feature_spec,
-            output_names=output_names, batching_parameters=batching_parameters,
-            unsafe=source.unsafe, keras=source.keras, no_verify=no_verify, json_out=json_out, html=html, summary=summary)
+        options = export_options(
+            src, output, source.spec, version=version, assets=asset or [], signature_name=signature_name,
+            input_specs=input_spec or [], keep_output_dtype=keep_output_dtype, no_verify=no_verify,
+            int_range=int_range or [], allow_incomplete_config=allow_incomplete_config, reference=reference,
+            signatures=signature or [], feature_spec=feature_spec, output_names=output_names,
+            batching_parameters=batching_parameters, **source_keywords(source._asdict()))
+        return export_command(options, json_out=json_out, html=html, summary=summary)
 
     _run(go, debug)
 
@@ -293,7 +290,7 @@ def verify(
     """Prove the SavedModel computes what the model computed, in every runtime. Exit 0 only if all agree."""
 
     def go():
-        from exportkit.api import verify_options
+        from exportkit.options.verify import verify_options
         from exportkit.verify.command import verify_command
 
         return verify_command(verify_options(
@@ -384,16 +381,14 @@ def compat(
     TF Serving itself with --serving docker."""
 
     def go():
-        from exportkit.options.server_flags import parse_server_flags
-        from exportkit.serving.launch.launcher import LaunchOptions
         from exportkit.compat.command import compat_command
+        from exportkit.options.compat import compat_options
 
-        return compat_command(path=path, tf=tf, device=device, run=run, signature_name=signature_name,
-                              samples=samples, seed=seed, int_range=int_range or [], atol=atol, rtol=rtol, tol=tol,
-                              json_out=json_out, html=html, summary=summary, serving=serving,
-                              load_timeout=load_timeout, server=server,
-                              launch=LaunchOptions(container_cli=container_cli, pull=pull,
-                                                   server_flags=parse_server_flags(server_flag or [])))
+        return compat_command(compat_options(
+            path, tf, run, device=device, signature_name=signature_name, samples=samples, seed=seed,
+            int_range=int_range, atol=atol, rtol=rtol, tol=tol, serving=serving, container_cli=container_cli,
+            pull=pull, load_timeout=load_timeout, server=server, server_flag=server_flag, json=json_out, html=html,
+            summary=summary))
 
     _run(_with_op_libraries(go, op_library), debug)
 
@@ -429,14 +424,15 @@ def diff(
     a signature change breaks old clients or a gate fails."""
 
     def go():
-        from exportkit.diff.command import DiffOptions, diff_command
+        from exportkit.diff.command import diff_command
+        from exportkit.options.diff import diff_options
 
-        return diff_command(DiffOptions(
-            paths=list(paths), serving=serving, model_name=model_name, model_version=model_version,
+        return diff_command(diff_options(
+            paths, serving=serving, model_name=model_name, model_version=model_version,
             signature_name=signature_name, data=data, limit=limit, batch_size=batch_size, sample=sample, seed=seed,
-            samples=samples, label=label, max_changed_top1=max_changed_top1, max_abs_change=max_abs_change or [],
-            min_metric_delta=min_metric_delta, runner=runner, beam_options=beam_option or [], device=device,
-            load_timeout=load_timeout, json_out=json_out, html=html, summary=summary))
+            samples=samples, label=label, max_changed_top1=max_changed_top1, max_abs_change=max_abs_change,
+            min_metric_delta=min_metric_delta, runner=runner, beam_option=beam_option, device=device,
+            load_timeout=load_timeout, json=json_out, html=html, summary=summary))
 
     _run(go, debug)
 
@@ -498,11 +494,13 @@ def _terminated(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def main() -> None:
-    if _closed_stdio():
-        typer.echo("error: standard output is closed (started with >&-): the output has nowhere to go", err=True)
+def main(closed_stdio: list[str] | None = None) -> None:
+    """The CLI. `closed_stdio`: what exportkit.entry found closed (files.reopen_closed_stdio) before it started a
+    worker; the command still runs and exits with its verdict, only what it prints is lost."""
+    if "stdout" in (reopen_closed_stdio() if closed_stdio is None else closed_stdio):
+        typer.echo("warning: standard output is closed (started with >&-): the report cannot be printed; the exit "
+                   "code still gives the verdict", err=True)
         typer.echo("  fix: redirect it (>/dev/null or >FILE) instead of closing it", err=True)
-        sys.exit(EXIT_INFRA)
     sys.stdout = GuardedStream(sys.stdout)  # SIGPIPE stays ignored: `| head` ends quietly in _output_fault
     signal.signal(signal.SIGTERM, _terminated)
     _notes_to_stderr()
@@ -535,21 +533,6 @@ def _notes_to_stderr() -> None:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
-
-
-def _closed_stdio() -> bool:
-    """True when stdout was closed; a closed fd 1 or 2 is pointed at /dev/null first, so no file opened later
-    (or a child's output) lands on it."""
-    closed = []
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            closed.append(fd)
-            os.dup2(os.open(os.devnull, os.O_RDWR), fd)
-    if 2 in closed:
-        sys.stderr = open(2, "w", closefd=False)
-    return 1 in closed
 
 
 def _output_fault(fault: OutputFault) -> None:

@@ -86,8 +86,7 @@ def _cli_params(command: str) -> dict:
 
 def test_verify_options_are_the_cli_flags_with_the_cli_defaults():
     """Every flag of `exportkit verify` is a keyword of exportkit.verify, named after the flag, with its default."""
-    from exportkit.api import verify_options
-    from exportkit.options.spec import VerifyOptions
+    from exportkit.options.verify import VerifyOptions, verify_options
 
     defaults = verify_options("m")
     assert isinstance(defaults, VerifyOptions)
@@ -108,8 +107,8 @@ def test_verify_options_are_the_cli_flags_with_the_cli_defaults():
 
 
 def test_source_flags_are_the_cli_source_flags():
-    from exportkit.api import SOURCE_FLAGS
     from exportkit.cli import SourceFlags
+    from exportkit.options.source import SOURCE_FLAGS
 
     assert tuple(SourceFlags._fields) == SOURCE_FLAGS
 
@@ -144,7 +143,6 @@ def api_round_trip(sample, tmp_path_factory):
     proc = run_script(f"""
         from keras import mixed_precision  # the caller's own Keras state, which the API must leave as it was
         mixed_precision.set_global_policy("mixed_bfloat16")
-        tf_before = "tensorflow" in sys.modules
         result = exportkit.export({entry["path"]!r}, {str(out / "ranker")!r},
                                   custom_objects="sample_models.custom_layers", python_path={str(REPO)!r})
         report = exportkit.verify(result.version_dir, runtimes="golden,saved_model,session,serving,rest")
@@ -156,7 +154,7 @@ def api_round_trip(sample, tmp_path_factory):
                  str(result.write_summary({str(out / "e.md")!r}))]
         worst = {{k: {{r: c.max_abs_err for r, c in by.items()}} for k, by in report.outputs.items()}}
         print("RESULT " + json.dumps({{
-            "policy_after": mixed_precision.global_policy().name, "tf_before": tf_before,
+            "policy_after": mixed_precision.global_policy().name,
             "export": result.to_dict(), "version": result.version, "version_dir": str(result.version_dir),
             "verify": report.to_dict(), "passed": report.passed, "exit_code": report.exit_code,
             "verdict": report.verdict, "outputs": worst, "runtimes": [r.name for r in report.runtimes],
@@ -214,6 +212,62 @@ def test_api_documents_equal_the_cli_json(api_round_trip):
     assert json.loads(proc.stdout) == got["compat"]
     proc = run_cli("inspect", version_dir, "--json")
     assert json.loads(proc.stdout) == got["inspect"]
+
+
+@pytest.mark.slow
+def test_verify_compat_inspect_import_no_tensorflow_and_infra_errors_carry_the_report(api_round_trip):
+    """The API's promise to a release script: verify, compat and inspect of a SavedModel leave TensorFlow out of the
+    caller's process (their TensorFlow work runs in workers); an infrastructure failure is an InfraError whose
+    `.report` is the partial report (here: a deployed server that never answers)."""
+    got, _ = api_round_trip
+    proc = run_script(f"""
+        path = {got["version_dir"]!r}
+        imported = {{}}
+        exportkit.verify(path, runtimes="golden,saved_model,session,serving,rest")
+        imported["verify"] = "tensorflow" in sys.modules
+        exportkit.compat(path, tf=["2.12", "2.21"])
+        imported["compat"] = "tensorflow" in sys.modules
+        exportkit.inspect(path)
+        imported["inspect"] = "tensorflow" in sys.modules
+        try:
+            exportkit.verify(path, runtimes="golden,serving", serving="127.0.0.1:9", load_timeout=3)
+            infra = None
+        except exportkit.InfraError as err:
+            infra = {{"exit_code": err.exit_code, "message": err.message,
+                     "report": err.report.to_dict() if err.report is not None else None}}
+        print("RESULT " + json.dumps({{"imported": imported, "infra": infra}}, default=str), file=sys.stderr)
+        """)
+    result = result_of(proc)
+    assert result["imported"] == {"verify": False, "compat": False, "inspect": False}
+    infra = result["infra"]
+    assert infra is not None and infra["exit_code"] == 3, infra
+    report = infra["report"]
+    assert report is not None and report["passed"] is False and report["exit_code"] == 3
+    assert {r["name"] for r in report["runtimes"]} >= {"golden", "serving"}
+
+
+@pytest.mark.slow
+def test_diff_of_two_different_versions_fails_its_gates(tmp_path):
+    """exportkit.diff on two versions whose answers differ (classes a and b swapped): the gates that must fail do,
+    the report says so, and a gate the change stays within passes."""
+    import numpy as np
+
+    from tests.test_diff import W_NEW, W_OLD, build_model
+
+    old, new = build_model(str(tmp_path / "m" / "1"), W_OLD), build_model(str(tmp_path / "m" / "2"), W_NEW)
+    proc = run_script(f"""
+        change = exportkit.diff({old!r}, {new!r}, signature_name="predict", samples=64,
+                                max_abs_change=["p99=0.01", "p50=1"], max_changed_top1="1%")
+        print("RESULT " + json.dumps({{"doc": change.to_dict(), "passed": change.passed, "exit": change.exit_code,
+                                      "verdict": change.verdict}}, default=str), file=sys.stderr)
+        """)
+    got = result_of(proc)
+    assert got["passed"] is False and got["exit"] == 1 and got["verdict"] == got["doc"]["verdict"]
+    gates = {(g["name"], g["output"]): g["passed"] for g in got["doc"]["gates"]}
+    assert gates[("max-abs-change p99", "probabilities")] is False
+    assert gates[("max-abs-change p50", "probabilities")] is True  # probabilities move by less than 1
+    assert gates[("max-changed-top1", "probabilities")] is False
+    assert not np.allclose(W_OLD, W_NEW)
 
 
 @pytest.mark.slow

@@ -15,13 +15,13 @@ Examples encoded from the very tensor batches its tensor twin gets, and the two 
 """
 from __future__ import annotations
 
-from exportkit.inputs.batches import parse_int_range_flags, recorded_int_ranges
+from exportkit.inputs.ranges import parse_int_range_flags, recorded_int_ranges
 from exportkit.errors import CheckFailed, UsageError
-from exportkit.savedmodel.extras import read_manifest
+from exportkit.savedmodel.manifest import read_manifest
 from exportkit.runtimes import RUNTIME_KINDS
 from exportkit.runtimes.session import TfWorker, runs_in_worker
 from exportkit.runtimes.verdicts import signature_state, tf2_only_failures
-from exportkit.options.spec import VerifyOptions
+from exportkit.options.verify import VerifyOptions
 from exportkit.tfenv import toolchain
 from exportkit.verify import checks
 from exportkit.report.artifacts import check_report_options
@@ -159,7 +159,7 @@ def _read(o: VerifyOptions, devices: list[str], per_output: dict):
 def _refuse(o: VerifyOptions, report: VerifyReport, names: list[str], manifest) -> VerifyReport:
     """The graph reaches I/O ops: the report lists every runtime as not run, and says why it stopped (exit 1)."""
     report.inputs = {"source": "none (not run)"}
-    maybe_reference = o.reference or (manifest or {}).get("reference") or o.against
+    maybe_reference = o.reference or (manifest.reference if manifest else None) or o.against
     for name in names:
         if (name == "trained" and not maybe_reference) or (name == "golden" and manifest is None):
             continue  # nothing recorded to look for (dropped the same way in plan.make_plan)

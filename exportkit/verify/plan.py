@@ -13,7 +13,8 @@ from typing import Any, Callable
 from exportkit.inputs.load import load_inputs
 from exportkit.inputs.spec import InputSpec
 from exportkit.errors import UsageError
-from exportkit.savedmodel.extras import read_golden, signature_entries
+from exportkit.savedmodel.layout import read_golden
+from exportkit.savedmodel.manifest import Manifest, signature_entries
 from exportkit.runtimes import RUNTIME_NAMES
 from exportkit.options.verify import VerifyOptions
 from exportkit.tfexample.features import encode_examples, from_manifest
@@ -32,7 +33,7 @@ class Model:
     proto: Any = field(repr=False)
     signatures: dict = field(repr=False)  # {name: signature in savedmodel.signatures_of's form}
     selected: list[str]  # the signatures to verify
-    manifest: dict | None = field(repr=False)  # exportkit's manifest (None: a SavedModel exportkit did not write)
+    manifest: Manifest | None = field(repr=False)  # exportkit's manifest (None: a SavedModel exportkit did not write)
     int_range: Any = None  # batches.IntRanges: [LO, HI) of generated integer inputs, per input
 
 
@@ -183,7 +184,9 @@ def tolerances_for(atol, rtol, per_output, entry) -> Callable[[str, str], Tolera
 
 def read_model(path: str):
     """(version dir, SavedModel proto, {signature name: signature in savedmodel.signatures_of's form})."""
-    from exportkit.savedmodel.reader import read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph, signatures_of
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
+    from exportkit.savedmodel.signature_defs import signatures_of
+    from exportkit.savedmodel.versions import resolve_savedmodel_dir
 
     version_dir = resolve_savedmodel_dir(path)
     proto = read_saved_model_proto(version_dir)
@@ -258,10 +261,10 @@ def _trained_reference(reference, manifest, version_dir, check: SignatureCheck, 
     to --against SRC (SRC.reference.npz or `reference` in its exportkit.toml)."""
     from exportkit.sources import reference as refs
 
-    recorded = (manifest or {}).get("reference")
+    recorded = manifest.reference if manifest else None
     golden_inputs = check.golden[0]
     if not reference and recorded and golden_inputs is not None:
-        from exportkit.savedmodel.extras import read_reference_outputs
+        from exportkit.savedmodel.layout import read_reference_outputs
 
         inputs = [golden_inputs[i] for i in recorded["golden_batches"]]
         return TrainedReference(check.name, recorded.get("path"), inputs, read_reference_outputs(version_dir))
@@ -279,7 +282,7 @@ def trained_reference(o: VerifyOptions, manifest, version_dir, checks: list[Sign
 
     The reference holds the model's inputs and outputs: it answers the export's first signature (the model's
     tensors, every output), or for other SavedModels the first signature that takes tensors."""
-    first = (manifest or {}).get("signature_name")
+    first = manifest.signature_name if manifest else None
     check = next((c for c in checks if c.name == first), None) if first else next(
         (c for c in checks if not c.examples_input), None)
     if check is None or check.examples_input:
@@ -343,7 +346,7 @@ def make_plan(o: VerifyOptions, model: Model, names: list[str], devices: list[st
     if trained is None and "trained" in names:
         names.remove("trained")
     plan = Plan(Path(version_dir), devices, checks, plan_runtimes(names, devices, pythons), [], trained,
-                model.signatures, (manifest or {}).get("output_names"))
+                model.signatures, manifest.output_names if manifest else None)
     by_name = {c.name: c for c in checks}
     for check in checks:
         labels = [r.label for r in plan.answering(check)]

@@ -1,0 +1,41 @@
+"""What the options of every command share: flags given as keyword arguments (the Python API's, named after the
+CLI's flags) checked the same way, whichever face gave them."""
+from __future__ import annotations
+
+import math
+import os
+
+from exportkit.errors import UsageError
+
+# Report files are written by the CLI from its flags; in the Python API they are the reports' methods.
+REPORT_FILES = ("json", "junit", "html", "summary")
+
+
+def listed(value) -> list:
+    """A repeatable flag's value: None -> [], one string -> [it]."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, (str, os.PathLike)) else list(value)
+
+
+def texts(value) -> list[str]:
+    """A repeatable flag's values as strings (paths and numbers are accepted where the CLI takes text)."""
+    return [str(v) for v in listed(value)]
+
+
+def refuse_unknown(command: str, given, known) -> None:
+    """A keyword the command's flags do not have is bad usage, named with the ones it has."""
+    bad = sorted(set(given) - set(known))
+    if bad:
+        raise UsageError(f"exportkit.{command}() has no option {', '.join(bad)}",
+                         f"pass the CLI's flags as keyword arguments (`exportkit {command} --help`): "
+                         f"{', '.join(sorted(known))}")
+
+
+def check_tolerances(atol: float | None, rtol: float | None) -> None:
+    """--atol/--rtol: finite and >= 0 (NaN compares false everywhere and -inf made the search for the required
+    tolerance spin): a UsageError naming the flag."""
+    for flag, value in (("--atol", atol), ("--rtol", rtol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"{flag} {value} must be a finite number >= 0",
+                             f"pass {flag} 1e-5 (for example), or leave it out for the dtype's default")

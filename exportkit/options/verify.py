@@ -1,0 +1,87 @@
+"""`exportkit verify`'s options, from the CLI's flags or the Python API's keyword arguments (the same names)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from exportkit.options.flags import check_tolerances, refuse_unknown, texts
+from exportkit.options.server_flags import STOCK, ServerFlags, parse_server_flags
+from exportkit.options.source import SOURCE_FLAGS, SourceOptions, source_from_flags
+
+
+@dataclass
+class VerifyOptions:
+    """`exportkit verify`: what to check (path, signature), with which inputs, through which runtimes, and how
+    to compare and report. Flags are validated where they are used, before any runtime starts."""
+
+    path: str
+    against: SourceOptions | None = None  # the training source, for the keras runtime
+    signature_name: str | None = None  # None: every signature
+    inputs: str | None = None
+    samples: int = 8
+    seed: int = 0
+    int_range: list[str] = field(default_factory=list)  # over the ranges the export recorded (LO:HI, NAME=LO:HI)
+    save_inputs: str | None = None
+    save_outputs: str | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    tol: list[str] = field(default_factory=list)
+    runtimes: str | None = None
+    serving: str = "auto"
+    serving_protocol: str | None = None  # grpc | rest | both; None: both for launched servers, grpc for HOST:PORT
+    model_server_bin: str | None = None
+    container_cli: str = "docker"  # --serving docker: docker, podman or a path
+    pull: bool = False  # --serving docker: pull a missing image
+    batching_parameters: str | None = None  # TF Serving BatchingParameters text proto for a launched server
+    model_name: str | None = None
+    model_version: int | None = None
+    load_timeout: float = 120.0
+    device: str = "cpu"
+    allow_tf32: bool = False
+    reference: str | None = None  # --reference: a training-time reference (.npz from exportkit.record_reference)
+    allow_io_ops: bool = False  # execute graphs whose signatures reach I/O ops (refused by default)
+    allow_nondeterministic: bool = False  # nondeterministic outputs: a warning, left out of the comparisons
+    baseline: str | None = None  # None: the newest lower version in the base dir, or the deployed one (HOST:PORT)
+    no_baseline: bool = False  # --no-baseline: compare the signatures with no released ones
+    json_out: str | None = None
+    junit: str | None = None
+    html: str | None = None  # --html FILE: the self-contained HTML report
+    summary: str | None = None  # --summary FILE: the verdict as GitHub-flavoured Markdown
+    # --data: verify over the records of a dataset (exportkit.verify.dataset)
+    data: str | None = None
+    limit: int | None = None
+    batch_size: int = 256
+    sample: float | None = None
+    save_failures: str | None = None
+    runner: str = "in-process"
+    beam_options: list[str] = field(default_factory=list)
+    tf_versions: list[str] = field(default_factory=list)  # --tf: also session@X.Y in managed environments
+    server_flags: ServerFlags = STOCK  # --server-flag: how the deployment's tensorflow_model_server runs
+    max_latency_ms: float | None = None  # fail when a runtime's steady-state p99 exceeds it (verify/latency.py)
+
+    def __post_init__(self):
+        check_tolerances(self.atol, self.rtol)
+
+
+
+# keyword (the flag's longest name) -> VerifyOptions field
+_RENAMES = {"tf": "tf_versions", "beam_option": "beam_options", "json": "json_out"}
+
+
+def verify_options(path, **flags) -> VerifyOptions:
+    """VerifyOptions from the flags by name: the CLI and `exportkit.verify()` both build them here. The source flags
+    describe `against`; `op_library` is the caller's to apply (it is an environment of the workers)."""
+    fields = {f.name for f in dataclasses.fields(VerifyOptions)} - {"path", "against", "server_flags",
+                                                                    *_RENAMES.values()}
+    refuse_unknown("verify", flags, fields | set(_RENAMES) | set(SOURCE_FLAGS) | {"against", "op_library",
+                                                                                   "server_flag"})
+    if "server_flag" in flags:
+        flags["server_flags"] = parse_server_flags(texts(flags.pop("server_flag")))
+    against = flags.pop("against", None)
+    source = {name: flags.pop(name) for name in SOURCE_FLAGS if name in flags}
+    flags.pop("op_library", None)
+    values = {_RENAMES.get(k, k): v for k, v in flags.items()}
+    for name in ("int_range", "tol", "tf_versions", "beam_options"):
+        if name in values:
+            values[name] = texts(values[name])
+    return VerifyOptions(path=str(path), against=source_from_flags(against, source) if against else None, **values)
