@@ -6,13 +6,16 @@ import sys
 
 
 def main() -> None:
+    from exportkit.files import reopen_closed_stdio
+
+    closed = reopen_closed_stdio()  # first: the worker's pipes must not take a closed stdout's fd 1
     if needs_worker(sys.argv):
         from exportkit.runtimes.session import TfWorker
 
         TfWorker.prestart("cpu")
     from exportkit.cli import main as cli
 
-    cli()
+    cli(closed)
 
 
 def needs_worker(argv: list[str]) -> bool:

@@ -168,3 +168,26 @@ class GuardedStream:
     def __getattr__(self, name):
         return getattr(self._stream, name)
 
+
+def reopen_closed_stdio() -> list[str]:
+    """Point standard streams the process was started without (`>&-`, as some CI steps leave them) at /dev/null;
+    their names. Call it before anything opens a file: fd 1 would otherwise be the next pipe opened (a worker's), the
+    command's output would go into it, and Python's own sys.stdout stays None. Calling it again changes nothing."""
+    import sys
+
+    closed = []
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+            setattr(sys, name, open(fd, mode, closefd=False))
+            closed.append(name)
+        else:
+            if getattr(sys, name) is None:  # closed at start, its fd since taken by a file: leave that file alone
+                setattr(sys, name, open(os.devnull, mode))
+                closed.append(name)
+    return closed
