@@ -3,7 +3,7 @@
     loop = BatchLoop(runtime)
     loop.load()                                   # once; CheckFailed (the model's) or InfraError
     outputs = loop.run(inputs)                    # one batch; loop.timings gets its seconds
-    answers = loop.run_all([(origin, batch)])     # verify's batches, with the generated-inputs rule
+    answers = loop.run_all([(origin, batch)])     # verify's batches: generated ones the model rejects are skipped
 
 verify's lanes, verify --data's stream, diff's two versions and the Beam DoFn all run batches through it; how they
 spread the loops over threads or workers is theirs.
@@ -44,8 +44,10 @@ class BatchLoop:
         if not self.runtime.loaded:
             self.runtime.load()
 
-    def run(self, inputs: dict):
-        """One batch's outputs (None: the runtime has no answer for it, e.g. golden on a batch it did not record)."""
+    def run(self, inputs: dict, origin: str = "data"):
+        """One batch's outputs (None: the runtime has no answer for it, e.g. golden on a batch it did not record).
+        A batch exportkit generated (`origin` in GENERATED) that the model rejects as an invalid argument raises
+        InputsRejected: the inputs were at fault."""
         try:
             return self._timed(inputs)
         except InfraError:
@@ -54,32 +56,25 @@ class BatchLoop:
             failure = model_failure(err)
             if failure is not None:
                 raise failure from err
+            if origin in GENERATED and rejects_inputs(err):
+                raise InputsRejected(one_line(err)) from err
             raise
 
     def run_all(self, batches) -> list:
-        """Outputs per (origin, batch). Generated batches the model rejects as invalid arguments are the inputs'
-        fault: they get None (not compared) when real inputs (golden, reference or --inputs) exist, else
-        InputsRejected says so."""
+        """Outputs per (origin, batch). Generated batches the model rejects get None (not compared) when real
+        inputs (golden, reference or --inputs) exist; without any, InputsRejected says the inputs were wrong."""
         self.load()
         has_real = any(origin in REAL_ORIGINS for origin, _ in batches)
-
-        def run(origin, batch):
+        outputs = []
+        for origin, batch in batches:
             try:
-                return self._timed(batch)
-            except InfraError:
-                raise
-            except Exception as err:
-                failure = model_failure(err)
-                if failure is not None:
-                    raise failure from err
-                if origin not in GENERATED or not rejects_inputs(err):
-                    raise
+                outputs.append(self.run(batch, origin))
+            except InputsRejected as rejected:
                 if not has_real:
-                    raise InputsRejected(one_line(err)) from err
-                self.runtime.rejected_generated = one_line(err)
-                return None
-
-        return [run(origin, batch) for origin, batch in batches]
+                    raise
+                self.runtime.rejected_generated = str(rejected)
+                outputs.append(None)
+        return outputs
 
     def _timed(self, inputs: dict):
         if not self.timed:
