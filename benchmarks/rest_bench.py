@@ -48,7 +48,7 @@ def main() -> int:
     import numpy as np
     import rapidjson
 
-    from exportkit.savedmodel.reader import resolve_model_path
+    from exportkit.savedmodel.versions import resolve_model_path
     from exportkit.serving.server.http_handler import start_rest
     from exportkit.serving.client.rest_client import RestClient
     from exportkit.serving.server.servable import ServedModel

@@ -8,7 +8,7 @@ from pathlib import Path
 def write_large_savedmodel(version_dir: Path, nodes: int = 1_000_000) -> Path:
     """saved_model.pb of exactly `nodes` nodes: x, c, then AddV2(prev, c) and Identity(prev) alternating; the last is
     `serving_default`'s output y. About 39 bytes a node (38 MB for a million)."""
-    from exportkit.savedmodel.reader import protos
+    from exportkit.savedmodel.protos import protos
 
     pb = protos()
     saved_model = pb["saved_model"].SavedModel()

@@ -70,7 +70,7 @@ def shared_model_base(tmp_path_factory) -> Path:
 
 def serve_in_process(model_base: Path, **limits):
     """A ServerCore over both versions and its REST server on a free port: (server, port, versions)."""
-    from exportkit.savedmodel.reader import resolve_model_path
+    from exportkit.savedmodel.versions import resolve_model_path
     from exportkit.serving.server.http_handler import start_rest
     from exportkit.serving.server.http_server import Limits
     from exportkit.serving.server.servable import ServedModel

@@ -291,7 +291,7 @@ def test_lint_missing_signature_and_denylist(models):
 
 # ------------------------------------------------------------------------------------------------ resolving
 def test_base_dir_resolves_to_highest_version(models, env, multi_json):
-    from exportkit.savedmodel.reader import resolve_savedmodel_dir
+    from exportkit.savedmodel.versions import resolve_savedmodel_dir
 
     assert resolve_savedmodel_dir(models["base"]) == models["base"] / "10"
     proc = run_cli("inspect", models["base"], "--json", env=env)

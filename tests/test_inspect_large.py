@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import run_cli
 from large_graph import write_large_savedmodel
 
 NODES = 1_000_000
 
 
+@pytest.mark.slow
 def test_inspect_of_a_million_nodes_reports_them_once(tmp_path):
     version_dir = write_large_savedmodel(tmp_path / "big" / "1", NODES)
     result = run_cli("inspect", version_dir, "--json", env={"EXPORTKIT_CACHE_DIR": str(tmp_path / "cache")})

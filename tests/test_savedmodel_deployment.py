@@ -178,7 +178,7 @@ def test_an_asset_missing_from_assets_is_an_error(models, tmp_path):
 
 def test_older_savedmodels_list_their_assets_in_a_collection():
     from exportkit.savedmodel.deployment import asset_file_defs
-    from exportkit.savedmodel.reader import protos
+    from exportkit.savedmodel.protos import protos
 
     meta_graph_pb2 = protos()["meta_graph"]
     meta_graph = meta_graph_pb2.MetaGraphDef()

@@ -304,7 +304,7 @@ def test_remote_runtime_against_running_serve(embedded, model_base, reference):
         got = runtime.run(inputs)
         for key, value in reference.run("serving_default", inputs).items():
             np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-7)
-        from exportkit.savedmodel.reader import signatures_of
+        from exportkit.savedmodel.signature_defs import signatures_of
         from exportkit.verify.baseline import served_signature_findings
 
         served = runtime.served_signatures()

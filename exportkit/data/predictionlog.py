@@ -29,7 +29,7 @@ LOG_KINDS = ("predict_log", "classify_log", "regress_log", "multi_inference_log"
 
 @functools.cache
 def _prediction_log():
-    from exportkit.savedmodel.reader import serving_apis
+    from exportkit.savedmodel.protos import serving_apis
 
     return serving_apis().prediction_log_pb2.PredictionLog
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from exportkit.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
 from exportkit.findings import has_errors
 from exportkit.inspection.report import SavedModelInfo, render_text
-from exportkit.savedmodel.extras import ASSET_DIRS, read_manifest, variables_bytes
+from exportkit.savedmodel.layout import ASSET_DIRS, variables_bytes
+from exportkit.savedmodel.manifest import Manifest, read_manifest
 from exportkit.options.source import source_options
 
 SOURCE_SUFFIXES = (".h5", ".hdf5", ".keras")
@@ -58,8 +59,9 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     """
     from exportkit.savedmodel.graph import graph_of
     from exportkit.savedmodel.lint import asset_findings, lint_saved_model
-    from exportkit.savedmodel.reader import (read_saved_model_proto, resolve_savedmodel_dir, select_meta_graph,
-                                      serving_api_findings, signatures_of)
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
+    from exportkit.savedmodel.signature_defs import serving_api_findings, signatures_of
+    from exportkit.savedmodel.versions import resolve_savedmodel_dir
 
     directory = resolve_savedmodel_dir(path)
     proto = read_saved_model_proto(directory)
@@ -96,7 +98,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
         assets=assets,
         variables_bytes=variables_bytes(directory),
         variables=_variables_summary(directory),
-        manifest=manifest,
+        manifest=manifest.to_dict() if manifest else None,
         findings=findings,
         oldest_tf_serving=oldest,
         files_read=[r.to_dict() for r in reads],
@@ -112,7 +114,7 @@ def is_model_source(path: str | Path, format: str | None = None) -> bool:
     if p.is_file():
         return p.name.lower().endswith(SOURCE_SUFFIXES)
     if p.is_dir():
-        from exportkit.savedmodel.reader import other_format
+        from exportkit.savedmodel.versions import other_format
 
         # A SessionBundle has a `checkpoint` file too: it is reported as what it is (savedmodel.other_format).
         return (p / "checkpoint").is_file() and not (p / "saved_model.pb").is_file() and other_format(p) is None
@@ -143,17 +145,17 @@ def _describe(options, json_out, strict=False, allow_incomplete_config=False, in
     return EXIT_CHECK_FAILED if code == EXIT_OK and strict and has_errors(result.findings) else code
 
 
-def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, manifest: dict | None,
+def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, manifest: Manifest | None,
                    int_range=()) -> dict:
     """One row of inputs for `name`: the golden record's first row when it belongs to this signature, else
     generated (serialized tf.Example where the signature parses them)."""
     from exportkit.inputs.generate import generate_batches
     from exportkit.inputs.ranges import parse_int_range_flags, recorded_int_ranges
     from exportkit.tfexample.signatures import input_specs
-    from exportkit.savedmodel.extras import read_golden
+    from exportkit.savedmodel.layout import read_golden
     from exportkit.signature_constants import DEFAULT_SIGNATURE
 
-    if manifest and (manifest.get("signature") or {}).get("name", DEFAULT_SIGNATURE) == name:
+    if manifest and manifest.signature.get("name", DEFAULT_SIGNATURE) == name:
         golden, _ = read_golden(version_dir)
         if golden and set(golden[0]) == set(signature["inputs"]):
             return {k: v[:1] if getattr(v, "ndim", 0) else v for k, v in golden[0].items()}
@@ -169,9 +171,10 @@ def write_requests(info: SavedModelInfo, out_dir: str, model_name: str | None, i
     version_dir = Path(info.path)
     meta_graph = select_meta_graph(read_saved_model_proto(version_dir))
     name = model_name or (version_dir.parent.name if version_dir.name.isdigit() else version_dir.name)
+    manifest = Manifest.from_dict(info.manifest) if info.manifest is not None else None
     samples = {}
     for sig_name, signature in info.signatures.items():
-        batch = _request_batch(version_dir, meta_graph, sig_name, signature, info.manifest, int_range)
+        batch = _request_batch(version_dir, meta_graph, sig_name, signature, manifest, int_range)
         samples[sig_name] = request_samples(sig_name, signature, batch, name)
     return write_request_samples(out_dir, samples, name)
 
@@ -181,7 +184,7 @@ def inspect_command(path, json_out=False, strict=False, source=None, allow_incom
     """Show a SavedModel (or describe a model source). Returns the exit code: 0 readable; 1 with --strict and
     an error finding; unreadable input raises UsageError (exit 2). `source()` gives the SourceOptions for a
     model source (built only when `path` is one)."""
-    from exportkit.savedmodel.reader import check_path
+    from exportkit.savedmodel.versions import check_path
 
     p = Path(path).expanduser()
     check_path(p, "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")

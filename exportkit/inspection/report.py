@@ -17,7 +17,7 @@ class SavedModelInfo:
     path: str  # the resolved version directory
     tags: list[str]
     tensorflow_version: str | None  # the TensorFlow that wrote the SavedModel (meta_info_def)
-    signatures: dict  # see exportkit.savedmodel.reader.signatures_of
+    signatures: dict  # see exportkit.savedmodel.signature_defs.signatures_of
     ops: dict[str, int]  # op type -> node count, graph + function library
     assets: list[str]  # paths relative to `path`, under assets/ and assets.extra/
     variables_bytes: int  # bytes of the files under variables/

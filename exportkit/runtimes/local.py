@@ -96,7 +96,7 @@ class SavedModelRuntime(Runtime):
 
     def _select(self) -> None:
         if self.signature_name not in self._loaded.signatures:
-            from exportkit.savedmodel.reader import signature_names
+            from exportkit.savedmodel.signature_defs import signature_names
 
             raise CheckFailed(f"no signature '{self.signature_name}' (available: "
                               f"{', '.join(signature_names(self._loaded.signatures)) or 'none'})",

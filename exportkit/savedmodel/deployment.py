@@ -19,7 +19,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from exportkit.findings import Finding
-from exportkit.savedmodel.graph import CALL_OPS, Graph, data_inputs, function_label, graph_of, signature_tensors
+from exportkit.savedmodel.graph import Graph, data_inputs, function_label, graph_of, signature_tensors
 from exportkit.savedmodel.lint import few
 from exportkit.options.server_flags import STOCK, ServerFlags
 
@@ -76,7 +76,7 @@ def asset_file_defs(meta_graph) -> list:
     the `saved_model_assets` collection, as loader_impl.get_asset_tensors reads them."""
     if meta_graph.asset_file_def or LEGACY_ASSETS_COLLECTION not in meta_graph.collection_def:
         return list(meta_graph.asset_file_def)
-    from exportkit.savedmodel.reader import protos
+    from exportkit.savedmodel.protos import protos
 
     found = []
     for value in meta_graph.collection_def[LEGACY_ASSETS_COLLECTION].any_list.value:

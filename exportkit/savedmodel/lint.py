@@ -16,8 +16,9 @@ from exportkit.dtypes import HALF_DTYPES
 from exportkit.errors import UsageError
 from exportkit.findings import Finding
 from exportkit.savedmodel.graph import function_label, graph_of
-from exportkit.savedmodel.reader import dtype_name, select_meta_graph, shape_list, signature_names
-from exportkit.signature_constants import DEFAULT_SIGNATURE, INIT_OP_SIGNATURE, SERVE_TAG
+from exportkit.savedmodel.reader import dtype_name, select_meta_graph, shape_list
+from exportkit.savedmodel.signature_defs import signature_names
+from exportkit.signature_constants import DEFAULT_SIGNATURE, SERVE_TAG
 from exportkit.tfenv import tensorflow_version
 
 # Ops that run Python in the exporting process: TF Serving (C++) cannot run them.

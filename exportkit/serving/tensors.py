@@ -25,7 +25,7 @@ def np_to_datatype() -> dict:
     """{numpy dtype name: DataType enum}. Keyed by name, so no ml_dtypes import (0.6 s) unless a bfloat16 is met."""
     global _NP_TO_DT
     if _NP_TO_DT is None:
-        from exportkit.savedmodel.reader import protos
+        from exportkit.savedmodel.protos import protos
 
         data_type = protos()["types"].DataType
         _NP_TO_DT = {name: data_type.Value(enum) for enum, name in _NUMERIC.items()}
@@ -61,7 +61,7 @@ def to_tensor_proto(array, dtype=None):
 
     `dtype` (a tf.DType or DataType enum) forces the proto dtype, e.g. the signature's.
     """
-    from exportkit.savedmodel.reader import protos
+    from exportkit.savedmodel.protos import protos
 
     arr = np.asarray(array)
     want = _enum(dtype)
@@ -101,7 +101,7 @@ def to_ndarray(proto) -> np.ndarray:
                 flat = np.array(values, dtype=np.float32 if np_dtype.itemsize == 8 else np.float64)
                 return (flat[0::2] + 1j * flat[1::2]).astype(np_dtype).reshape(shape)
             return np.array(values, dtype=np_dtype).reshape(shape)
-    from exportkit.savedmodel.reader import protos
+    from exportkit.savedmodel.protos import protos
 
     if proto.dtype == protos()["types"].DataType.Value("DT_STRING") and len(proto.string_val) == size:
         values = np.empty(size, dtype=object)
@@ -128,7 +128,7 @@ _PROTO_FIELD = {"float32": "float_val", "float64": "double_val", "int32": "int_v
 def to_field_tensor_proto(array):
     """An ndarray as a TensorProto with its values in the typed field (float_val, int64_val, string_val, ...),
     every element written, as Tensor::AsProtoField does; halves as their 16-bit patterns."""
-    from exportkit.savedmodel.reader import protos
+    from exportkit.savedmodel.protos import protos
 
     arr = np.asarray(array)
     tensor_pb2 = protos()["tensor"]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from exportkit.savedmodel.checkpoint import read_checkpoint
 from exportkit.errors import UsageError
-from exportkit.savedmodel.reader import check_path, path_problem
+from exportkit.savedmodel.versions import check_path, path_problem
 from exportkit.sources.kerases import (KERAS3, KERASES, TF_KERAS, Keras, keras_of, mismatch_remedy, parse_choice,
                                       prepare_process)
 from exportkit.options.source import SourceOptions

@@ -7,7 +7,7 @@ floats, int64_list for integers and bools, bytes_list for strings); the graph ca
 dtype. The same description builds Examples from tensor values (warm-up, golden record, verify), so an Example
 signature is fed exactly the values its tensor twin is fed.
 
-No TensorFlow here: Examples are built with the generated protobuf module (exportkit.savedmodel.reader.protos).
+No TensorFlow here: Examples are built with the generated protobuf module (exportkit.savedmodel.protos).
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def from_manifest(items: list[dict]) -> list[ExampleFeature]:
 
 def encode_examples(batch: dict[str, np.ndarray], features: list[ExampleFeature]) -> np.ndarray:
     """Serialized tf.Example, one per row of `batch` (keyed by model input): a [rows] object array of bytes."""
-    from exportkit.savedmodel.reader import protos
+    from exportkit.savedmodel.protos import protos
 
     example_cls = protos()["example"].Example
     rows = {f.input: np.asarray(batch[f.input]).reshape(len(batch[f.input]), -1) for f in features}

@@ -11,12 +11,13 @@ Reads the MetaGraphDef proto only; never imports TensorFlow.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from exportkit.savedmodel.reader import dtype_name, protos, shape_list
+from exportkit.savedmodel.protos import protos
+from exportkit.savedmodel.reader import dtype_name, shape_list
 from exportkit.tfexample.features import ExampleFeature
 
 PARSE_OPS = frozenset({"ParseExample", "ParseExampleV2", "ParseSingleExample"})
@@ -315,7 +316,7 @@ def input_specs(meta_graph, signature_name: str, signature: dict, version_dir: s
     """The signature's inputs as batches.InputSpec, with the ExampleSpec of those that are serialized tf.Example
     (so generated inputs are Examples the model parses). `signature`: savedmodel.signatures_of's form."""
     from exportkit.inputs.spec import InputSpec
-    from exportkit.savedmodel.reader import graph_shape
+    from exportkit.savedmodel.signature_defs import graph_shape
 
     examples = example_inputs(meta_graph, signature_name, version_dir)
 

@@ -39,7 +39,8 @@ from exportkit.savedmodel.deployment import deployment_findings
 from exportkit.findings import Finding
 from exportkit.savedmodel.graph import graph_of
 from exportkit.savedmodel.lint import IO_OP_CATEGORY, py_func_findings, reachable_py_funcs
-from exportkit.savedmodel.reader import dtype_name, missing_tensor_findings
+from exportkit.savedmodel.reader import dtype_name
+from exportkit.savedmodel.signature_defs import missing_tensor_findings
 from exportkit.signature_constants import INIT_OP_SIGNATURE
 from exportkit.options.server_flags import STOCK, ServerFlags
 
@@ -461,8 +462,9 @@ def analyze(meta_graph, versions: list[str], device: str = "cpu", server: str = 
     nodes = served_nodes(meta_graph)
     library = graph_of(meta_graph).library
     producer = producer_defaults(meta_graph)
+    # PyFunc: the registries, from TF's wheel, list its kernel; no server has the Python function behind it
     every = (loader_refusals(meta_graph) + deployment_findings(meta_graph, server_flags)
-             + py_func_findings(reachable_py_funcs(graph_of(meta_graph))))  # the registries, from TF's wheel, list PyFunc's kernel
+             + py_func_findings(reachable_py_funcs(graph_of(meta_graph))))
     results = [check_version(nodes, library, producer, v, device, server) for v in versions]
     for result in results:
         result.findings[:0] = every

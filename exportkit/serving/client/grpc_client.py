@@ -15,7 +15,7 @@ import numpy as np
 
 from exportkit.errors import CheckFailed, ExportkitError, InfraError
 from exportkit.serving.tensors import datatype_of, to_ndarray, to_tensor_proto
-from exportkit.savedmodel.reader import serving_apis
+from exportkit.savedmodel.protos import serving_apis
 from exportkit.signature_constants import DEFAULT_SIGNATURE
 
 GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]

@@ -12,7 +12,7 @@ import tempfile
 
 from exportkit.errors import InfraError
 from exportkit.options.launch import LaunchOptions, batching_file
-from exportkit.savedmodel.reader import list_versions, resolve_model_path
+from exportkit.savedmodel.versions import list_versions, resolve_model_path
 from exportkit.serving.launch.process import Child, PendingServer, ServerHandle, flags_entry, free_port, wait_available
 from exportkit.tfenv import child_env
 

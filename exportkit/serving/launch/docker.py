@@ -24,7 +24,7 @@ from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.log import log
 from exportkit.options.launch import LaunchOptions, batching_file
 from exportkit.processes import pid_alive
-from exportkit.savedmodel.reader import resolve_model_path
+from exportkit.savedmodel.versions import resolve_model_path
 from exportkit.serving.launch.binary import NO_LOAD_RETRIES, batching_flags
 from exportkit.serving.launch.process import PendingServer, ServerHandle, flags_entry, free_port
 

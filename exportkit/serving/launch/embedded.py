@@ -13,7 +13,7 @@ import time
 
 from exportkit.errors import CheckFailed, InfraError
 from exportkit.options.launch import LaunchOptions, batching_file
-from exportkit.savedmodel.reader import resolve_model_path
+from exportkit.savedmodel.versions import resolve_model_path
 from exportkit.serving.launch.binary import batching_flags
 from exportkit.serving.launch.process import (Child, PendingServer, ServerHandle, free_port, server_ended,
                                               wait_available)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from exportkit.errors import UsageError
 from exportkit.options.launch import LaunchOptions
-from exportkit.savedmodel.reader import resolve_model_path
+from exportkit.savedmodel.versions import resolve_model_path
 from exportkit.serving.launch.binary import find_binary, start_binary
 from exportkit.serving.launch.docker import is_container_mode, start_container
 from exportkit.serving.launch.embedded import start_embedded

@@ -10,7 +10,7 @@ from concurrent import futures
 import grpc
 
 from exportkit.errors import InfraError, UsageError
-from exportkit.savedmodel.reader import serving_apis
+from exportkit.savedmodel.protos import serving_apis
 from exportkit.serving.server.classifier import classify
 from exportkit.serving.client.grpc_client import GRPC_OPTIONS
 from exportkit.serving.server.metadata import get_model_metadata

@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 
 from exportkit.errors import CheckFailed, UsageError
-from exportkit.savedmodel.reader import resolve_model_path
+from exportkit.savedmodel.versions import resolve_model_path
 from exportkit.options.server_flags import check_fraction
 from exportkit.serving.server.config import (SPECIFIC, ModelConfig, model_configs, read_batching_parameters,
                                       read_model_server_config, read_monitoring_config)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from exportkit.savedmodel.reader import signature_names
+from exportkit.savedmodel.signature_defs import signature_names
 from exportkit.signature_constants import CLASSIFY_METHOD, DEFAULT_SIGNATURE, PREDICT_METHOD, REGRESS_METHOD
 from exportkit.serving.server.status import RpcError
 from exportkit.serving.server.util import fill_model_spec, timed_run

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from exportkit.savedmodel.reader import ModelLocation
+from exportkit.savedmodel.versions import ModelLocation
 from exportkit.serving.server.config import ModelConfig
 from exportkit.serving.server.scope import current
 from exportkit.serving.server.servable import ServedModel
