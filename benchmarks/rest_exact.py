@@ -5,7 +5,7 @@ float32 input reaches the server's tensor bit for bit (docs/performance.md, "RES
 
 For every bit pattern (finite ones; NaN and Inf go the json.dumps way), json_tensor.fixed_words writes its text and
 json_tensor's reader turns the text into the double rapidjson's StrtodNormalPrecision gives (the server's fast path;
-tests/test_rest_conformance.py checks that reader against python-rapidjson itself), then GetFloat()'s cast to float32;
+tests/test_serving_rest_conformance.py checks that reader against python-rapidjson itself), then GetFloat()'s cast to float32;
 the result must have the same bits. Also checked for every pattern: the text has 9 significant digits within 0.51
 units of the 9th of the float32's exact value (the margin the proof rests on). 2**32 patterns take ~10 minutes of one
 core; --first/--last check a range.

@@ -1,4 +1,4 @@
-"""Source of the custom objects used by test_contracts_reference.py, written to a tmp dir as `t15layers.py`
+"""Source of the custom objects used by test_sources_contracts_reference.py, written to a tmp dir as `t15layers.py`
 so that the "training process" (a subprocess) and `--python-path` / `--custom-objects` can import it."""
 
 KERAS3 = '''
