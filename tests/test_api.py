@@ -6,11 +6,13 @@ policy set by the caller), one process for the whole round trip.
 """
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
 import textwrap
 import tomllib
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -151,7 +153,7 @@ def api_round_trip(sample, tmp_path_factory):
         change = exportkit.diff(result.version_dir, result.version_dir, max_abs_change="p99=0")
         files = [str(report.write_json({str(out / "v.json")!r})), str(report.write_junit({str(out / "v.xml")!r})),
                  str(report.write_summary({str(out / "v.md")!r})), str(matrix.write_summary({str(out / "c.md")!r})),
-                 str(result.write_summary({str(out / "e.md")!r}))]
+                 str(result.write_summary({str(out / "e.md")!r})), str(report.write_html({str(out / "v.html")!r}))]
         worst = {{k: {{r: c.max_abs_err for r, c in by.items()}} for k, by in report.outputs.items()}}
         print("RESULT " + json.dumps({{
             "policy_after": mixed_precision.global_policy().name,
@@ -185,9 +187,22 @@ def test_api_release_script_round_trip(api_round_trip):
     assert {o["key"] for o in got["diff"]["outputs"]} >= {"score", "embedding"}
     # progress reached the logger, not stdout (run_script checked stdout is empty)
     assert any("check" in line and "TF1 loader" in line for line in got["logged"]), got["logged"]
-    for path in got["files"]:
-        assert Path(path).stat().st_size > 0
-    assert json.loads((out / "v.json").read_text())["verdict"] == got["verdict"]
+    assert [Path(p).name for p in got["files"]] == ["v.json", "v.xml", "v.md", "c.md", "e.md", "v.html"]
+    document = json.loads((out / "v.json").read_text())
+    assert document["verdict"] == got["verdict"] and document["schema_version"] == 1
+    suites = ET.parse(out / "v.xml").getroot()
+    compared = sum(len(r["outputs"]) for r in got["verify"]["runtimes"] if r["status"] == "ok")
+    assert len(suites.findall("./testsuite/testcase")) == int(suites.get("tests")) == compared > 0
+    assert suites.get("failures") == suites.get("errors") == "0"
+    verify_md = (out / "v.md").read_text().splitlines()
+    assert "exportkit verify: passed" in verify_md[0] and verify_md[-1] == f"**{got['verdict']}**"
+    compat_md = (out / "c.md").read_text()
+    assert "exportkit compat (cpu): passed" in compat_md and "| 2.12 |" in compat_md and "| 2.21 |" in compat_md
+    assert compat_md.rstrip().endswith("**PASSED on 2.12, 2.21**")
+    export_md = (out / "e.md").read_text()
+    assert "exportkit export: passed" in export_md and export_md.rstrip().splitlines()[-1].startswith("**PASSED: exported")
+    page = (out / "v.html").read_text()
+    assert f"<title>exportkit verify {got['version_dir']}</title>" in page and html.escape(got["verdict"]) in page
 
 
 @pytest.mark.slow
@@ -233,8 +248,10 @@ def test_verify_compat_inspect_import_no_tensorflow_and_infra_errors_carry_the_r
             exportkit.verify(path, runtimes="golden,serving", serving="127.0.0.1:9", load_timeout=3)
             infra = None
         except exportkit.InfraError as err:
-            infra = {{"exit_code": err.exit_code, "message": err.message,
-                     "report": err.report.to_dict() if err.report is not None else None}}
+            partial = err.report
+            infra = {{"exit_code": err.exit_code, "message": err.message, "report": partial and {{
+                "passed": partial.passed, "exit_code": partial.exit_code, "verdict": partial.to_dict()["verdict"],
+                "runtimes": {{r.name: r.status for r in partial.runtimes}}}}}}
         print("RESULT " + json.dumps({{"imported": imported, "infra": infra}}, default=str), file=sys.stderr)
         """)
     result = result_of(proc)
@@ -242,8 +259,8 @@ def test_verify_compat_inspect_import_no_tensorflow_and_infra_errors_carry_the_r
     infra = result["infra"]
     assert infra is not None and infra["exit_code"] == 3, infra
     report = infra["report"]
-    assert report is not None and report["passed"] is False and report["exit_code"] == 3
-    assert {r["name"] for r in report["runtimes"]} >= {"golden", "serving"}
+    assert report is not None and report["passed"] is False and report["exit_code"] == 3, report
+    assert report["runtimes"]["golden"] == "ok" and report["runtimes"]["serving"] == "error", report
 
 
 @pytest.mark.slow
@@ -266,7 +283,7 @@ def test_diff_of_two_different_versions_fails_its_gates(tmp_path):
     gates = {(g["name"], g["output"]): g["passed"] for g in got["doc"]["gates"]}
     assert gates[("max-abs-change p99", "probabilities")] is False
     assert gates[("max-abs-change p50", "probabilities")] is True  # probabilities move by less than 1
-    assert gates[("max-changed-top1", "probabilities")] is False
+    assert gates[("max-changed-top1", "probabilities/top1")] is False
     assert not np.allclose(W_OLD, W_NEW)
 
 
