@@ -28,8 +28,8 @@ Statistics:
   smallest rtol with which every element passes at the given atol. Both are checked against the very same
   float64 formula, so using them passes, and anything smaller fails.
 
-The tolerances are in verify/tolerances.py, the fixed-size error summaries (histograms, worst elements,
-sampled pairs) in verify/error_summaries.py.
+The tolerances are in compare/tolerances.py, the fixed-size error summaries (histograms, worst elements,
+sampled pairs) in compare/summaries.py; `streamed_comparison` turns --data's streamed statistics into one.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ in-process run and a Beam run over the same batches end with identical statistic
 * The worst records (top-k by how far their worst element is beyond its allowance, ties by position) keep the
   record's position, its worst element and the two values there.
 
-`element_errors` is the one definition of the element rule `|a - e| <= atol + rtol * |e|` (verify.compare uses
+`element_errors` is the one definition of the element rule `|a - e| <= atol + rtol * |e|` (compare.outputs uses
 it too).
 """
 from __future__ import annotations

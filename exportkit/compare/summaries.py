@@ -7,7 +7,7 @@
 * `sample_pairs`: at most `SAMPLE_PAIRS` (expected, actual) pairs of finite elements, evenly spaced over the
   output, for a reference-vs-runtime scatter (float outputs only).
 
-They are computed from verify/compare.py's element errors and shown by the HTML report (verify/html.py, plots.py).
+They are computed from compare/stats.py's element errors and shown by the HTML report (verify/render_html.py, report/plots.py).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import numpy as np
 from exportkit.compare.stats import BINS_PER_DECADE, LOG_HI, LOG_LO, ElementErrors, LogHistogram, scalar_value
 from exportkit.compare import _log_bins
 
-SHOWN_BINS_PER_DECADE = 10  # histogram bins shown per decade (data.stats counts 100 per decade)
+SHOWN_BINS_PER_DECADE = 10  # histogram bins shown per decade (compare.stats counts 100 per decade)
 WORST_ELEMENTS = 10
 SAMPLE_PAIRS = 256
 
@@ -78,7 +78,7 @@ def error_histogram(values: np.ndarray, failing: np.ndarray | None = None) -> di
     """Non-negative errors in log bins; `failing`, the values (among them) of the elements that fail the tolerance,
     counted again as each bin's `over`.
 
-    The bins are those of `histogram_summary` (data.stats' grid, coarsened)."""
+    The bins are those of `histogram_summary` (compare.stats' grid, coarsened)."""
     values = np.asarray(values, dtype=np.float64).ravel()
     if not values.size:
         return None
@@ -110,7 +110,7 @@ def error_histograms(abs_errors: np.ndarray, rel_errors: np.ndarray, errors: Ele
 
 
 def histogram_summary(hist: LogHistogram) -> dict | None:
-    """A data.stats LogHistogram (--data's streamed errors) coarsened to SHOWN_BINS_PER_DECADE and cut to its
+    """A compare.stats LogHistogram (--data's streamed errors) coarsened to SHOWN_BINS_PER_DECADE and cut to its
     occupied bins; `over` is None (the stream counts errors, not which of them fail).
 
     Bin i covers [10**(start + i/bins_per_decade), 10**(start + (i+1)/bins_per_decade)); `zeros` counts exact

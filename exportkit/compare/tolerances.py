@@ -1,5 +1,5 @@
 """Tolerances: the per-dtype defaults, `--tol KEY=ATOL,RTOL` and which of `--tol`, `--atol/--rtol` and the
-default applies to an output. The element rule they feed is in verify/compare.py (and data/stats.py)."""
+default applies to an output. The element rule they feed is compare/stats.py's `element_errors`."""
 from __future__ import annotations
 
 import math

@@ -1,9 +1,9 @@
 """Streaming statistics of what changes between two model versions on the same records (`exportkit diff`).
 
 One `ChangeStats` per output takes batch after batch of (old answers, new answers) and holds a fixed amount of
-memory; two of them merge exactly (Beam's CombineFn merges them the same way), as data.stats.OutputStats do:
+memory; two of them merge exactly (Beam's CombineFn merges them the same way), as compare.stats.OutputStats do:
 
-* per element: |new - old| and |new - old| / |old| in data.stats' LogHistogram (quantiles within 1.2%), the exact
+* per element: |new - old| and |new - old| / |old| in compare.stats' LogHistogram (quantiles within 1.2%), the exact
   maximum, and the mean shift (mean of new - old);
 * the records that changed most (their largest element change), with file, index, element and both values;
 * for a top-1 output (`KEY/top1`, derived by runtimes.wrappers.Top1Outputs): the records whose top-1 changed, and the counts of
@@ -116,7 +116,7 @@ class _Metric:
 class ChangeStats:
     """One output's changes from the old version's answers to the new one's (see the module docstring).
 
-    The constructor takes (key, atol, rtol) as data.stats.OutputStats does (Beam builds either the same way); the
+    The constructor takes (key, atol, rtol) as compare.stats.OutputStats does (Beam builds either the same way); the
     tolerances are not used: a diff measures change, the gates judge it."""
 
     def __init__(self, key: str, atol: float = 0.0, rtol: float = 0.0, label_key: str | None = None):

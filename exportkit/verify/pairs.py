@@ -1,5 +1,5 @@
 """The plan's pairs over the runtimes' outputs: each pair's batches through the pure comparisons of
-verify/compare.py, into the comparisons of the report's rows. A new kind of pair (verify/plan.py) is compared here.
+compare/outputs.py, into the comparisons of the report's rows. A new kind of pair (verify/plan.py) is compared here.
 """
 from __future__ import annotations
 
