@@ -1,4 +1,4 @@
-"""The manifest export writes beside the SavedModel (assets.extra/, read back by savedmodel/extras.py): provenance,
+"""The manifest export writes beside the SavedModel (assets.extra/, read back by savedmodel/manifest.py): provenance,
 every signature with its tolerances and golden files, the integer ranges of the generated inputs, the toolchain."""
 from __future__ import annotations
 

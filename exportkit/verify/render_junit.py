@@ -8,7 +8,8 @@ from exportkit.compare.outputs import OutputComparison
 from exportkit.report.format import first_line, number
 from exportkit.report.junit import junit_document, xml_text
 from exportkit.verify.latency import latency_text
-from exportkit.verify.report import VerifyReport, baseline_text, needs, server_text, several, toolchain_text, who
+from exportkit.verify.report import (VerifyReport, baseline_text, needs, server_text, several, toolchain_text,
+                                     who)
 
 SUMMARY_FIELDS = ("abs_err_histogram", "rel_err_histogram", "worst_elements", "sample_pairs")  # for plots, not text
 
