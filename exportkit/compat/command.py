@@ -108,7 +108,6 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
     (`servers`: {X.Y: docker mode}), compared with the reference like verify does."""
     from exportkit.inputs.ranges import parse_int_range_flags, recorded_int_ranges
     from exportkit.savedmodel.manifest import read_manifest
-    from exportkit.options.verify import VerifyOptions
     from exportkit.compare.tolerances import parse_tol
     from exportkit.verify.report import VerifyReport
     from exportkit.verify.execute import build_runtimes, close_all, run_signature, started, versioned_pythons
@@ -122,8 +121,6 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
     pythons = versioned_pythons([",".join(r.tf for r in rows)]) if run else {}
     manifest, _ = read_manifest(version_dir)
     lo_hi = recorded_int_ranges(parse_int_range_flags(int_range or []), manifest, {signature_name: signature})
-    options = VerifyOptions(path=str(version_dir), signature_name=signature_name, serving="none", samples=samples,
-                            seed=seed)
     check = signature_checks({signature_name: signature}, [signature_name], version_dir, manifest, lo_hi,
                              samples=samples, seed=seed)[0]
     batches = check.batches
@@ -137,9 +134,9 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
     outputs: dict[str, list] = {}
     versions = list(pythons)
     waves = [versions[i:i + PARALLEL_VERSIONS] for i in range(0, len(versions), PARALLEL_VERSIONS)]
-    with started(options, plan(names)) as references:
+    with started(None, plan(names)) as references:  # golden and session runtimes: no verify options needed
         # overlaps the references
-        wave = build_runtimes(options, plan([], {v: pythons[v] for v in waves[0]})) if waves else []
+        wave = build_runtimes(None, plan([], {v: pythons[v] for v in waves[0]})) if waves else []
         for item in references:
             report.runtimes.append(run_signature(item, check, outputs))
     for version, mode in (servers or {}).items():  # one container at a time: each holds the model
@@ -153,7 +150,7 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
             close_all([server])
     for index in range(len(waves)):
         if index:
-            wave = build_runtimes(options, plan([], {v: pythons[v] for v in waves[index]}))
+            wave = build_runtimes(None, plan([], {v: pythons[v] for v in waves[index]}))
         try:
             for item in wave:
                 report.runtimes.append(run_signature(item, check, outputs))

@@ -83,8 +83,10 @@ def installed_workers(tf_versions) -> list[tuple[str, str]]:
     return found
 
 
-def build_runtimes(o: VerifyOptions, plan: Plan, parse_examples: str | None = None) -> list[Labeled]:
+def build_runtimes(o: VerifyOptions | None, plan: Plan, parse_examples: str | None = None) -> list[Labeled]:
     """Every planned runtime once (runtimes.factory), started; each is pointed at one signature after the other.
+    `o`: verify's options (the server, --against, TF32); None for a plan of golden and session runtimes only
+    (compat's), which need none of them.
 
     One TensorFlow worker process per device holds both loads (`saved_model`, `session`, loading at the same time)
     and the embedded server, which answers from the session's load: one TensorFlow import and one TF1 load instead
@@ -93,7 +95,7 @@ def build_runtimes(o: VerifyOptions, plan: Plan, parse_examples: str | None = No
     eager Keras parses itself (verify --data on a signature over tf.Example)."""
     from exportkit.runtimes.factory import Shared, build
 
-    shared = Shared(str(plan.version_dir), o.allow_tf32)
+    shared = Shared(str(plan.version_dir), bool(o and o.allow_tf32))
     one_at_a_time = variables_bytes(plan.version_dir) > ONE_LOAD_AT_A_TIME_BYTES
     built = []
     for planned in plan.runtimes:
@@ -126,14 +128,14 @@ def _lane(runtime, one_at_a_time: bool) -> tuple:
     return ("server", id(runtime))
 
 
-def runtime_spec(o: VerifyOptions, plan: Plan, planned: PlannedRuntime, preload_session: bool = True):
+def runtime_spec(o: VerifyOptions | None, plan: Plan, planned: PlannedRuntime, preload_session: bool = True):
     """The RuntimeSpec of a planned runtime, pointed at the plan's first signature."""
     from exportkit.runtimes.factory import RuntimeSpec, ServerSpec
 
     first, dev = plan.checks[0], planned.device
     names = {r.name for r in plan.runtimes if r.tf_version is None}
     spec = RuntimeSpec(planned.name, str(plan.version_dir), first.name, dev, {s.key: s.dtype for s in first.specs},
-                       label=planned.label, allow_tf32=o.allow_tf32)
+                       label=planned.label, allow_tf32=bool(o and o.allow_tf32))
     if planned.tf_version:  # session@X.Y: the serving-equivalent session runtime on TensorFlow X.Y, CPU
         from exportkit.tfversions.envs import WORKER, install_command
 
@@ -173,7 +175,7 @@ def close_all(runtimes_) -> None:
 
 
 @contextlib.contextmanager
-def started(o: VerifyOptions, plan: Plan, parse_examples: str | None = None):
+def started(o: VerifyOptions | None, plan: Plan, parse_examples: str | None = None):
     """The plan's runtimes, built and started; every one is closed on the way out, whatever happened."""
     runtimes_ = build_runtimes(o, plan, parse_examples)
     try:
