@@ -37,7 +37,7 @@ def _json(c: OutputComparison) -> dict:
 
 
 def test_no_tensorflow_imported():
-    code = ("import sys, exportkit.compare.outputs, exportkit.compare.tolerances, exportkit.inputs.batches, exportkit.verify.report, "
+    code = ("import sys, exportkit.compare.outputs, exportkit.compare.tolerances, exportkit.inputs.generate, exportkit.inputs.load, exportkit.verify.report, "
             "exportkit.verify.baseline; assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -83,13 +83,13 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample, tmp_
     from exportkit.options.source import source_options
     from exportkit.compare.outputs import compare_outputs
     from exportkit.compare.tolerances import default_tolerance
-    from exportkit.inputs.batches import load_batches
+    from exportkit.inputs.npz import load_batches
 
     script = textwrap.dedent("""
         import sys, json, importlib.util
         assert importlib.util.find_spec("sample_models") is None, "user code must not be importable"
         from exportkit.savedmodel.loader import Tf1SavedModel
-        from exportkit.inputs.batches import load_batches, save_batches
+        from exportkit.inputs.npz import load_batches, save_batches
         for version_dir, out_dir in json.loads(sys.argv[1]):
             model = Tf1SavedModel(version_dir)
             batches = load_batches(version_dir + "/assets.extra/exportkit", "golden_inputs")
@@ -126,7 +126,7 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample, tmp_
 @pytest.mark.parametrize("name", list(CASES))
 def test_warmup_records_are_the_golden_inputs_with_the_signature_keys_and_dtypes(exported, name):
     """One PredictionLog per golden batch, holding exactly that batch under the signature's keys and dtypes."""
-    from exportkit.inputs.batches import load_batches
+    from exportkit.inputs.npz import load_batches
     from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph, signatures_of
     from exportkit.serving.tensors import to_ndarray
     from exportkit.serving.warmup import read_warmup_records

@@ -10,9 +10,11 @@ import pytest
 
 from exportkit.errors import UsageError
 from exportkit.verify.baseline import compare_signatures
-from exportkit.inputs.batches import (
-    DEFAULT_UNKNOWN_DIM, InputSpec, generate_batches, load_batches, load_inputs, parse_int_range, save_batches,
-)
+from exportkit.inputs.generate import DEFAULT_UNKNOWN_DIM, generate_batches
+from exportkit.inputs.load import load_inputs
+from exportkit.inputs.npz import load_batches, save_batches
+from exportkit.inputs.ranges import parse_int_range
+from exportkit.inputs.spec import InputSpec
 
 SPECS = [
     InputSpec("x", "float32", [-1, 3]),

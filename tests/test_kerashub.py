@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
 
 
 def test_int_range_flags_over_found_ranges():
-    from exportkit.inputs.batches import IntRanges, parse_int_range_flags, resolve_int_ranges
+    from exportkit.inputs.ranges import IntRanges, parse_int_range_flags, resolve_int_ranges
     from exportkit.errors import UsageError
 
     found = IntRanges(by_input={"tokens": (0, 50), "segments": (0, 2)})
@@ -43,7 +43,9 @@ def test_int_range_flags_over_found_ranges():
 
 
 def test_generated_batches_draw_each_input_from_its_range():
-    from exportkit.inputs.batches import InputSpec, IntRanges, generate_batches
+    from exportkit.inputs.generate import generate_batches
+    from exportkit.inputs.ranges import IntRanges
+    from exportkit.inputs.spec import InputSpec
 
     specs = [InputSpec("tokens", "int32", [-1, 6]), InputSpec("segments", "int64", [-1, 6]),
              InputSpec("x", "float32", [-1, 2])]
@@ -192,7 +194,7 @@ def custom(tmp_path_factory):
 
 
 def _contracts(model, custom_objects=None):
-    from exportkit.inputs.batches import generate_batches
+    from exportkit.inputs.generate import generate_batches
     from exportkit.sources.contracts import check_contracts
     from exportkit.sources.model_io import model_input_specs
     from exportkit.compare.outputs import compare_with_default_tolerances
@@ -284,7 +286,8 @@ def test_kerashub_layer_called_with_a_padding_mask_keyword_passes_the_contract_c
     x = hub.layers.TransformerEncoder(32, 2, name="encoder")(x, padding_mask=mask)
     x = hub.layers.TransformerDecoder(32, 2, name="decoder")(x, decoder_padding_mask=mask)
     model = keras.Model([tokens, mask], keras.layers.Dense(2, name="y")(x))
-    from exportkit.inputs.batches import IntRangeFlags, generate_batches
+    from exportkit.inputs.generate import generate_batches
+    from exportkit.inputs.ranges import IntRangeFlags
     from exportkit.sources.contracts import check_contracts, custom_objects_of
     from exportkit.sources.int_ranges import int_ranges_for
     from exportkit.sources.model_io import model_input_specs

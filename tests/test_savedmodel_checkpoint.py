@@ -89,17 +89,19 @@ def _read(prefix: Path):
 
 # ------------------------------------------------------------------------------------------- the reader
 def test_crc32c_matches_the_standard_check_value():
-    from exportkit.savedmodel.checkpoint import crc32c, unmask_crc
+    from exportkit.inputs.tfrecord import _crc32c_python, crc32c, masked_crc32c
 
     assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C (Castagnoli) check value
+    assert _crc32c_python(b"123456789") == 0xE3069283  # the fallback where google-crc32c is missing
     masked = ((0xE3069283 >> 15 | 0xE3069283 << 17) + 0xA282EAD8) & 0xFFFFFFFF  # crc32c.h: Mask
-    assert unmask_crc(masked) == 0xE3069283
+    assert masked_crc32c(b"123456789") == masked
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["keras_export", "exportkit", "module", "sharded", "many"])
 def test_reader_agrees_with_tensorflow(bundles, tf, name):
-    from exportkit.savedmodel.checkpoint import crc32c, data_shard_path, unmask_crc
+    from exportkit.inputs.tfrecord import masked_crc32c
+    from exportkit.savedmodel.checkpoint import data_shard_path
 
     prefix = bundles[name]
     checkpoint = _read(prefix)
@@ -116,7 +118,7 @@ def test_reader_agrees_with_tensorflow(bundles, tf, name):
             stored = f.read(t.size)
         assert stored == reader.get_tensor(t.name).tobytes(), t.name  # offset, size and shard point at the value
         if t.size <= 64 * 1024:
-            assert crc32c(stored) == unmask_crc(t.crc32c), t.name
+            assert masked_crc32c(stored) == t.crc32c, t.name
     total = sum(reader.get_tensor(n).nbytes for n in shapes if n != "_CHECKPOINTABLE_OBJECT_GRAPH"
                 and dtypes[n] != tf.string)
     strings = sum(t.size for t in checkpoint.variables if t.dtype == "string")
@@ -221,13 +223,12 @@ def test_index_of_several_blocks(bundles):
 def _snappy(index: bytes) -> bytes:
     """The index with its first data block marked snappy-compressed while it is not (trailer crc recomputed, so
     only the type is wrong): TF's reader says "corrupted compressed block contents"."""
-    from exportkit.savedmodel.checkpoint import _MASK_DELTA, crc32c
+    from exportkit.inputs.tfrecord import masked_crc32c
 
     offset, size = _first_data_block(index)
     out = bytearray(index)
     out[offset + size] = 1
-    crc = crc32c(bytes(out[offset:offset + size + 1]))
-    struct.pack_into("<I", out, offset + size + 1, (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF)
+    struct.pack_into("<I", out, offset + size + 1, masked_crc32c(bytes(out[offset:offset + size + 1])))
     return bytes(out)
 
 

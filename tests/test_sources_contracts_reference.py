@@ -59,7 +59,7 @@ def _check(model, custom_objects=None, **kw):
 
 def _golden(model):
     from exportkit.sources import model_io as sig
-    from exportkit.inputs.batches import generate_batches
+    from exportkit.inputs.generate import generate_batches
 
     return generate_batches(sig.model_input_specs(model, []), samples=4, seed=0)
 

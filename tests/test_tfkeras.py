@@ -300,7 +300,7 @@ def test_contracts_model_io_and_int_ranges_on_a_tf_keras_model():
     import numpy as np
     import tf_keras
 
-    from exportkit.inputs.batches import IntRangeFlags
+    from exportkit.inputs.ranges import IntRangeFlags
     from exportkit.sources.contracts import check_contracts
     from exportkit.sources.int_ranges import int_ranges_for
     from exportkit.sources.kerases import TF_KERAS, keras_of

@@ -256,7 +256,7 @@ class Observer:
                 return json.loads(line)
 
     def observe(self, path: str, batch) -> tuple[str, str]:
-        from exportkit.inputs.batches import save_batches
+        from exportkit.inputs.npz import save_batches
 
         reply = self._ask({"op": "load", "path": path, "signature": "serving_default", "device": "cpu"})
         if not reply["ok"]:

@@ -145,7 +145,7 @@ def test_missing_signature_fails(capsys, models):
 
 def _nudge_golden(version_dir, delta):
     """Shift the recorded outputs a little: the export now differs from its golden record by `delta`."""
-    from exportkit.inputs.batches import load_batches, save_batches
+    from exportkit.inputs.npz import load_batches, save_batches
 
     folder = version_dir / "assets.extra/exportkit"
     outputs = load_batches(folder, "golden_outputs")
@@ -191,7 +191,7 @@ def test_cli_reports_agree_json_junit_and_table(models, tmp_path):
 
 
 def test_inputs_file_and_saving_what_reproduces_a_failure(capsys, models, tmp_path):
-    from exportkit.inputs.batches import load_batches
+    from exportkit.inputs.npz import load_batches
 
     inputs = tmp_path / "in.npz"
     np.savez(inputs, user=np.ones((3, 6), np.float32), item=np.zeros((3, 6), np.float32),

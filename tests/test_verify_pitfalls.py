@@ -95,7 +95,7 @@ def test_latency_summary_and_the_gate():
 
 
 def test_probe_sizes_only_for_open_dims_and_capped():
-    from exportkit.inputs.batches import InputSpec
+    from exportkit.inputs.spec import InputSpec
     from exportkit.verify.shapes import LONG_DIM, probe_batch, probe_sizes
 
     assert probe_sizes([InputSpec("x", "float32", [-1, 3])]) == []
@@ -214,7 +214,7 @@ def test_a_passing_verdict_names_nan_and_failing_sizes():
     from exportkit.compare.finite import non_finite_findings
     from exportkit.verify.report import RuntimeResult, VerifyReport, verdict_line
     from exportkit.verify.shapes import dim_failure
-    from exportkit.inputs.batches import InputSpec
+    from exportkit.inputs.spec import InputSpec
 
     nan = np.full((1, 2), np.nan, np.float32)
     findings = non_finite_findings({"saved_model": [{"y": nan}], "session": [{"y": nan}]})

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exportkit.inputs.load import InputSpec
+from exportkit.inputs.spec import InputSpec
 from exportkit.dtypes import HALF_DTYPES
 from exportkit.errors import UsageError
 from exportkit.signature_constants import (CLASSIFY_CLASSES, CLASSIFY_INPUTS, CLASSIFY_METHOD, CLASSIFY_SCORES,

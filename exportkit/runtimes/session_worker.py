@@ -106,7 +106,7 @@ class Worker:
                               "pass --signature with one of them")
 
     def run(self, request: dict) -> None:
-        from exportkit.inputs.batches import load_batches, save_batches
+        from exportkit.inputs.npz import load_batches, save_batches
 
         loader = request.get("loader", "session")
         name = request.get("signature") or self.signature[loader]

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from exportkit.errors import UsageError
+from exportkit.inputs.tfrecord import masked_crc32c
 from exportkit.savedmodel.reader import dtype_name, protos, shape_list
 
 VARIABLES_DIR = "variables"
@@ -39,44 +40,6 @@ KERAS_DUPLICATE_PREFIX = "_all_variables/"
 SLICE_KEY_PREFIX = b"\x00"  # keys of the slices of partitioned variables start with a 0 byte (see _slice_key_prefix)
 
 _CORRUPT_FIX = "the checkpoint is damaged or incomplete; copy or export the model again"
-
-
-# ------------------------------------------------------------------------------------------------- crc32c
-def _crc32c_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return table
-
-
-_CRC_TABLE = _crc32c_table()
-_MASK_DELTA = 0xA282EAD8
-
-
-def crc32c(data: bytes) -> int:
-    """CRC-32C (Castagnoli), as TF's tsl/lib/hash/crc32c: google-crc32c's C code when installed (a 64 MiB block in
-    milliseconds), else pure Python (about 4 MB/s)."""
-    try:
-        import google_crc32c
-    except ImportError:
-        return _crc32c_python(data)
-    return google_crc32c.value(bytes(data))
-
-
-def _crc32c_python(data: bytes) -> int:
-    crc, table = 0xFFFFFFFF, _CRC_TABLE
-    for byte in data:
-        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def unmask_crc(masked: int) -> int:
-    """TF stores crc32c values masked (crc32c.h: rotated right by 15 bits, plus a constant)."""
-    rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
-    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
 
 
 # ------------------------------------------------------------------------------------------------- table
@@ -104,7 +67,7 @@ def _block(data: bytes, handle: bytes, what: str) -> bytes:
         raise _Corrupt(f"{what} block at offset {offset} ({size} bytes) lies past the end of the file (truncated?)")
     kind = data[offset + size]
     stored = struct.unpack_from("<I", data, offset + size + 1)[0]
-    if crc32c(data[offset:offset + size + 1]) != unmask_crc(stored):
+    if masked_crc32c(data[offset:offset + size + 1]) != stored:
         raise _Corrupt(f"{what} block at offset {offset}: checksum mismatch")
     if kind == SNAPPY_COMPRESSION:
         try:

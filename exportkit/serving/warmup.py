@@ -199,7 +199,7 @@ def _records(path: str):
     server), is read again by TensorFlow's for its own words (a DataLossError, as TF Serving reports it)."""
     import sys
 
-    from exportkit.inputs.batches import tfrecord_records
+    from exportkit.inputs.tfrecord import tfrecord_records
     from exportkit.errors import UsageError
 
     with open(path, "rb") as fh:

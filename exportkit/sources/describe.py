@@ -93,7 +93,8 @@ def _describe_io(model, description: SourceDescription, int_range: list[str]) ->
     is returned for the contract check."""
     import tensorflow as tf
 
-    from exportkit.inputs.batches import format_int_range, generate_batches, parse_int_range_flags
+    from exportkit.inputs.generate import generate_batches
+    from exportkit.inputs.ranges import format_int_range, parse_int_range_flags
     from exportkit.sources.int_ranges import generated_inputs_failure, int_ranges_for
     from exportkit.sources.model_io import feed_model, keyed_outputs, model_input_specs
 

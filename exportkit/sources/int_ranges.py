@@ -15,7 +15,8 @@ Several bounds on one input intersect. An input that reaches none keeps the defa
 """
 from __future__ import annotations
 
-from exportkit.inputs.batches import InputSpec, IntRangeFlags, IntRanges, integer_keys, resolve_int_ranges
+from exportkit.inputs.ranges import IntRangeFlags, IntRanges, integer_keys, resolve_int_ranges
+from exportkit.inputs.spec import InputSpec
 from exportkit.errors import UsageError
 
 # Ops whose output holds values of the listed inputs, unchanged (op type -> input positions; None: all).

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect as pyinspect
 import re
 
-from exportkit.inputs.batches import InputSpec
+from exportkit.inputs.spec import InputSpec
 from exportkit.dtypes import INPUT_DTYPES, canonical, name_of
 from exportkit.errors import UsageError
 from exportkit.sources.kerases import keras_of

@@ -21,8 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit.inputs.batches import (InputSpec, cast_input, generate_batches, parse_int_range_flags, read_batch_members,
-                               write_batch_members)
+from exportkit.inputs.generate import generate_batches
+from exportkit.inputs.load import cast_input
+from exportkit.inputs.npz import read_batch_members, write_batch_members
+from exportkit.inputs.ranges import parse_int_range_flags
+from exportkit.inputs.spec import InputSpec
 from exportkit.dtypes import HALF_DTYPES, name_of
 from exportkit.errors import UsageError
 from exportkit.files import atomic_path

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from exportkit.inputs.batches import DEFAULT_UNKNOWN_DIM, InputSpec, generate_batches
+from exportkit.inputs.generate import DEFAULT_UNKNOWN_DIM, generate_batches
+from exportkit.inputs.spec import InputSpec
 from exportkit.dtypes import is_string
 from exportkit.findings import Finding
 
@@ -19,7 +20,7 @@ MAX_STRING_ELEMENTS = 1 << 14  # strings are generated one by one (and cost more
 
 
 def open_dims(spec: InputSpec) -> list[int]:
-    """The non-batch dims of `spec` a client chooses (an unknown rank counts as one: batches.py generates
+    """The non-batch dims of `spec` a client chooses (an unknown rank counts as one: inputs/generate.py generates
     [batch, size] for it)."""
     if spec.shape is None:
         return [1]

@@ -86,7 +86,7 @@ def test_a_fifo_where_a_golden_file_is_does_not_hang_inspect(third_party, tmp_pa
 
 
 def _frame(data: bytes, length: int | None = None) -> bytes:
-    from exportkit.inputs.batches import masked_crc32c
+    from exportkit.inputs.tfrecord import masked_crc32c
 
     header = struct.pack("<Q", len(data) if length is None else length)
     return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
@@ -105,7 +105,7 @@ def _records(n: int) -> list[bytes]:
 
 
 def _read_all(path):
-    from exportkit.inputs.batches import tfrecord_records
+    from exportkit.inputs.tfrecord import tfrecord_records
 
     return list(tfrecord_records(str(path)))
 
@@ -129,7 +129,7 @@ def test_our_framing_is_tensorflows(tf, tmp_path):
     ("truncated", "record {path}:5 (byte {offset}): declares 25 bytes, more than the file can hold"),
 ])
 def test_a_damaged_record_names_file_and_index_in_bounded_memory(tmp_path, damage, problem):
-    from exportkit.inputs.batches import tfrecord_records
+    from exportkit.inputs.tfrecord import tfrecord_records
     from exportkit.errors import UsageError
 
     records = _records(8)
@@ -178,7 +178,8 @@ def test_an_npz_header_declaring_186_gib_is_refused_without_allocating(tmp_path)
     import io
     import zipfile
 
-    from exportkit.inputs.batches import InputSpec, load_inputs
+    from exportkit.inputs.load import load_inputs
+    from exportkit.inputs.spec import InputSpec
     from exportkit.errors import UsageError
 
     buf = io.BytesIO()
@@ -337,7 +338,7 @@ def test_an_append_to_the_step_summary_on_a_full_disk_is_undone(tiny_fs):
 
 
 def test_save_outputs_on_a_full_disk_leaves_no_partial_set(tiny_fs):
-    from exportkit.inputs.batches import save_batches
+    from exportkit.inputs.npz import save_batches
     from exportkit.errors import InfraError
 
     full, _ = tiny_fs
@@ -496,7 +497,7 @@ def test_a_signature_key_given_twice_is_refused():
     ("[" * 100_000 + "]" * 100_000, "is not readable JSON (nested too deeply)"),
 ])
 def test_a_feature_spec_is_checked_against_its_schema(tmp_path, spec, needle):
-    from exportkit.inputs.batches import InputSpec
+    from exportkit.inputs.spec import InputSpec
     from exportkit.errors import UsageError
     from exportkit.tfexample.features import apply_feature_spec, derive_features
 

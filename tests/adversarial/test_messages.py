@@ -58,7 +58,8 @@ def test_inspect_of_a_source_needing_unsafe_reports_on_stderr(sources):
 
 def test_npz_errors_end_with_a_fix(tmp_path):
     from exportkit.errors import UsageError
-    from exportkit.inputs.batches import InputSpec, load_inputs
+    from exportkit.inputs.load import load_inputs
+    from exportkit.inputs.spec import InputSpec
 
     cases = {"dtype": ({"x": np.array([["a", "b", "c"]])}, [InputSpec("x", "float32", [-1, 3])]),
              "shape": ({"x": np.zeros([2, 4], np.float32)}, [InputSpec("x", "float32", [-1, 3])]),

@@ -365,7 +365,7 @@ def snappy_table(table: bytes, block_bytes: int = 64) -> bytes:
         return bytes(body)
 
     def write(raw: bytes) -> bytes:
-        from exportkit.savedmodel.checkpoint import crc32c
+        from exportkit.inputs.tfrecord import crc32c
 
         offset, data = len(out), bytes(cramjam.snappy.compress_raw(raw))
         out.extend(data + b"\x01" + struct.pack("<I", _mask(crc32c(data + b"\x01"))))

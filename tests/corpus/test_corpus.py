@@ -56,7 +56,8 @@ def test_snappy_index_reads_as_tensorflow_reads_it(corpus):
 
 def test_a_64_mib_block_is_judged_in_bounded_time(tmp_path):
     """One 64 MiB data block with a bad checksum: unreadable, said within seconds (issue 27: it took 15.6 s)."""
-    from exportkit.savedmodel.checkpoint import crc32c, read_checkpoint
+    from exportkit.inputs.tfrecord import crc32c
+    from exportkit.savedmodel.checkpoint import read_checkpoint
     from exportkit.errors import UsageError
 
     size = 64 << 20
