@@ -29,7 +29,8 @@ Statistics:
   float64 formula, so using them passes, and anything smaller fails.
 
 The tolerances are in compare/tolerances.py, the fixed-size error summaries (histograms, worst elements,
-sampled pairs) in compare/summaries.py; `streamed_comparison` turns --data's streamed statistics into one.
+sampled pairs) in compare/summaries.py; `streamed_comparison` turns --data's streamed statistics into an
+OutputComparison.
 """
 from __future__ import annotations
 
