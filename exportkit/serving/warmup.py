@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from exportkit.savedmodel.extras import WARMUP, warmup_path
+from exportkit.savedmodel.layout import WARMUP, warmup_path
 from exportkit.serving.tensors import to_tensor_proto
 from exportkit.tfenv import import_tf
 
@@ -18,7 +18,7 @@ MAX_WARMUP_RECORDS = 1000  # TF Serving refuses more (saved_model_warmup_util.cc
 
 
 def _apis():
-    from exportkit.savedmodel.reader import serving_apis
+    from exportkit.savedmodel.protos import serving_apis
 
     apis = serving_apis()
     return apis.predict_pb2, apis.prediction_log_pb2

@@ -143,7 +143,7 @@ class ServedModel:
 
     def _warm_up(self) -> int:
         """Replay the warm-up records like TF Serving, each through its own API; returns how many."""
-        from exportkit.savedmodel.extras import warmup_path
+        from exportkit.savedmodel.layout import warmup_path
         from exportkit.serving.warmup import read_warmup_records
 
         path = warmup_path(self.version_dir)
