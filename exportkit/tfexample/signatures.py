@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
+from exportkit.savedmodel.graph import CALL_OPS, graph_of
 from exportkit.savedmodel.protos import protos
 from exportkit.savedmodel.reader import dtype_name, shape_list
 from exportkit.tfexample.features import ExampleFeature
 
 PARSE_OPS = frozenset({"ParseExample", "ParseExampleV2", "ParseSingleExample"})
-_CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
 _PASS_THROUGH = ("Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient")
 _TABLE_IMPORT_OPS = ("LookupTableImportV2", "LookupTableImport", "InitializeTableV2", "InitializeTable")
 _TABLE_FILE_OPS = ("InitializeTableFromTextFileV2", "InitializeTableFromTextFile")
@@ -73,16 +73,15 @@ def _producer(ref: str) -> str:
 
 
 def _scopes(meta_graph) -> dict[str | None, _Scope]:
-    graph = meta_graph.graph_def
-    scopes = {None: _Scope(None, list(graph.node), [])}
-    for fdef in graph.library.function:
-        scopes[fdef.signature.name] = _Scope(fdef.signature.name, list(fdef.node_def),
-                                             [a.name for a in fdef.signature.input_arg])
-    for scope in list(scopes.values()):
+    """The top-level graph and each library function as a scope, from the one graph walker's indexes."""
+    graph = graph_of(meta_graph)
+    scopes = {None: _Scope(None, graph.top, [])}
+    for name, fdef in graph.functions.items():
+        scopes[name] = _Scope(name, fdef.node_def, graph.args(name))
+    for name, scope in scopes.items():
         scope.all = scopes
-        for node in scope.nodes.values():
-            if node.op in _CALL_OPS and "f" in node.attr and node.attr["f"].func.name in scopes:
-                scopes[node.attr["f"].func.name].callers.append((scope, node))
+        if name is not None:  # called through a call op: its data inputs are the arguments
+            scope.callers = [(scopes[where], node) for where, node in graph.callers(name) if node.op in CALL_OPS]
     return scopes
 
 
@@ -109,7 +108,7 @@ def _find_parse_nodes(scopes, scope: _Scope, start: str, depth: int = 0, seen=No
             found.append((scope, node))
         elif node.op in _PASS_THROUGH and index == 0:
             found += _find_parse_nodes(scopes, scope, node.name, depth + 1, seen)
-        elif node.op in _CALL_OPS and "f" in node.attr:
+        elif node.op in CALL_OPS and "f" in node.attr:
             inner = scopes.get(node.attr["f"].func.name)
             if inner is not None and index < len(inner.args):
                 found += _find_parse_nodes(scopes, inner, inner.args[index], depth + 1, seen)
