@@ -111,12 +111,12 @@ def smcli_inputs(version_dir: Path, scratch: Path) -> tuple[list[str], str]:
     inputs too large for one argv string as `--inputs KEY=file.npy`, which is what a user does for images."""
     import numpy as np
 
-    from exportkit.savedmodel.extras import read_manifest
+    from exportkit.savedmodel.manifest import read_manifest
 
     manifest, _ = read_manifest(version_dir)
     rng = np.random.default_rng(0)
     exprs, files, how = [], [], []
-    for key, spec in manifest["signature"]["inputs"].items():
+    for key, spec in manifest.signature["inputs"].items():
         shape = [SMCLI_BATCH] + [d if d and d > 0 else 1 for d in (spec["shape"] or [-1, 1])[1:]]
         dtype = spec["dtype"]
         if dtype.startswith("int"):

@@ -12,7 +12,7 @@ tf = import_tf()
 import grpc
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from exportkit.serving.client.grpc_client import ServingClient
-from exportkit.savedmodel.extras import read_golden
+from exportkit.savedmodel.layout import read_golden
 
 address, name, version_dir, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 inputs = read_golden(Path(version_dir))[0][-1]   # the batch of 8

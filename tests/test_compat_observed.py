@@ -69,7 +69,8 @@ class Worker:
 
     def observe(self, path: Path) -> tuple[str, str | None]:
         """("ok"|"fails", error): load, then run generated batches (sizes 1 and 4) of the default signature."""
-        from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph, signatures_of
+        from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
+        from exportkit.savedmodel.signature_defs import signatures_of
         from exportkit.inputs.generate import generate_batches
         from exportkit.inputs.npz import save_batches
         from exportkit.inputs.spec import InputSpec

@@ -422,7 +422,7 @@ def test_a_warmup_file_for_tf_servings_half_plus_two(tmp_path):
                                          regression_pb2)
     from tfs_models import build_half_plus
 
-    from exportkit.savedmodel.extras import warmup_path
+    from exportkit.savedmodel.layout import warmup_path
     from exportkit.serving.tensors import to_tensor_proto
 
     version = build_half_plus(str(tmp_path / "half_plus_two" / "00000123"))

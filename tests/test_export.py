@@ -60,7 +60,8 @@ def test_every_source_format_exports_a_serving_ready_version(exported, sample, n
 @pytest.mark.slow
 def test_signature_as_tf_serving_sees_it(exported):
     """saved_model.pb itself (not our manifest) carries the names, dtypes and the free batch dimension."""
-    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph, signatures_of
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
+    from exportkit.savedmodel.signature_defs import signatures_of
 
     version_dir = exported("mixed_functional.keras").path
     signature = signatures_of(select_meta_graph(read_saved_model_proto(version_dir)))["serving_default"]
@@ -127,7 +128,8 @@ def test_tf1_loader_without_user_code_matches_eager_keras(exported, sample, tmp_
 def test_warmup_records_are_the_golden_inputs_with_the_signature_keys_and_dtypes(exported, name):
     """One PredictionLog per golden batch, holding exactly that batch under the signature's keys and dtypes."""
     from exportkit.inputs.npz import load_batches
-    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph, signatures_of
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
+    from exportkit.savedmodel.signature_defs import signatures_of
     from exportkit.serving.tensors import to_ndarray
     from exportkit.serving.warmup import read_warmup_records
 

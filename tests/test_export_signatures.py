@@ -97,8 +97,10 @@ def test_signatures_that_do_not_fit_the_model_are_usage_errors(sample, tmp_path,
 def test_every_kind_of_signature_is_written_with_its_method_warmup_and_golden_record(exports):
     from tensorflow_serving.apis import prediction_log_pb2
 
-    from exportkit.savedmodel.extras import read_golden, read_manifest
-    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph, signatures_of
+    from exportkit.savedmodel.layout import read_golden
+    from exportkit.savedmodel.manifest import read_manifest
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
+    from exportkit.savedmodel.signature_defs import signatures_of
     from exportkit.serving.warmup import warmup_path
 
     version = exports["mixed"].path
@@ -114,11 +116,11 @@ def test_every_kind_of_signature_is_written_with_its_method_warmup_and_golden_re
     assert (version / "assets" / "one.txt").is_file()
 
     manifest, _ = read_manifest(version)
-    assert set(manifest["signatures"]) == {"serving_default", "embed", "ex", "cls", "reg"}
-    assert manifest["signature_name"] == "serving_default"  # the first one, for readers of one signature
-    assert manifest["signatures"]["embed"]["outputs"]["embedding"]["compute_dtype"] == "float16"
-    assert [f["feature"] for f in manifest["signatures"]["ex"]["features"]] == ["features", "ids"]
-    for name in manifest["signatures"]:
+    assert set(manifest.signatures) == {"serving_default", "embed", "ex", "cls", "reg"}
+    assert manifest.signature_name == "serving_default"  # the first one, for readers of one signature
+    assert manifest.signatures["embed"]["outputs"]["embedding"]["compute_dtype"] == "float16"
+    assert [f["feature"] for f in manifest.signatures["ex"]["features"]] == ["features", "ids"]
+    for name in manifest.signatures:
         inputs, outputs = read_golden(version, name, manifest)
         assert len(inputs) == len(outputs) == 2 and set(outputs[0]) == set(sigs[name]["outputs"])
     _, cls_outputs = read_golden(version, "cls", manifest)
@@ -196,10 +198,10 @@ def test_verify_one_signature_and_feature_spec_and_string_features(capsys, expor
     assert {r["signature"] for r in report["runtimes"]} == {"dwell"}
     code, report = _verify(capsys, exports["multi_io"].path)
     assert code == 0, report["verdict"]
-    from exportkit.savedmodel.extras import read_manifest
+    from exportkit.savedmodel.manifest import read_manifest
 
     manifest, _ = read_manifest(exports["multi_io"].path)
-    assert {f["input"]: f["feature"] for f in manifest["signatures"]["ex"]["features"]}["user"] == "u"
+    assert {f["input"]: f["feature"] for f in manifest.signatures["ex"]["features"]}["user"] == "u"
     code, report = _verify(capsys, exports["text"].path)  # a string input stored as bytes_list
     assert code == 0, report["verdict"]
     assert any(r["kind"] == "agreement" and r["passed"] for r in report["runtimes"])

@@ -22,7 +22,7 @@ import pytest
 from exportkit.tfversions import analysis
 from exportkit.tfversions import registry as registries
 from exportkit.savedmodel.lint import lint_meta_graph
-from exportkit.savedmodel.reader import protos
+from exportkit.savedmodel.protos import protos
 
 HERE = Path(__file__).resolve().parent
 DT_FLOAT, DT_INT32, DT_STRING = 1, 3, 7

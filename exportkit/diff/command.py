@@ -24,7 +24,7 @@ from exportkit.findings import Finding
 from exportkit.runtimes.loop import BatchLoop
 from exportkit.runtimes.wrappers import top1_sources
 from exportkit.options.diff import DiffOptions
-from exportkit.savedmodel.reader import list_versions, resolve_savedmodel_dir
+from exportkit.savedmodel.versions import list_versions, resolve_savedmodel_dir
 from exportkit.signature_constants import REGRESS_METHOD
 from exportkit.verify.baseline import compare_signature_sets
 from exportkit.verify.dataset import data_pattern
@@ -121,7 +121,7 @@ def run_diff(o: DiffOptions) -> DiffReport:
 
 def _data_pattern(data: str | None, new_dir: Path, old_dir: Path | None) -> str | None:
     """--data GLOB, or `warmup`: NEW's warm-up file (else OLD's)."""
-    from exportkit.savedmodel.extras import warmup_path
+    from exportkit.savedmodel.layout import warmup_path
 
     if data != "warmup" or old_dir is None or warmup_path(new_dir).is_file():
         return data and data_pattern(data, new_dir)
@@ -184,7 +184,7 @@ def _feeder(o: DiffOptions, data: str, new: Version, name: str, signature: dict)
 def _generated(o: DiffOptions, new: Version, name: str):
     """Without --data: NEW's golden batches and generated ones (as verify makes them), as Fed batches."""
     from exportkit.inputs.ranges import IntRangeFlags, recorded_int_ranges
-    from exportkit.savedmodel.extras import read_manifest
+    from exportkit.savedmodel.manifest import read_manifest
     from exportkit.verify.plan import signature_checks
 
     manifest, _ = read_manifest(new.path)

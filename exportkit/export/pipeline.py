@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit.savedmodel import extras as layout
+from exportkit.savedmodel import layout
+from exportkit.savedmodel.manifest import write_manifest
 from exportkit.sources import reference as refs
 from exportkit.errors import CheckFailed, ExportkitError, UsageError
 from exportkit.export import selfcheck
@@ -172,7 +173,7 @@ def _write_version(staging: Path, archive, loaded, golden: GoldenRecord, options
         layout.write_golden(staging, record.inputs, record.outputs, entry["golden"])
     if reference is not None:
         layout.write_reference_outputs(staging, reference.outputs)
-    layout.write_manifest(staging, manifest)
+    write_manifest(staging, manifest)
 
 
 def _summary_signature(record: SignatureRecord) -> dict:
@@ -249,7 +250,7 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
                                         + (f" ({len(names)} signatures)" if len(names) > 1 else ""))
                 if reference_entry is not None:
                     reference_entry["links"][refs.LINKS[1]] = "passed"
-                    layout.write_manifest(staging, {**manifest, "reference": reference_entry})  # the model is gone
+                    write_manifest(staging, {**manifest, "reference": reference_entry})  # the model is gone
         finally:
             if session is not None:
                 session.close()

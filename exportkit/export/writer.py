@@ -1,4 +1,4 @@
-"""Choosing the version number and staging the version directory (what goes in it: exportkit.savedmodel.extras).
+"""Choosing the version number and staging the version directory (what goes in it: exportkit.savedmodel.layout).
 
 Everything is written into a hidden staging sibling inside the base directory and renamed into place at the
 end, so TF Serving (which polls for integer-named directories) never sees a half-written version. The staging
@@ -186,7 +186,8 @@ def set_method_names(version_dir: Path, methods: dict[str, str]) -> None:
     signature as predict; TF Serving's Classify and Regress refuse a signature whose method_name is not theirs.
     Only the method_name strings change: graph, functions and object graph stay as written.
     """
-    from exportkit.savedmodel.reader import SAVED_MODEL_PB, protos
+    from exportkit.savedmodel.protos import protos
+    from exportkit.savedmodel.versions import SAVED_MODEL_PB
     from exportkit.signature_constants import PREDICT_METHOD
 
     if all(method == PREDICT_METHOD for method in methods.values()):

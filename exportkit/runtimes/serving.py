@@ -10,7 +10,7 @@ import numpy as np
 from exportkit.errors import CheckFailed, InfraError
 from exportkit.findings import Finding
 from exportkit.runtimes import Runtime
-from exportkit.savedmodel.reader import serving_api
+from exportkit.savedmodel.signature_defs import serving_api
 from exportkit.signature_constants import DEFAULT_SIGNATURE
 
 
@@ -187,7 +187,7 @@ class ServingRuntime(Runtime):
     # -- what only a server shows -----------------------------------------------------------------------------
     def served_signatures(self) -> dict:
         """{signature name: {"inputs", "outputs"}} as the server reports them (GetModelMetadata)."""
-        from exportkit.savedmodel.reader import tensor_info_dict
+        from exportkit.savedmodel.signature_defs import tensor_info_dict
         from exportkit.serving.client.grpc_client import ServingError
 
         try:
@@ -205,7 +205,7 @@ class ServingRuntime(Runtime):
 
         Model name/version are set to the served ones, as TF Serving ignores them during its own warm-up.
         """
-        from exportkit.savedmodel.extras import WARMUP
+        from exportkit.savedmodel.layout import WARMUP
         from exportkit.serving.client.grpc_client import ServingError
         from exportkit.serving.warmup import read_warmup_records
 
@@ -269,7 +269,7 @@ def _serve_in_worker(worker, model_name: str | None, rest: bool, device: str, la
     TF Serving load would answer them. `batching`: a BatchingParameters file, served with TF Serving's batching."""
     from exportkit.options.launch import batching_file
     from exportkit.version import __version__
-    from exportkit.savedmodel.reader import resolve_model_path
+    from exportkit.savedmodel.versions import resolve_model_path
     from exportkit.serving.launch.process import PendingServer, ServerHandle
 
     name = model_name or resolve_model_path(worker.path).default_name

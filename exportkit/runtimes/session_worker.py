@@ -96,7 +96,7 @@ class Worker:
 
     def _check_signature(self, loader: str, name: str) -> None:
         from exportkit.errors import CheckFailed
-        from exportkit.savedmodel.reader import signature_names
+        from exportkit.savedmodel.signature_defs import signature_names
 
         model = self.loads[loader].result()
         if loader == "saved_model":
@@ -139,7 +139,7 @@ class Worker:
     def serve(self, request: dict) -> None:
         """TF Serving's APIs over the session loader's model: warm-up first, as TF Serving does before AVAILABLE."""
         from exportkit.errors import CheckFailed
-        from exportkit.savedmodel.reader import resolve_model_path
+        from exportkit.savedmodel.versions import resolve_model_path
         from exportkit.serving.server.grpc_service import start_grpc
         from exportkit.serving.server.servable import ServedModel
         from exportkit.serving.server.server_core import ServerCore

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from exportkit.errors import UsageError
 from exportkit.inputs.tfrecord import masked_crc32c
-from exportkit.savedmodel.reader import dtype_name, protos, shape_list
+from exportkit.savedmodel.protos import protos
+from exportkit.savedmodel.reader import dtype_name, shape_list
 
 VARIABLES_DIR = "variables"
 INDEX_NAME = "variables.index"

@@ -35,8 +35,9 @@ def static_findings(o: VerifyOptions, proto, version_dir):
     from exportkit.tfenv import tensorflow_version
 
     server_registry = installed(tensorflow_version())  # the ops the stock TF Serving of this TF links
-    findings = lint_saved_model(proto, o.signature_name, installed_ops=registered_ops(), server_registry=server_registry,
-                                op_libraries=env_op_libraries()) + asset_findings(version_dir)
+    findings = lint_saved_model(proto, o.signature_name, installed_ops=registered_ops(),
+                                server_registry=server_registry, op_libraries=env_op_libraries())
+    findings += asset_findings(version_dir)
     findings += deployment_findings(select_meta_graph(proto), o.server_flags, directory=version_dir)
     refused = [f for f in findings if f.code == "io-op" and f.severity == "error"]
     if refused and o.allow_io_ops:
@@ -99,7 +100,7 @@ def _remote(serving: str) -> bool:
 def _previous_version(version_dir):
     """("previous-version", its path, its signatures) of the newest version below `version_dir` in its base
     directory, or None (not a numbered version, or the first one)."""
-    from exportkit.savedmodel.reader import list_versions
+    from exportkit.savedmodel.versions import list_versions
 
     if version_dir is None or not version_dir.name.isdigit():
         return None
@@ -114,7 +115,8 @@ def _previous_version(version_dir):
 def _deployed(o: VerifyOptions, version_dir):
     """("serving", "HOST:PORT model M version V", its signatures): GetModelMetadata of the version a client that
     names no version gets (TF Serving's default: the newest available), or None when the server has no such model."""
-    from exportkit.savedmodel.reader import resolve_model_path, tensor_info_dict
+    from exportkit.savedmodel.signature_defs import tensor_info_dict
+    from exportkit.savedmodel.versions import resolve_model_path
     from exportkit.serving.client.grpc_client import ServingClient, ServingError, as_exportkit_error
 
     address = o.serving[len("remote:"):] if o.serving.startswith("remote:") else o.serving

@@ -15,7 +15,7 @@ from exportkit.data.records import DataSource, Feeder, FailureWriter, data_signa
 from exportkit.data.predictionlog import LOGGED, LogReplayer
 from exportkit.compare.stats import OutputStats, compare_into
 from exportkit.errors import CheckFailed, InfraError, UsageError
-from exportkit.savedmodel.extras import signature_entries
+from exportkit.savedmodel.manifest import signature_entries
 from exportkit.options.verify import VerifyOptions
 from exportkit.verify.checks import serving_checks
 from exportkit.compare.outputs import streamed_comparison
@@ -100,7 +100,7 @@ def _tol(t) -> tuple[float, float]:
 
 def data_pattern(data: str, version_dir) -> str:
     """--data GLOB, or `warmup`: the SavedModel's own warm-up file (PredictionLog records TF Serving replays)."""
-    from exportkit.savedmodel.extras import warmup_path
+    from exportkit.savedmodel.layout import warmup_path
 
     if data != "warmup":
         return data

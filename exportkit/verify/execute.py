@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from exportkit.dtypes import HALF_DTYPES, numpy_dtype
 from exportkit.errors import CheckFailed, ExportkitError, InfraError
-from exportkit.savedmodel.extras import variables_bytes
+from exportkit.savedmodel.layout import variables_bytes
 from exportkit.options.verify import VerifyOptions
 from exportkit.runtimes.loop import BatchLoop, InputsRejected
 from exportkit.verify.latency import latency_summary

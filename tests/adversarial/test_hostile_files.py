@@ -30,7 +30,8 @@ def _closed_port() -> int:
 
 
 def _rename_signature(version_dir: Path, old: str, new: str) -> None:
-    from exportkit.savedmodel.reader import SAVED_MODEL_PB, protos
+    from exportkit.savedmodel.protos import protos
+    from exportkit.savedmodel.versions import SAVED_MODEL_PB
 
     proto = protos()["saved_model"].SavedModel()
     proto.ParseFromString((version_dir / SAVED_MODEL_PB).read_bytes())
@@ -93,7 +94,7 @@ def _frame(data: bytes, length: int | None = None) -> bytes:
 
 
 def _example(values) -> bytes:
-    from exportkit.savedmodel.reader import protos
+    from exportkit.savedmodel.protos import protos
 
     example = protos()["example"].Example()
     example.features.feature["x"].float_list.value.extend(values)

@@ -95,7 +95,7 @@ def test_interrupted_ends_with_a_fix(capsys):
 def test_unknown_signature_does_not_offer_the_init_op(third_party):
     from tensorflow_serving.apis import predict_pb2
 
-    from exportkit.savedmodel.reader import resolve_model_path
+    from exportkit.savedmodel.versions import resolve_model_path
     from exportkit.serving.server.predict import run_predict
     from exportkit.serving.server.servable import ServedModel
     from exportkit.serving.server.status import RpcError
