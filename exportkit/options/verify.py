@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from exportkit.options.flags import check_tolerances, refuse_unknown, texts
+from exportkit.options.launch import LaunchOptions
 from exportkit.options.server_flags import STOCK, ServerFlags, parse_server_flags
 from exportkit.options.source import SOURCE_FLAGS, SourceOptions, source_from_flags
 
@@ -61,6 +62,12 @@ class VerifyOptions:
 
     def __post_init__(self):
         check_tolerances(self.atol, self.rtol)
+
+    @property
+    def launch(self) -> LaunchOptions:
+        """How a server verify launches is run (container CLI, --pull, batching parameters, server flags)."""
+        return LaunchOptions(container_cli=self.container_cli, pull=self.pull,
+                             batching_parameters=self.batching_parameters, server_flags=self.server_flags)
 
 
 

@@ -149,7 +149,7 @@ def runtime_spec(o: VerifyOptions | None, plan: Plan, planned: PlannedRuntime, p
     elif planned.name in ("serving", "rest"):
         spec.signatures = plan.signatures
         spec.server = ServerSpec(o.serving, o.model_name, o.model_version, o.model_server_bin, o.load_timeout,
-                                 _launch_options(o), rest="rest" in names, owned_by_rest="serving" not in names)
+                                 o.launch, rest="rest" in names, owned_by_rest="serving" not in names)
     elif planned.name == "trained":  # recorded as float32 where the model computed in half precision: as signed
         trained = plan.trained
         dtypes = next(c for c in plan.checks if c.name == trained.signature).output_dtypes
@@ -288,10 +288,3 @@ def run_signature(item: Labeled, check: SignatureCheck, outputs, infra: list | N
     result.seconds = time.perf_counter() - began
     return result
 
-
-def _launch_options(o: VerifyOptions):
-    """How a server verify launches is run (container CLI, --pull, batching parameters)."""
-    from exportkit.options.launch import LaunchOptions
-
-    return LaunchOptions(container_cli=o.container_cli, pull=o.pull, batching_parameters=o.batching_parameters,
-                         server_flags=o.server_flags)
