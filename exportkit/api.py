@@ -31,67 +31,12 @@ import threading
 from pathlib import Path
 
 from exportkit.errors import EXIT_INFRA, EXIT_USAGE, ExportkitError, InfraError, UsageError
+from exportkit.options.flags import REPORT_FILES, listed, refuse_unknown
 
 log = logging.getLogger("exportkit")
 
-# The flags that say how to load a training source (cli.SourceFlags; tests/test_api.py keeps the two equal).
-SOURCE_FLAGS = ("format", "builder", "builder_arg", "model_config", "spec", "custom_objects", "python_path",
-                "policy", "unsafe", "keras")
-# Report files are the reports' methods, not options.
-_FILE_FLAGS = ("json", "junit", "html", "summary")
-
-
-def _listed(value) -> list:
-    """A repeatable flag's value: None -> [], one string -> [it]."""
-    if value is None:
-        return []
-    return [value] if isinstance(value, (str, os.PathLike)) else list(value)
-
-
-def _source_options(src: str, flags: dict):
-    from exportkit.options.spec import source_options
-
-    return source_options(str(src), flags.get("spec"), format=flags.get("format"), builder=flags.get("builder"),
-                          builder_args=_listed(flags.get("builder_arg")), model_config=flags.get("model_config"),
-                          custom_objects=_listed(flags.get("custom_objects")),
-                          python_path=_listed(flags.get("python_path")), policy=flags.get("policy"),
-                          unsafe=bool(flags.get("unsafe")), keras=flags.get("keras"))
-
-
-def _unknown(command: str, given: dict, known) -> None:
-    bad = sorted(set(given) - set(known))
-    if bad:
-        raise UsageError(f"exportkit.{command}() has no option {', '.join(bad)}",
-                         f"pass the CLI's flags as keyword arguments (`exportkit {command} --help`): "
-                         f"{', '.join(sorted(known))}")
-
 
 # ---------------------------------------------------------------------------------------------------- verify
-
-_VERIFY_RENAMES = {"tf": "tf_versions", "beam_option": "beam_options", "json": "json_out"}
-
-
-def verify_options(path, **flags):
-    """VerifyOptions from the CLI's flags by name (the CLI and `verify()` both build them here)."""
-    from exportkit.options.spec import VerifyOptions
-
-    fields = {f.name for f in dataclasses.fields(VerifyOptions)} - {"path", "against", "tf_versions", "beam_options",
-                                                                    "json_out"}
-    known = fields - {"server_flags"} | set(_VERIFY_RENAMES) | set(SOURCE_FLAGS) | {"against", "op_library",
-                                                                                    "server_flag"}
-    _unknown("verify", flags, known)
-    if "server_flag" in flags:
-        from exportkit.options.server_flags import parse_server_flags
-
-        flags["server_flags"] = parse_server_flags([str(f) for f in _listed(flags.pop("server_flag"))])
-    against = flags.pop("against", None)
-    source = {name: flags.pop(name) for name in SOURCE_FLAGS if name in flags}
-    flags.pop("op_library", None)
-    values = {_VERIFY_RENAMES.get(k, k): v for k, v in flags.items()}
-    for name in ("int_range", "tol", "tf_versions", "beam_options"):
-        if name in values:
-            values[name] = [str(v) for v in _listed(values[name])]
-    return VerifyOptions(path=str(path), against=_source_options(against, source) if against else None, **values)
 
 
 def verify(path, **options):
@@ -99,11 +44,12 @@ def verify(path, **options):
     `exportkit verify PATH` does. Returns the VerifyReport (`.passed`, `.exit_code`, `.verdict`, `.runtimes`,
     `.outputs`, `.findings`, `.to_dict()`); raises UsageError on bad input and InfraError when the environment
     failed (the partial report is the error's `.report`)."""
-    _unknown("verify", {k: v for k, v in options.items() if k in _FILE_FLAGS}, ())
-    libraries = _listed(options.get("op_library"))
-    o = verify_options(path, **options)
+    from exportkit.options.verify import verify_options
     from exportkit.verify.command import run_verify
 
+    refuse_unknown("verify", {k for k in options if k in REPORT_FILES}, ())
+    libraries = listed(options.get("op_library"))
+    o = verify_options(path, **options)
     with _op_libraries(libraries):
         report = _as(VerifyReport, run_verify(o))
     if report.stopped is not None and report.exit_code == EXIT_INFRA:
@@ -120,27 +66,13 @@ def compat(path, tf=None, run=False, **options):
     statically, observed with `run=True` (managed TF X.Y environments) and on TF Serving's image with
     `serving="docker"`. Returns the CompatReport (`.versions`, `.passed`, `.exit_code`, `.to_dict()`)."""
     from exportkit.compat.command import run_compat
+    from exportkit.options.compat import compat_options
 
-    known = {"device", "signature_name", "samples", "seed", "int_range", "atol", "rtol", "tol", "serving",
-             "container_cli", "pull", "load_timeout", "server", "op_library", "server_flag"}
-    _unknown("compat", options, known)
-    libraries = _listed(options.pop("op_library", None))
-    launch = _launch_options(options.pop("container_cli", "docker"), options.pop("pull", False),
-                             _listed(options.pop("server_flag", None)))
-    for name in ("int_range", "tol"):
-        if name in options:
-            options[name] = [str(v) for v in _listed(options[name])]
+    refuse_unknown("compat", {k for k in options if k in REPORT_FILES}, ())
+    libraries = listed(options.get("op_library"))
+    o = compat_options(path, tf, run, **options)
     with _op_libraries(libraries):
-        return _as(CompatReport, run_compat(path=str(path), tf=_listed(tf) or None, run=run, launch=launch,
-                                              **options))
-
-
-def _launch_options(container_cli: str, pull: bool, server_flag: list):
-    from exportkit.options.server_flags import parse_server_flags
-    from exportkit.serving.launch.launcher import LaunchOptions
-
-    return LaunchOptions(container_cli=container_cli, pull=pull,
-                         server_flags=parse_server_flags([str(f) for f in server_flag]))
+        return _as(CompatReport, run_compat(o))
 
 
 # ---------------------------------------------------------------------------------------------------- diff
@@ -151,18 +83,12 @@ def diff(old, new=None, **options):
     answers on the same inputs (generated and golden batches, or `data=` records). OLD may be a base directory
     (its newest two versions, NEW left out), or NEW alone with `serving="HOST:PORT"` for the deployed OLD.
     Returns the DiffReport (`.passed`, `.exit_code`, `.verdict`, `.outputs`, `.gates`, `.to_dict()`)."""
-    from exportkit.diff.command import DiffOptions, run_diff
+    from exportkit.diff.command import run_diff
+    from exportkit.options.diff import diff_options
 
-    renames = {"beam_option": "beam_options"}
-    fields = {f.name for f in dataclasses.fields(DiffOptions)} - {"paths", "beam_options", "json_out", "html",
-                                                                  "summary"}
-    _unknown("diff", options, fields | set(renames))
-    values = {renames.get(k, k): v for k, v in options.items()}
-    for name in ("max_abs_change", "beam_options"):
-        if name in values:
-            values[name] = [str(v) for v in _listed(values[name])]
-    paths = [str(old)] + ([str(new)] if new is not None else [])
-    return _as(DiffReport, run_diff(DiffOptions(paths=paths, **values)))
+    refuse_unknown("diff", {k for k in options if k in REPORT_FILES}, ())
+    o = diff_options([old] + ([new] if new is not None else []), **options)
+    return _as(DiffReport, run_diff(o))
 
 
 # ---------------------------------------------------------------------------------------------------- inspect
@@ -173,14 +99,14 @@ def inspect(path, **options):
     inspect PATH`; a model source (.h5, .keras, checkpoint) is described by the CLI in a child process. Returns
     an Inspection (`.signatures`, `.findings`, `.exit_code`, `.to_dict()`) or, for a source, a SourceInspection."""
     from exportkit.inspection.command import is_model_source, read_info
-    from exportkit.savedmodel.reader import check_path
+    from exportkit.savedmodel.versions import check_path
 
     p = Path(path).expanduser()
     check_path(p, "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")
     if is_model_source(p, options.get("format")):
         doc, code = _cli("inspect", [str(p), "--json"], options)
         return SourceInspection(doc, code)
-    _unknown("inspect", options, ("strict",))
+    refuse_unknown("inspect", options, ("strict",))
     info = _as(Inspection, read_info(p))
     info.strict = bool(options.get("strict"))
     return info
@@ -193,7 +119,7 @@ def export(source, base_dir=None, **options):
     """Export a model source (.h5, .keras, a checkpoint or .weights.h5 with `builder=`, a Keras 2 SavedModel) to
     BASE_DIR/<version>/, self-checked, as `exportkit export SOURCE -o BASE_DIR` does. Returns the ExportResult
     (`.version_dir`, `.version`, `.signatures`, `.findings`, `.to_dict()`)."""
-    _unknown("export", {k: v for k, v in options.items() if k in _FILE_FLAGS + ("output",)}, ())
+    refuse_unknown("export", {k for k in options if k in REPORT_FILES + ("output",)}, ())
     with tempfile.TemporaryDirectory(prefix="exportkit-api-") as tmp:
         summary = Path(tmp) / "export.json"
         args = [str(source)] + (["-o", str(base_dir)] if base_dir is not None else []) + ["--json", str(summary)]
@@ -314,7 +240,7 @@ class _op_libraries:
 
 from exportkit.export.report import ExportResult as _ExportResult  # noqa: E402
 from exportkit.diff.report import DiffReport as _DiffReport  # noqa: E402
-from exportkit.inspection.command import SavedModelInfo as _SavedModelInfo  # noqa: E402
+from exportkit.inspection.report import SavedModelInfo as _SavedModelInfo  # noqa: E402
 from exportkit.compat.report import CompatReport as _CompatReport  # noqa: E402
 from exportkit.verify.report import VerifyReport as _VerifyReport  # noqa: E402
 
@@ -340,7 +266,21 @@ class _Document:
         return _write(path, json_text(self.to_dict()), "JSON document")
 
 
-class VerifyReport(_Document, _VerifyReport):
+class _Rendered(_Document):
+    """`write_html` and `write_summary` (`--html`, `--summary`), each rendered by the command's own
+    `_render("html" | "markdown")`."""
+
+    def write_html(self, path) -> Path:
+        from exportkit.report.plots import require_matplotlib
+
+        require_matplotlib()
+        return _write(path, self._render("html"), "HTML report")
+
+    def write_summary(self, path) -> Path:
+        return _write(path, self._render("markdown"), "summary")
+
+
+class VerifyReport(_Rendered, _VerifyReport):
     """verify's report: `.passed`, `.exit_code`, `.verdict`, `.runtimes`, `.outputs`, `.findings`, `.to_dict()`."""
 
     def write_junit(self, path) -> Path:
@@ -348,69 +288,41 @@ class VerifyReport(_Document, _VerifyReport):
 
         return _write(path, to_junit_xml(self), "JUnit report")
 
-    def write_html(self, path) -> Path:
+    def _render(self, kind: str) -> str:
         from exportkit.verify.render_html import verify_html
-        from exportkit.report.plots import require_matplotlib
-
-        require_matplotlib()
-        return _write(path, verify_html(self), "HTML report")
-
-    def write_summary(self, path) -> Path:
         from exportkit.verify.render_markdown import verify_markdown
 
-        return _write(path, verify_markdown(self), "summary")
+        return verify_html(self) if kind == "html" else verify_markdown(self)
 
 
-class CompatReport(_Document, _CompatReport):
+class CompatReport(_Rendered, _CompatReport):
     """compat's matrix: `.versions` (one row per TF version), `.passed`, `.exit_code`, `.verdict`, `.to_dict()`."""
 
-    def write_html(self, path) -> Path:
+    def _render(self, kind: str) -> str:
         from exportkit.compat.command import other_device_rows
-        from exportkit.compat.report import compat_html
-        from exportkit.report.plots import require_matplotlib
+        from exportkit.compat.report import compat_html, compat_markdown
 
-        require_matplotlib()
-        return _write(path, compat_html(self, other_device_rows(self)), "HTML report")
-
-    def write_summary(self, path) -> Path:
-        from exportkit.compat.report import compat_markdown
-
-        return _write(path, compat_markdown(self), "summary")
+        return compat_html(self, other_device_rows(self)) if kind == "html" else compat_markdown(self)
 
 
-class DiffReport(_Document, _DiffReport):
+class DiffReport(_Rendered, _DiffReport):
     """diff's report: `.passed`, `.exit_code`, `.verdict`, `.findings` (signatures), `.outputs` (OutputChange per
     output: change quantiles, top-1 share, confusion, metrics), `.gates`, `.to_dict()`."""
 
-    def write_html(self, path) -> Path:
-        from exportkit.diff.report import diff_html
-        from exportkit.report.plots import require_matplotlib
+    def _render(self, kind: str) -> str:
+        from exportkit.diff.report import diff_html, diff_markdown
 
-        require_matplotlib()
-        return _write(path, diff_html(self), "HTML report")
-
-    def write_summary(self, path) -> Path:
-        from exportkit.diff.report import diff_markdown
-
-        return _write(path, diff_markdown(self), "summary")
+        return diff_html(self) if kind == "html" else diff_markdown(self)
 
 
-class ExportResult(_Document, _ExportResult):
+class ExportResult(_Rendered, _ExportResult):
     """export's result: `.version_dir`, `.version`, `.signatures`, `.findings`, `.to_dict()`."""
 
-    def write_html(self, path) -> Path:
-        from exportkit.export.report import export_verdict
-        from exportkit.export.report import export_html
-        from exportkit.report.plots import require_matplotlib
+    def _render(self, kind: str) -> str:
+        from exportkit.export.report import export_html, export_markdown, export_verdict
 
-        require_matplotlib()
-        return _write(path, export_html(self.to_dict(), export_verdict(self), True), "HTML report")
-
-    def write_summary(self, path) -> Path:
-        from exportkit.export.report import export_verdict
-        from exportkit.export.report import export_markdown
-
-        return _write(path, export_markdown(self.to_dict(), export_verdict(self), True), "summary")
+        render = export_html if kind == "html" else export_markdown
+        return render(self.to_dict(), export_verdict(self), True)
 
 
 class Inspection(_Document, _SavedModelInfo):
