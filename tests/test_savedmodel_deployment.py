@@ -1,5 +1,5 @@
 """Pitfalls every local runtime passes and the real server does not: files outside the SavedModel, XLA under TF
-Serving's stock flags (exportkit/savedmodel/deployment.py, serverflags.py). Models built the way others write them: a
+Serving's stock flags (exportkit/savedmodel/deployment.py, options/server_flags.py). Models built the way others write them: a
 tf.compat.v1 graph saved by SavedModelBuilder without an assets collection, a tf.Module with jit_compile=True, a
 Keras 3 export of a layer holding a hash table over an absolute path."""
 from __future__ import annotations

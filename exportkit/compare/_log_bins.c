@@ -1,8 +1,8 @@
-/* Counts of non-negative float64 values by log bin, for verify/error_summaries.py: one pass, no temporaries.
+/* Counts of non-negative float64 values by log bin, for compare/summaries.py: one pass, no temporaries.
  *
  * numpy needs three passes with temporaries for this (a shift, a table look-up, np.add.at: ~2.7 ns an element), so
  * the report's two histograms cost a quarter of the comparison they summarise; this loop costs ~0.7 ns. A value's
- * key (its bits >> KEY_SHIFT, sign dropped) indexes `table` (error_summaries._key_table): the value's bin or, for a
+ * key (its bits >> KEY_SHIFT, sign dropped) indexes `table` (summaries._key_table): the value's bin or, for a
  * key that holds a bin edge, `bins` + the upper bin, which one comparison with `edges` settles. Consecutive values
  * count into ROWS separate rows, summed at the end: values of one bin, the usual case, then do not each wait for
  * the previous increment of the same counter. */

@@ -63,7 +63,7 @@ class CompatReport(Report):
     versions: list[VersionRow]
     run: bool = False  # observed with the TF1 loader of each version (--run)
     server: str = "stock"  # --server: the op set predicted (stock | tf-only)
-    flags: Any = None  # serverflags.ServerFlags the servers are predicted (and started) with; None: stock
+    flags: Any = None  # options.server_flags.ServerFlags the servers are predicted (and started) with; None: stock
 
     @property
     def passed(self) -> bool:

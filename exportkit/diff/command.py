@@ -2,7 +2,7 @@
 
     signatures (verify.baseline: can every client of OLD call NEW?) -> the same inputs through both versions
     (generated/golden batches, or --data records streamed as verify --data streams them) -> per output the
-    streamed changes (data.changes.ChangeStats) -> gates -> report (verify/diff_report.py)
+    streamed changes (data.changes.ChangeStats) -> gates -> report (diff/report.py)
 
 Both versions run in the serving-equivalent session runtime, each in its own worker process (the TF1 loader TF
 Serving uses, no user code, one model load per process; on Beam one load per worker), or OLD is the deployed
