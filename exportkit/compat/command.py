@@ -25,7 +25,7 @@ def compat_command(o: CompatOptions) -> int:
 
     check_report_options(o.html, o.summary)
     report = run_compat(o)
-    print_report(render_text(report, report.run), report.to_json(), o.json_out)
+    print_report(render_text(report, report.run), report.to_dict(), o.json_out)
     sys.stdout.flush()
     write_report_files(o.html, o.summary, lambda: compat_html(report, other_device_rows(report)),
                        lambda: compat_markdown(report))

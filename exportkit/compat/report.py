@@ -75,9 +75,6 @@ class CompatReport(Report):
 
     def to_dict(self) -> dict:
         """The JSON matrix, as `compat --json` writes it."""
-        return self.to_json()
-
-    def to_json(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "path": self.path, "device": self.device, "passed": self.passed,
                 "versions": [{"tf": v.tf, "predicted": v.predicted, "observed": v.observed,
                               "findings": [{"severity": f.severity, "code": f.code, "op": f.op, "node": f.node,

@@ -185,9 +185,9 @@ def _load(loader: str, request: dict):
     # TensorFloat-32 would make GPU float32 results differ from CPU by ~1e-3: off unless allowed.
     tf.config.experimental.enable_tensor_float_32_execution(bool(request.get("allow_tf32")))
     if loader == "saved_model":
-        from exportkit.runtimes.local import SavedModelRuntime
+        from exportkit.runtimes.factory import RuntimeSpec, build
 
-        runtime = SavedModelRuntime(request["path"], request["signature"], {}, device=request.get("device"))
+        runtime = build(RuntimeSpec("saved_model", request["path"], request["signature"], device=request.get("device")))
         runtime.load_model()
         return runtime
     if loader == "session":
