@@ -74,7 +74,7 @@ import time
 from pathlib import Path
 
 from harness import (APP_MODELS, BIN, HERE, REPO, SCALE_MODELS, child_env, fmt_mb, fmt_s, killpg, logger, machine,
-                     mark, measure, median, meets, resolve_models, run_section, warm)
+                     mark, measure, median, meets, resolve_models, run_section, tails, warm)
 
 # issue 34: verify <= 1.2x saved_model_cli run in time everywhere and <= 1.5x in peak RSS on the 1 GB model
 # (2.0x on the small ones, where one TensorFlow import is most of either command's memory); REST within 2x of
@@ -540,17 +540,12 @@ def main(argv=None) -> int:
         "rss_targets": RSS_TARGETS,
         "summary": rows, "predict": predict, "scaling_model": scaling_model,
         "scaling": {str(k): v for k, v in scaling.items()}, "compat": compat, "runs": raw,
-        "data": _tails(data.get("rows", {})), "diff": _tails(diff.get("rows", {}))},
+        "data": tails(data.get("rows", {})), "diff": tails(diff.get("rows", {}))},
         indent=1,
         default=str) + "\n")
     log(f"wrote {out / 'results.md'} and {out / 'results.json'}")
     return 0
 
-
-def _tails(data: dict) -> dict:
-    for r in data.values():
-        r["stdout"] = r["stdout"][-1500:]
-    return data
 
 
 def _data_only(records: int, out: Path, log_start: float) -> int:
@@ -561,7 +556,7 @@ def _data_only(records: int, out: Path, log_start: float) -> int:
     markdown = "\n".join([f"Machine: {info}"] + section.get("lines", [])) + "\n"
     print(markdown)
     (out / "data-results.md").write_text(markdown)
-    (out / "data-results.json").write_text(json.dumps({"machine": info, "data": _tails(data)}, indent=1,
+    (out / "data-results.json").write_text(json.dumps({"machine": info, "data": tails(data)}, indent=1,
                                                       default=str) + "\n")
     return 0
 

@@ -13,13 +13,11 @@ which is also what the loop calls.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
 
-from harness import BIN, REPO, logger, machine, measure, write_section
+from harness import measure, section_main
 
 FILES = 8  # the records are spread over FILES files, half of them GZIP
 BATCH = 256
@@ -129,25 +127,7 @@ def render_data(results: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--out", default=str(REPO / "build" / "bench"), help="the records and models go to OUT/work/data")
-    parser.add_argument("--json", help="write {rows, lines} here for bench.py instead of OUT/data-results.*")
-    parser.add_argument("--log-start", type=float, help="the log's time zero (time.time() of the calling bench)")
-    args = parser.parse_args(argv)
-    out = Path(args.out).resolve()
-    results = run_data(out / "work" / "data", args.records, logger(args.log_start), str(BIN / "exportkit"))
-    lines = render_data(results)
-    if args.json:
-        write_section(args.json, results, lines)
-        return 0
-    markdown = "\n".join(lines) + "\n"
-    print(markdown)
-    (out / "data-results.md").write_text(markdown)
-    (out / "data-results.json").write_text(json.dumps({"machine": machine(), "data": results}, indent=1,
-                                                      default=str) + "\n")
-    return 0
-
+    return section_main(argv, __doc__.splitlines()[0], "data", 100_000, run_data, render_data)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,13 +9,11 @@ so that reading, replaying, running the two session workers and the statistics a
 """
 from __future__ import annotations
 
-import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
 
-from harness import BIN, REPO, logger, measure, write_section
+from harness import measure, section_main
 
 FILES = 8  # the records are spread over FILES files, half of them GZIP
 BATCH = 1024  # diff's default --batch-size; the loop batches the same
@@ -109,24 +107,7 @@ def render_diff(results: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--out", default=str(REPO / "build" / "bench"), help="the records and models go to OUT/work/diff")
-    parser.add_argument("--json", help="write {rows, lines} here for bench.py instead of OUT/diff-results.*")
-    parser.add_argument("--log-start", type=float, help="the log's time zero (time.time() of the calling bench)")
-    args = parser.parse_args(argv)
-    out = Path(args.out).resolve()
-    results = run_diff(out / "work" / "diff", args.records, logger(args.log_start), str(BIN / "exportkit"))
-    if args.json:
-        write_section(args.json, results, render_diff(results))
-        return 0
-    markdown = "\n".join(render_diff(results)) + "\n"
-    print(markdown)
-    (out / "diff-results.md").write_text(markdown)
-    (out / "diff-results.json").write_text(json.dumps({k: {**v, "stdout": v["stdout"][-2000:]}
-                                                       for k, v in results.items()}, indent=1, default=str) + "\n")
-    return 0
-
+    return section_main(argv, __doc__.splitlines()[0], "diff", 1_000_000, run_diff, render_diff)
 
 if __name__ == "__main__":
     sys.exit(main())

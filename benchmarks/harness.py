@@ -4,6 +4,7 @@ never each other (tests/test_architecture.py); a bench that needs another's rows
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -160,6 +161,37 @@ def write_section(path: str, rows: dict, lines: list[str]) -> None:
     """The document run_section reads."""
     Path(path).write_text(json.dumps({"rows": rows, "lines": lines}, default=str))
 
+
+
+def tails(rows: dict) -> dict:
+    """Rows with each command's stdout cut to its tail, so the JSON results stay readable."""
+    for r in rows.values():
+        r["stdout"] = r.get("stdout", "")[-1500:]
+    return rows
+
+
+def section_main(argv, description: str, name: str, default_records: int, run, render) -> int:
+    """The command line of a bench that is also a section of bench.py (data_bench, diff_bench): `run(work dir,
+    records, log, exportkit)` -> rows, `render(rows)` -> Markdown lines. With --json (run_section) the {rows, lines}
+    document goes there; alone, the table is printed and kept as OUT/NAME-results.md and .json."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--records", type=int, default=default_records)
+    parser.add_argument("--out", default=str(REPO / "build" / "bench"), help=f"the records and models go to OUT/work/{name}")
+    parser.add_argument("--json", help=f"write {{rows, lines}} here for bench.py instead of OUT/{name}-results.*")
+    parser.add_argument("--log-start", type=float, help="the log's time zero (time.time() of the calling bench)")
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    rows = run(out / "work" / name, args.records, logger(args.log_start), str(BIN / "exportkit"))
+    lines = render(rows)
+    if args.json:
+        write_section(args.json, rows, lines)
+        return 0
+    markdown = "\n".join(lines) + "\n"
+    print(markdown)
+    (out / f"{name}-results.md").write_text(markdown)
+    (out / f"{name}-results.json").write_text(json.dumps({"machine": machine(), name: tails(rows)}, indent=1,
+                                                         default=str) + "\n")
+    return 0
 
 # --------------------------------------------------------------------------------------------- numbers
 def median(values):

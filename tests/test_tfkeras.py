@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
 
 LAYERS = '''
 import tensorflow as tf

@@ -13,7 +13,6 @@ import os
 import re
 import secrets
 import shutil
-import sys
 from pathlib import Path
 from typing import Callable
 
