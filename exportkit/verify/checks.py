@@ -173,6 +173,7 @@ def dynamic_dims(o: VerifyOptions, checks, runtimes_: list[Labeled], results, re
                  infra: list | None = None) -> None:
     """Open non-batch dims at sizes 1 and long (verify/shapes.py), one row each, on the serving-equivalent runtime
     (one that answered the signature's ordinary batches); a failure is a finding naming the input, dim and size."""
+    from exportkit.runtimes.loop import BatchLoop
     from exportkit.verify.shapes import dim_failure, probe_batch, probe_sizes
 
     tried = {}
@@ -186,7 +187,7 @@ def dynamic_dims(o: VerifyOptions, checks, runtimes_: list[Labeled], results, re
         item.runtime.use_signature(check.name, {s.key: s.dtype for s in check.specs})
         for size in sizes:
             try:
-                item.runtime.run(probe_batch(check.specs, size, o.seed, int_range))
+                BatchLoop(item.runtime, timed=False).run(probe_batch(check.specs, size, o.seed, int_range))
             except InfraError as err:
                 if infra is None:
                     raise
