@@ -1,4 +1,4 @@
-"""Build exportkit/compat/registries/tf-X.Y.json.gz: the op and kernel registry of TensorFlow X.Y.
+"""Build exportkit/tfversions/registries/tf-X.Y.json.gz: the op and kernel registry of TensorFlow X.Y.
 
 For each version, a throwaway venv gets the FULL `tensorflow==X.Y.*` wheel (the -cpu wheels lack the GPU
 kernel registrations), a fresh interpreter dumps every OpDef (TF_GetAllOpList) and every kernel registration
@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-OUT_DIR = REPO / "exportkit" / "compat" / "registries"
-ATTRVALUE = REPO / "exportkit" / "compat" / "attrvalue.py"
+OUT_DIR = REPO / "exportkit" / "tfversions" / "registries"
+ATTRVALUE = REPO / "exportkit" / "tfversions" / "attrvalue.py"
 VERSIONS = [f"2.{minor}" for minor in range(12, 22)]
 
 # Shared by both dumps, runs inside a throwaway venv (that version's TensorFlow and protobuf).

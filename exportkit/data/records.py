@@ -301,6 +301,18 @@ def records_are_logs(source: DataSource) -> bool:
     return False
 
 
+def signature_feed(source: DataSource, specs: list[InputSpec], name: str, signature: dict, signatures: dict,
+                   model_name: str | None) -> tuple[str | None, object]:
+    """(example_key, replayer) for one signature's records: the input of a signature over serialized tf.Example,
+    which takes the records as they are (None: the records are parsed into its tensors), and the
+    predictionlog.LogReplayer when the records are PredictionLogs (None otherwise)."""
+    from exportkit.data.predictionlog import LogReplayer
+
+    example_key = specs[0].key if len(specs) == 1 and specs[0].examples else None
+    replayer = LogReplayer(name, signature, signatures, model_name) if records_are_logs(source) else None
+    return example_key, replayer
+
+
 def data_signature(pattern: str | None, signatures: dict, selected: list[str]) -> str:
     """The signature `--data` records are the inputs of when no --signature is given: the one the first
     PredictionLog names (TF Serving's default when it names none), else serving_default (or the only one selected)."""

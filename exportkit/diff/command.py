@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from exportkit.data.changes import ChangeStats
-from exportkit.data.records import DataSource, Fed, Feeder, data_signature, records_are_logs
+from exportkit.data.records import DataSource, Fed, Feeder, data_signature, signature_feed
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.findings import Finding
 from exportkit.runtimes.loop import BatchLoop
@@ -170,15 +170,12 @@ def _runtime(o: DiffOptions, version: Version, name: str, signatures: dict, deri
 
 
 def _feeder(o: DiffOptions, data: str, new: Version, name: str, signature: dict):
-    from exportkit.data.predictionlog import LogReplayer
     from exportkit.tfexample.signatures import input_specs
     from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
     specs = input_specs(select_meta_graph(read_saved_model_proto(new.path)), name, signature, new.path)
     source = DataSource(data, specs, batch_size=o.batch_size, sample=o.sample, seed=o.seed, limit=o.limit)
-    example_key = specs[0].key if len(specs) == 1 and specs[0].examples else None
-    replayer = LogReplayer(name, signature, new.signatures, o.model_name) if records_are_logs(source) else None
-    return source, Feeder(source, specs, example_key, replayer)
+    return source, Feeder(source, specs, *signature_feed(source, specs, name, signature, new.signatures, o.model_name))
 
 
 def _generated(o: DiffOptions, new: Version, name: str):

@@ -57,22 +57,22 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
 
     `signature_name` and `check_registry` are passed to the lint (see exportkit.savedmodel.lint.lint_saved_model).
     """
+    from exportkit.savedmodel.deployment import file_findings, file_reads, xla_findings
     from exportkit.savedmodel.graph import graph_of
     from exportkit.savedmodel.lint import asset_findings, lint_saved_model
     from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
     from exportkit.savedmodel.signature_defs import serving_api_findings, signatures_of
     from exportkit.savedmodel.versions import resolve_savedmodel_dir
+    from exportkit.tfenv import tensorflow_version
+    from exportkit.tfversions.analysis import forecast
+    from exportkit.tfversions.installed import registered_ops
+    from exportkit.tfversions.registry import installed
 
     directory = resolve_savedmodel_dir(path)
     proto = read_saved_model_proto(directory)
     meta_graph = select_meta_graph(proto)
     assets = sorted(a for d in ASSET_DIRS if (directory / d).is_dir() for a in _files_under(directory / d, directory))
     manifest, manifest_findings = read_manifest(directory)
-    from exportkit.tfversions.analysis import forecast
-    from exportkit.tfversions.registry import installed
-    from exportkit.tfversions.installed import registered_ops
-    from exportkit.tfenv import tensorflow_version
-
     server_registry = installed(tensorflow_version()) if check_registry else None
     installed_ops = registered_ops() if check_registry else None
     findings = (lint_saved_model(proto, signature_name, check_registry=check_registry, installed_ops=installed_ops,
@@ -80,8 +80,6 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
                 + asset_findings(directory) + manifest_findings + serving_api_findings(meta_graph))
     oldest, blocking = forecast(meta_graph)  # with the loader's refusals on every version (missing tensors ...)
     findings += blocking
-    from exportkit.savedmodel.deployment import file_findings, file_reads, xla_findings
-
     reads = file_reads(meta_graph)
     deployment = file_findings(reads, directory=directory) + xla_findings(meta_graph)
     if has_errors(deployment) or any(f.code == "py-func" for f in findings):

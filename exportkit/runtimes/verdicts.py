@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exportkit.findings import Finding
-from exportkit.savedmodel.graph import graph_of
+from exportkit.savedmodel.graph import graph_of, tensor_info_names, tensor_node
 
 # Ops that write a variable (ref or resource) they take as input 0.
 STATE_WRITES = frozenset({
@@ -29,13 +29,7 @@ STATE_WRITES = frozenset({
 VARIABLES = frozenset({"VariableV2", "Variable", "VarHandleOp"})
 
 
-def _tensor_node(name: str) -> str:
-    return name.lstrip("^").split(":", 1)[0]
-
-
 def _signature_roots(signature) -> list[str]:
-    from exportkit.savedmodel.graph import tensor_info_names
-
     return [name for info in signature.outputs.values() for name in tensor_info_names(info)]
 
 
@@ -48,7 +42,7 @@ def _variables(meta_graph, roots: list[str]) -> tuple[set[str], set[str]]:
         if node.op in VARIABLES and function is None:
             reads.add(node.name)
         if node.op in STATE_WRITES and node.input:
-            target = _tensor_node(node.input[0])
+            target = tensor_node(node.input[0])
             source = by_name.get(target) if function is None else None
             writes.add(target if source is not None and source.op in VARIABLES else
                        f"{target} (in function {function})" if function else target)

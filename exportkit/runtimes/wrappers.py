@@ -15,35 +15,56 @@ from exportkit.runtimes import Runtime
 TOP1 = "/top1"  # suffix of a derived top-1 output
 
 
-class ExampleParsing(Runtime):
-    """A runtime whose model takes tensors, on a signature over serialized tf.Example: it parses the records into
-    its model's own inputs (the keras runtime from --against), so it sees the same records as the others.
-    `name_record(row)` names a record in errors; the caller sets it per batch when it knows the positions."""
+class Wrapped(Runtime):
+    """A runtime around another: the same lifecycle, name and kind; `feed` reshapes the inputs it is given and
+    `answer` the outputs the inner runtime gives back."""
 
-    def __init__(self, inner: Runtime, example_key: str):
-        self.inner, self.example_key = inner, example_key
+    def __init__(self, inner: Runtime):
+        self.inner = inner
         self.name, self.kind, self.device = inner.name, inner.kind, inner.device
-        self.name_record = lambda row: f"#{row} of its batch"
-        self._parser = None
 
     def start(self) -> None:
         self.inner.start()
 
     def load(self) -> None:
-        from exportkit.tfexample.parser import ExampleParser
-
         self.inner.load()
-        self._parser = ExampleParser(self.inner.input_specs())
         self.loaded = True
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-        outputs = self.inner.run(self._parser(list(inputs[self.example_key]), self.name_record))
+        outputs = self.inner.run(self.feed(inputs))
         self.placed_on, self.server = self.inner.placed_on, self.inner.server
-        return outputs
+        return None if outputs is None else self.answer(outputs)
 
     def close(self) -> None:
         self.inner.close()
         self.loaded = False
+
+    def feed(self, inputs: dict) -> dict:
+        return inputs
+
+    def answer(self, outputs: dict) -> dict:
+        return outputs
+
+
+class ExampleParsing(Wrapped):
+    """A runtime whose model takes tensors, on a signature over serialized tf.Example: it parses the records into
+    its model's own inputs (the keras runtime from --against), so it sees the same records as the others.
+    `name_record(row)` names a record in errors; the caller sets it per batch when it knows the positions."""
+
+    def __init__(self, inner: Runtime, example_key: str):
+        super().__init__(inner)
+        self.example_key = example_key
+        self.name_record = lambda row: f"#{row} of its batch"
+        self._parser = None
+
+    def load(self) -> None:
+        from exportkit.tfexample.parser import ExampleParser
+
+        super().load()
+        self._parser = ExampleParser(self.inner.input_specs())
+
+    def feed(self, inputs: dict) -> dict:
+        return self._parser(list(inputs[self.example_key]), self.name_record)
 
 
 def top1_sources(signature: dict) -> dict[str, tuple[str, str | None]]:
@@ -82,26 +103,13 @@ def top1_of(outputs: dict[str, np.ndarray], derived: dict[str, tuple[str, str | 
     return top
 
 
-class Top1Outputs(Runtime):
+class Top1Outputs(Wrapped):
     """A runtime whose answers also hold the derived top-1 outputs (`top1_sources`), so that they are compared like
     any other output (in-process and on Beam workers alike)."""
 
     def __init__(self, inner: Runtime, derived: dict[str, tuple[str, str | None]]):
-        self.inner, self.derived = inner, derived
-        self.name, self.kind, self.device = inner.name, inner.kind, inner.device
+        super().__init__(inner)
+        self.derived = derived
 
-    def start(self) -> None:
-        self.inner.start()
-
-    def load(self) -> None:
-        self.inner.load()
-        self.loaded = True
-
-    def run(self, inputs):
-        outputs = self.inner.run(inputs)
-        self.placed_on, self.server = self.inner.placed_on, self.inner.server
-        return None if outputs is None else {**outputs, **top1_of(outputs, self.derived)}
-
-    def close(self) -> None:
-        self.inner.close()
-        self.loaded = False
+    def answer(self, outputs: dict) -> dict:
+        return {**outputs, **top1_of(outputs, self.derived)}

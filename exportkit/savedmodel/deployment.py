@@ -19,7 +19,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from exportkit.findings import Finding
-from exportkit.savedmodel.graph import Graph, data_inputs, function_label, graph_of, signature_tensors
+from exportkit.savedmodel.graph import Graph, data_inputs, function_label, graph_of, signature_tensors, tensor_node
 from exportkit.savedmodel.lint import few
 from exportkit.options.server_flags import STOCK, ServerFlags
 
@@ -141,7 +141,7 @@ class _FileNames:
     def enqueued(self, function: str | None, queue: str) -> list[tuple[str, str]]:
         """What the enqueue ops of the same graph put into `queue`: a reader's file names."""
         nodes = self.graph.function_nodes(function)
-        name = queue.lstrip("^").partition(":")[0]
+        name = tensor_node(queue)
         found = []
         for node in nodes.values():
             data = data_inputs(node)

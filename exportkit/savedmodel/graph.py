@@ -48,20 +48,8 @@ def tensor_info_names(info) -> list[str]:
 
 def signature_tensors(meta_graph, served_only: bool = False) -> list[str]:
     """Every signature's output tensors: the init op signature's too, unless `served_only` (what requests compute)."""
-    roots = []
-    for name, sig in meta_graph.signature_def.items():
-        if served_only and name == INIT_OP_SIGNATURE:
-            continue
-        for info in sig.outputs.values():
-            which = info.WhichOneof("encoding")
-            if which == "name":
-                roots.append(info.name)
-            elif which == "coo_sparse":
-                roots += [info.coo_sparse.values_tensor_name, info.coo_sparse.indices_tensor_name,
-                          info.coo_sparse.dense_shape_tensor_name]
-            elif which == "composite_tensor":
-                roots += [c.name for c in info.composite_tensor.components if c.WhichOneof("encoding") == "name"]
-    return roots
+    return [tensor for name, sig in meta_graph.signature_def.items() if not (served_only and name == INIT_OP_SIGNATURE)
+            for info in sig.outputs.values() for tensor in tensor_info_names(info)]
 
 
 def root_tensors(meta_graph) -> list[str]:

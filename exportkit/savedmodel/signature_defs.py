@@ -2,7 +2,7 @@
 the static shapes the graph gives their tensors, and the tensors they name that the graph lacks."""
 from __future__ import annotations
 
-from exportkit.savedmodel.graph import graph_of, tensor_info_names
+from exportkit.savedmodel.graph import graph_of, tensor_info_names, tensor_node
 from exportkit.savedmodel.reader import dtype_name, shape_list
 from exportkit.signature_constants import (CLASSIFY_CLASSES, CLASSIFY_METHOD, CLASSIFY_SCORES, INIT_OP_SIGNATURE,
                                            REGRESS_METHOD, REGRESS_OUTPUTS)
@@ -130,7 +130,7 @@ def graph_shape(meta_graph, tensor_name: str | None) -> list[int] | None:
         for consumer in meta_graph.graph_def.node:
             if (consumer.op in _VARIABLE_UPDATES and len(consumer.input) > 1
                     and consumer.input[1] in (tensor_name, node_name)):
-                variable = graph.node(None, consumer.input[0].lstrip("^").partition(":")[0])
+                variable = graph.node(None, tensor_node(consumer.input[0]))
                 if variable is not None and "shape" in variable.attr:
                     return shape_list(variable.attr["shape"].shape)
     return shape
@@ -163,6 +163,6 @@ def missing_signature_tensors(meta_graph) -> list[tuple[str, str, str]]:
             for key in sorted(infos):
                 info = infos[key]
                 for tensor in tensor_info_names(info):
-                    if tensor and tensor.lstrip("^").partition(":")[0] not in nodes:
+                    if tensor and tensor_node(tensor) not in nodes:
                         missing.append((name, f"{noun} {key!r}", tensor))
     return missing

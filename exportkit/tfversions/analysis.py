@@ -37,14 +37,16 @@ from exportkit.tfversions import registry as registries
 from exportkit.tfversions.attrvalue import attr_json
 from exportkit.savedmodel.deployment import deployment_findings
 from exportkit.findings import Finding
-from exportkit.savedmodel.graph import graph_of
+from exportkit.savedmodel.graph import graph_of, tensor_info_names
 from exportkit.savedmodel.lint import IO_OP_CATEGORY, py_func_findings, reachable_py_funcs
 from exportkit.savedmodel.reader import dtype_name
 from exportkit.savedmodel.signature_defs import missing_tensor_findings
 from exportkit.signature_constants import INIT_OP_SIGNATURE
 from exportkit.options.server_flags import STOCK, ServerFlags
 
-MAIN_OP_COLLECTIONS = ("saved_model_main_op", "legacy_init_op")
+# The collections the TF1 loader runs after the restore (cc/saved_model/loader.cc RunMainOp: the main op, else the
+# legacy init op); lint reads more as roots (savedmodel.graph.MAIN_OP_COLLECTIONS).
+LOADER_MAIN_OPS = ("saved_model_main_op", "legacy_init_op")
 # Ops whose own kernel never runs: call ops are inlined or run through the function runtime, functional
 # control flow is lowered to Switch/Merge/Enter/Exit before kernels are created.
 NO_KERNEL_NEEDED = frozenset({
@@ -117,12 +119,12 @@ def _roots(meta_graph) -> tuple[list[str], list[str]]:
     """Tensors computed per request (signatures) and once at load time (init op, main op, restore)."""
     serving, loading = [], []
     for key, signature in meta_graph.signature_def.items():
-        tensors = list(signature.inputs.values()) + list(signature.outputs.values())
-        names = [t.name if t.WhichOneof("encoding") == "name" else t.coo_sparse.values_tensor_name for t in tensors]
-        (loading if key == INIT_OP_SIGNATURE else serving).extend(names)
+        tensors = [name for info in [*signature.inputs.values(), *signature.outputs.values()]
+                   for name in tensor_info_names(info)]
+        (loading if key == INIT_OP_SIGNATURE else serving).extend(tensors)
     saver = meta_graph.saver_def
     loading += [saver.restore_op_name, saver.filename_tensor_name]
-    for key in MAIN_OP_COLLECTIONS:
+    for key in LOADER_MAIN_OPS:
         if key in meta_graph.collection_def:
             loading += list(meta_graph.collection_def[key].node_list.value)
     return serving, loading

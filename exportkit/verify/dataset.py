@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from exportkit.data.records import DataSource, Feeder, FailureWriter, data_signature, records_are_logs
-from exportkit.data.predictionlog import LOGGED, LogReplayer
+from exportkit.data.records import DataSource, Feeder, FailureWriter, data_signature, signature_feed
+from exportkit.data.predictionlog import LOGGED
 from exportkit.compare.stats import OutputStats, compare_into
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.savedmodel.manifest import signature_entries
@@ -68,10 +68,8 @@ def verify_data(o: VerifyOptions, report: VerifyReport, model: Model, names, dev
     tolerance = tolerances_for(o.atol, o.rtol, per_output, signature_entries(model.manifest).get(name))
     check_data_options(o, devices)
     source = DataSource(pattern, specs, batch_size=o.batch_size, sample=o.sample, seed=o.seed, limit=o.limit)
-    # A signature over serialized tf.Example takes the records as they are.
-    example_key = specs[0].key if len(specs) == 1 and specs[0].examples else None
-    logs = records_are_logs(source)
-    replayer = LogReplayer(name, signature, signatures, o.model_name) if logs else None
+    example_key, replayer = signature_feed(source, specs, name, signature, signatures, o.model_name)
+    logs = replayer is not None
     names = [n for n in names if n not in ("golden", "trained")]  # recorded outputs exist only for their inputs
     tolerances = {k: _tol(tolerance(k, v["dtype"])) for k, v in signature["outputs"].items()}
     report.inputs = {"source": "data", "path": o.data, "files": len(source.files), "batch_size": o.batch_size,
@@ -113,13 +111,18 @@ def data_pattern(data: str, version_dir) -> str:
 
 def _run_in_process(o, source, version_dir, specs, signature, names, devices, example_key, tolerances, report,
                     replayer=None):
-    output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
     feed = Feeder(source, specs, example_key, replayer)  # before any runtime starts: a bad --data fails fast
     writer = FailureWriter(o.save_failures, source) if o.save_failures else None  # so does a bad --save-failures
-    check = SignatureCheck(o.signature_name, signature.get("method") or "", specs, output_dtypes, {})
-    plan = Plan(version_dir, devices, [check], plan_runtimes(names, devices), [], signatures={check.name: signature})
+    plan = _plan(o, version_dir, specs, signature, names, devices)
     with started(o, plan, parse_examples=example_key) as runtimes_:
         return _stream(o, source, signature, runtimes_, feed, writer, example_key, tolerances, version_dir, report)
+
+
+def _plan(o, version_dir, specs, signature, names, devices) -> Plan:
+    """The runtimes of `names` over the one signature the records are inputs of."""
+    output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
+    check = SignatureCheck(o.signature_name, signature.get("method") or "", specs, output_dtypes, {})
+    return Plan(version_dir, devices, [check], plan_runtimes(names, devices), [], signatures={check.name: signature})
 
 
 def _stream(o, source, signature, runtimes_, feed, writer, example_key, tolerances, version_dir, report):
@@ -250,24 +253,18 @@ def _run_beam(o, source, version_dir, specs, signature, names, example_key, tole
         if not (err.name or "").startswith("apache_beam"):
             raise
         raise UsageError("--runner beam needs Apache Beam", "pip install 'exportkit[beam]'") from None
-    from exportkit.runtimes.factory import RuntimeSpec, ServerSpec
+    from exportkit.verify.execute import runtime_spec
 
-    output_dtypes = {k: v["dtype"] for k, v in signature["outputs"].items()}
+    plan = _plan(o, version_dir, specs, signature, names, [device])
     runtime_specs, skipped = [], []
-    for name in names:
-        spec = RuntimeSpec(name, str(version_dir), o.signature_name, device, {s.key: s.dtype for s in specs},
-                           allow_tf32=o.allow_tf32)
-        if name == "keras":
-            spec.source_options, spec.output_dtypes, spec.parse_examples = o.against, output_dtypes, example_key
-        elif name == "serving":
-            if ":" not in o.serving:  # workers talk to a deployment, they do not start servers
-                skipped.append(RuntimeResult(name="serving", kind="grpc", status="skipped",
-                                             error="Beam workers only talk to a deployment: pass --serving HOST:PORT"))
-                continue
-            spec.server = ServerSpec(o.serving, o.model_name, o.model_version, load_timeout=o.load_timeout)
-        elif name not in ("saved_model", "session"):
-            continue
-        runtime_specs.append(spec)
+    for planned in plan.runtimes:
+        if planned.name == "serving" and ":" not in o.serving:  # workers talk to a deployment, they start no server
+            skipped.append(RuntimeResult(name="serving", kind="grpc", status="skipped",
+                                         error="Beam workers only talk to a deployment: pass --serving HOST:PORT"))
+        elif planned.name in ("keras", "saved_model", "session", "serving"):
+            spec = runtime_spec(o, plan, planned)  # the spec verify builds, on a worker without a shared pool
+            spec.parse_examples = example_key if planned.name == "keras" else None
+            runtime_specs.append(spec)
     if len(runtime_specs) < 2:
         raise UsageError(f"--runner beam needs two runtimes to compare, got {[r.label for r in runtime_specs]}",
                          "pass --against SRC, or --serving HOST:PORT, or --runtimes saved_model,session")
