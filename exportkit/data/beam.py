@@ -1,21 +1,27 @@
 """`verify --data ... --runner beam`: the in-process comparison as an Apache Beam pipeline, for datasets that
-outgrow one machine (DirectRunner by default; `--beam-option runner=FlinkRunner ...` for others).
+outgrow one machine. The runner is chosen by pipeline options only (`--beam-option runner=...`; FnApiRunner in
+this process by default); every DoFn pickles, so the SDK harness may run in other processes or machines (FnApiRunner's
+multi_processing, a portable runner's worker pool, Dataflow, Flink): the workers read the records and the model
+themselves (exportkit.storage: a bucket URL, or a path they share) and load the model once each, in setup.
 
     files -> batches (records.DataSource, the very batches of the in-process run) -> Reshuffle
           -> parse (once) -> one DoFn per runtime (model loaded once per worker, in setup)
           -> join by batch id (CoGroupByKey) -> per (runtime, output): OutputStats via a CombineFn
-          -> written as text shards of pickled statistics, read back by the driver
+          -> one file of pickled statistics written through Beam's FileSystems, under --temp_location when
+             given (the workers must reach it), else a local temporary directory (runners on this machine only),
+             read back by the driver and deleted
 
 Statistics merge exactly (stats.OutputStats.merge), so the verdict and the max errors equal the in-process
 run's on the same data. With --limit the files are read in order by one worker (the limit is global).
 """
 from __future__ import annotations
 
-import base64
 import contextlib
+import logging
 import pickle
 import re
 import tempfile
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 
@@ -27,10 +33,13 @@ from exportkit.data.predictionlog import LOGGED
 from exportkit.data.records import DataSource, Feeder
 from exportkit.compare.stats import OutputStats
 from exportkit.errors import CheckFailed, ExportkitError, InfraError, UsageError
+from exportkit.log import log
 from exportkit.runtimes.factory import RuntimeSpec, build
 from exportkit.runtimes.loop import BatchLoop
 from exportkit.runtimes.wrappers import ExampleParsing
 
+# Runners whose workers run on this machine (threads or subprocesses): a local results directory serves them.
+LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 _ERROR = re.compile(r"exportkit-error\[(\w+)\]: (.*?) \|\| (.*?)(?:\n|$)")
 
 
@@ -51,24 +60,35 @@ def _relay(err: ExportkitError) -> RuntimeError:
 
 def run_pipeline(plan: BeamPlan, beam_options: list[str]) -> tuple[dict, int]:
     """Run the comparison; returns ({(runtime label, output key): OutputStats}, records compared)."""
-    args = {"runner": "DirectRunner"}
+    args = {"runner": "FnApiRunner"}  # not DirectRunner: it tries Prism first, which downloads a binary
     for item in beam_options:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--beam-option {item!r} is not KEY=VALUE", "write it as --beam-option direct_num_workers=2")
         args[key.strip().lstrip("-")] = value
+    # A worker's failure reaches the driver as the pipeline's exception (see _relay); its log lines, tracebacks
+    # included, would say it again: the workers log only what the user asks for.
+    args.setdefault("default_sdk_harness_log_level", "CRITICAL")
     given = args.get("temp_location")
-    # Our own directory goes also when the pipeline failed: its partial results are no one's.
+    if not given and args["runner"].rsplit(".", 1)[-1] not in LOCAL_RUNNERS:
+        raise UsageError(f"--runner beam with {args['runner']} writes its results under --temp_location, and there is "
+                         "none", "pass --beam-option temp_location=gs://BUCKET/tmp (a place the workers and this "
+                         "machine both read and write)")
+    # The results file goes also when the pipeline failed (and our own directory with it): they are no one's.
     with (contextlib.nullcontext(given) if given
-          else tempfile.TemporaryDirectory(prefix="exportkit-beam-", ignore_cleanup_errors=True)) as out_dir:
-        return _run_in(args, out_dir, plan)
+          else tempfile.TemporaryDirectory(prefix="exportkit-beam-", ignore_cleanup_errors=True)) as base:
+        results = FileSystems.join(base, f"exportkit-results-{uuid.uuid4().hex}.pickle")
+        try:
+            return _run_in(args, results, plan)
+        finally:
+            with contextlib.suppress(Exception):  # never written, or gone already
+                FileSystems.delete([results])
 
 
-def _run_in(args: dict, out_dir: str, plan: BeamPlan) -> tuple[dict, int]:
-    """run_pipeline with its results written below out_dir."""
-    results = FileSystems.join(out_dir, "exportkit-verify-stats")
+def _run_in(args: dict, results: str, plan: BeamPlan) -> tuple[dict, int]:
+    """run_pipeline with its results written to the file `results` (a Beam FileSystems path)."""
     try:
-        with beam.Pipeline(options=PipelineOptions([f"--{k}={v}" for k, v in args.items()])) as p:
+        with _quiet_beam(), _pipeline(args) as p:
             _build(p, plan, results)
     except ExportkitError:
         raise
@@ -81,19 +101,49 @@ def _run_in(args: dict, out_dir: str, plan: BeamPlan) -> tuple[dict, int]:
         raise InfraError(f"the Beam pipeline failed: {first}", "re-run with --debug for the traceback") from err
     stats, records = {}, 0
     skipped: dict = {}
-    for match in FileSystems.match([results + "*"])[0].metadata_list:
-        with FileSystems.open(match.path) as fh:
-            for line in fh.read().splitlines():
-                kind, value = pickle.loads(base64.b64decode(line))
-                if kind == "records":
-                    records += value
-                elif kind == "skipped":
-                    skipped = dict(value)
-                else:
-                    stats[kind] = value
+    with FileSystems.open(results) as fh:
+        labelled = pickle.loads(fh.read())
+    for kind, value in labelled:
+        if kind == "records":
+            records += value
+        elif kind == "skipped":
+            skipped = dict(value)
+        else:
+            stats[kind] = value
     if plan.replayer is not None:
         plan.replayer.skipped.update(skipped)  # what the workers skipped, counted where the driver reads it
     return stats, records
+
+
+@contextlib.contextmanager
+def _quiet_beam():
+    """Beam's log lines in this process (the job service repeats each worker error with its traceback, through
+    the root logger) are kept out of exportkit's output unless exportkit logs at DEBUG."""
+    loggers = [logging.getLogger(), logging.getLogger("apache_beam")]
+    levels = [logger.level for logger in loggers]
+    if not log.isEnabledFor(logging.DEBUG):
+        for logger in loggers:
+            logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _pipeline(args: dict):
+    """A Pipeline on the runner the options name. FnApiRunner is built as DirectRunner builds it, with the options
+    in its provision info: its multi_processing workers read them there (the harness's log level among them)."""
+    options = PipelineOptions([f"--{k}={v}" for k, v in args.items()])
+    if args["runner"].rsplit(".", 1)[-1] != "FnApiRunner":
+        return beam.Pipeline(options=options)
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+    return beam.Pipeline(runner=fn_runner.FnApiRunner(provision_info=info), options=options)
 
 
 def _build(p, plan: BeamPlan, results: str) -> None:
@@ -123,9 +173,11 @@ def _build(p, plan: BeamPlan, results: str) -> None:
     if plan.replayer is not None:
         outputs.append(parsed.skipped | "Skipped" >> beam.CombineGlobally(_add_counts)
                        | "Label skipped" >> beam.Map(_labelled, "skipped"))
+    # One file written by the last step, after every batch is in: a failed run writes nothing (WriteToText would
+    # make its temporary directory at the start, racing the failure), and a retried write rewrites the same file.
     (tuple(outputs) | beam.Flatten()
-     | "Encode" >> beam.Map(_encode)
-     | "Write" >> beam.io.WriteToText(results))
+     | "Gather" >> beam.combiners.ToList()
+     | "Write" >> beam.Map(_write_results, results))
 
 
 def _all_batches(_, source: DataSource):
@@ -168,8 +220,9 @@ def _labelled(value, label: str):
     return label, value
 
 
-def _encode(item) -> str:
-    return base64.b64encode(pickle.dumps(item)).decode("ascii")
+def _write_results(labelled: list, path: str) -> None:
+    with FileSystems.create(path) as fh:
+        fh.write(pickle.dumps(labelled))
 
 
 class _Parse(beam.DoFn):
