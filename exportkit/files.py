@@ -15,6 +15,16 @@ from exportkit.errors import ExportkitError, InfraError, UsageError
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
 
 
+def cache_dir() -> Path:
+    """exportkit's cache (op registries, managed TF environments, bucket mirrors): `$EXPORTKIT_CACHE_DIR`, else
+    `${XDG_CACHE_HOME:-~/.cache}/exportkit`."""
+    override = os.environ.get("EXPORTKIT_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "exportkit"
+
+
 def os_error(err: OSError, what: str) -> ExportkitError:
     """`err` met while writing `what` (e.g. "--json r.json") as one message and its fix."""
     reason = err.strerror or str(err)

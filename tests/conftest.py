@@ -98,6 +98,34 @@ def tree_snapshot(path: Path) -> dict:
 SESSION_CHILDREN: set[int] = set()  # pids of session-scoped servers: allowed to outlive the test that started them
 
 
+def _storage_server(cls):
+    server = cls()
+    SESSION_CHILDREN.add(server.proc.pid)
+    SESSION_CHILDREN.update(p.pid for p in psutil.Process(server.proc.pid).children(recursive=True))
+    return server
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+    """A GCS emulator on loopback for the session (tests/storage_servers.py): .endpoint, .env, .bucket(name),
+    .upload(local, url), .keys(url)."""
+    from tests.storage_servers import GcsServer
+
+    server = _storage_server(GcsServer)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on loopback for the session, as gcs_server."""
+    from tests.storage_servers import S3Server
+
+    server = _storage_server(S3Server)
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def warm_start():
     """Verifies in this process fork their TensorFlow worker from one import (exportkit.warm_start()), as a release

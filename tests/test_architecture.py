@@ -4,7 +4,7 @@
     commands   inspection, compat, diff -> verify -> export
     engines    data -> runtimes -> serving
     knowledge  tfversions, tfexample, sources -> savedmodel
-    primitives report, options, compare, inputs
+    primitives report, options, compare, inputs, storage
     ground     errors, findings, dtypes, files, log, version, tfenv, processes, signature_constants
 
 Modules of one layer may import each other, but never in a circle (a circle means two modules are one concept cut
@@ -29,7 +29,7 @@ LAYERS = {
     "serving": 6,
     "tfversions": 5, "tfexample": 5, "sources": 5,
     "savedmodel": 4,
-    "report": 3, "options": 3, "compare": 3, "inputs": 3,
+    "report": 3, "options": 3, "compare": 3, "inputs": 3, "storage": 3,
     "errors": 1, "findings": 1, "dtypes": 1, "files": 1, "log": 1, "version": 1, "tfenv": 1, "processes": 1,
     "signature_constants": 1,
 }

@@ -30,8 +30,7 @@ from pathlib import Path
 
 from exportkit.tfversions import check_version
 from exportkit.errors import InfraError, UsageError
-from exportkit.files import os_error
-from exportkit.tfversions.installed import cache_dir
+from exportkit.files import cache_dir, os_error
 from exportkit.tfenv import tensorflow_version
 from exportkit.processes import pid_alive
 from exportkit.log import log

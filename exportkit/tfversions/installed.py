@@ -1,4 +1,4 @@
-"""The installed TensorFlow's op registry, cached on disk per TensorFlow version, and exportkit's cache directory.
+"""The installed TensorFlow's op registry, cached on disk per TensorFlow version (in files.cache_dir()).
 
 Listing TensorFlow's ops needs `import tensorflow` (seconds), so a fresh interpreter does it once per version and
 `<cache dir>/ops-<tf version>.json` keeps the answer. `inspect` and `verify` hand it to the lint, which checks the
@@ -15,23 +15,13 @@ import threading
 from pathlib import Path
 
 from exportkit.errors import ExportkitError
-from exportkit.files import write_atomic
+from exportkit.files import cache_dir, write_atomic
 from exportkit.tfenv import child_env, tensorflow_version
 
-OP_CACHE_ENV = "EXPORTKIT_CACHE_DIR"
 _REGISTRY_TIMEOUT_S = 300
 
 _registry_lock = threading.Lock()
 _registry: dict[str, frozenset[str] | None] = {}
-
-
-def cache_dir() -> Path:
-    """`$EXPORTKIT_CACHE_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/exportkit`."""
-    override = os.environ.get(OP_CACHE_ENV)
-    if override:
-        return Path(override).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "exportkit"
 
 
 def op_cache_path(version: str | None = None) -> Path:

@@ -1,0 +1,173 @@
+"""Reading, listing and writing one user path, local or in a bucket. A local path goes straight to the OS (no
+fsspec import); a URL goes through its protocol's client (remote.py), its failures said as exportkit's errors."""
+from __future__ import annotations
+
+import glob as _glob
+import io
+import os
+import tempfile
+from contextlib import contextmanager
+
+from exportkit.files import atomic_path, os_error
+from exportkit.storage.remote import filesystem, strip, translate_error, translated
+from exportkit.storage.urls import is_url, local_path, protocol
+
+_BLOCK = 4 * 1024 * 1024  # read-ahead block of a remote reader: memory stays bounded whatever the object's size
+
+
+def _info(url: str) -> dict | None:
+    """The client's info on `url` (an object, or a 'directory' for a prefix or bucket); None when absent."""
+    fs = filesystem(url)
+    try:
+        return fs.info(strip(url))
+    except FileNotFoundError:
+        return None
+    except Exception as err:  # noqa: BLE001 - fsspec's own exists() would call an unreachable server "absent"
+        raise translate_error(err, url) from None
+
+
+def exists(path) -> bool:
+    if not is_url(path):
+        return os.path.exists(local_path(path))
+    return _info(path) is not None
+
+
+def isdir(path) -> bool:
+    if not is_url(path):
+        return os.path.isdir(local_path(path))
+    info = _info(path)
+    return info is not None and info.get("type") == "directory"
+
+
+def listdir(path) -> list[str]:
+    """The names of `path`'s children, one level, sorted (in a bucket: objects and prefixes alike)."""
+    if not is_url(path):
+        return sorted(os.listdir(local_path(path)))
+    if not isdir(path):
+        raise translate_error(FileNotFoundError(path) if not exists(path) else NotADirectoryError(
+            "an object, not a directory"), path)
+    with translated(path):
+        entries = filesystem(path).ls(strip(path), detail=False)
+    base = strip(path).rstrip("/")
+    return sorted({entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries if entry.rstrip("/") != base})
+
+
+def glob(pattern) -> list[str]:
+    """Sorted matches of `pattern`; bucket matches stay full URLs ('gs://b/logs/part-*.gz')."""
+    if not is_url(pattern):
+        return sorted(_glob.glob(local_path(pattern)))
+    proto = str(pattern).split("://", 1)[0]
+    with translated(pattern):
+        found = filesystem(pattern).glob(strip(pattern))
+    return sorted(f"{proto}://{match}" for match in found)
+
+
+def size(path) -> int:
+    if not is_url(path):
+        return os.path.getsize(local_path(path))
+    info = _info(path)
+    if info is None:
+        raise translate_error(FileNotFoundError(path), path)
+    return int(info.get("size") or 0)
+
+
+class _RemoteReader(io.RawIOBase):
+    """A remote object as a binary file whose failures (mid-read too) are exportkit's errors naming the URL."""
+
+    def __init__(self, url: str):
+        super().__init__()
+        self.url = url
+        with translated(url):
+            self._fh = filesystem(url).open(strip(url), "rb", block_size=_BLOCK)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        with translated(self.url):
+            data = self._fh.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def read(self, n: int = -1) -> bytes:
+        with translated(self.url):
+            return self._fh.read(n)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        with translated(self.url):
+            return self._fh.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._fh.tell()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._fh.close()
+        super().close()
+
+
+def open_read(path):
+    """A binary file to stream `path` from (a context manager); a URL is read in blocks, never whole."""
+    if not is_url(path):
+        return open(local_path(path), "rb")
+    return _RemoteReader(str(path))
+
+
+def read_bytes(path) -> bytes:
+    if not is_url(path):
+        with open(local_path(path), "rb") as fh:
+            return fh.read()
+    with translated(path):
+        return filesystem(path).cat_file(strip(path))
+
+
+@contextmanager
+def open_write(path, what: str | None = None):
+    """A binary writer for `path`, whole or not at all: a local file is renamed into place, a URL is one object
+    uploaded when the block succeeds (never a partial object); on an error nothing is written."""
+    what = what or str(path)
+    if not is_url(path):
+        with atomic_path(local_path(path), what) as tmp:
+            with open(tmp, "wb") as fh:
+                yield fh
+        return
+    fs = filesystem(path)
+    with tempfile.NamedTemporaryFile(prefix="exportkit-upload-", suffix=".tmp") as tmp:
+        try:
+            yield tmp
+            tmp.flush()
+        except OSError as err:
+            raise os_error(err, f"{what} (a local temporary file before the upload)") from None
+        with translated(path, what):
+            fs.put_file(tmp.name, strip(path))
+
+
+def upload_tree(local_dir, url: str) -> list[str]:
+    """Every file under `local_dir` to the same relative names under `url` (parallel); the uploaded URLs."""
+    fs = filesystem(url)
+    sources, targets = [], []
+    root = local_path(local_dir)
+    for folder, _, files in os.walk(root):
+        for file in files:
+            source = os.path.join(folder, file)
+            relative = os.path.relpath(source, root).replace(os.sep, "/")
+            sources.append(source)
+            targets.append(f"{strip(url)}/{relative}")
+    with translated(url):
+        if sources:
+            fs.put(sources, targets)
+    proto = protocol(url)
+    return [f"{proto}://{target}" for target in targets]
+
+
+def remove_tree(url: str) -> None:
+    """Delete every object under `url` (a prefix); nothing there is not an error."""
+    fs = filesystem(url)
+    with translated(url):
+        try:
+            fs.rm(strip(url), recursive=True)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,74 @@
+"""Publishing a SavedModel version directory into a bucket so TF Serving's poller never loads it half-written.
+
+TF Serving polls the model base path and aspires version N as soon as a child named N appears
+(tensorflow_serving/sources/storage_path/file_system_storage_path_source.cc: on GCS, GetChildren returns every
+descendant and the poller keeps each one's first path component, then parses it as an integer). An object store
+has no atomic rename, so the version's files are uploaded (the slow part) under a staging prefix whose first
+component is not a number, which the poller ignores; they are then copied server-side into base/N/ with
+saved_model.pb last, and the staging prefix is deleted. On any failure both are deleted. docs/export.md says what
+window remains.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+
+from exportkit.errors import InfraError, UsageError
+from exportkit.log import log
+from exportkit.storage.access import exists, remove_tree, upload_tree
+from exportkit.storage.remote import filesystem, strip, translated
+from exportkit.storage.urls import join, local_path, name, parent
+
+STAGING_PREFIX = ".exportkit-staging-"
+# Written last: the loader looks for these (tensorflow/cc/saved_model/loader.cc via reader.cc ReadSavedModel).
+_LAST = ("saved_model.pb", "saved_model.pbtxt")
+
+
+def publish_dir(local_dir, url: str) -> None:
+    """Upload the version directory `local_dir` to `url` (base/N); refuses an existing `url`."""
+    url = str(url).rstrip("/")
+    if exists(url):
+        raise UsageError(f"{url} already exists", "export to a new version number (or delete that version first)")
+    staging = join(parent(url), f"{STAGING_PREFIX}{name(url)}-{uuid.uuid4().hex[:12]}")
+    fs = filesystem(url)
+    try:
+        uploaded = upload_tree(local_dir, staging)
+        relatives = sorted(u[len(staging) + 1:] for u in uploaded)
+        first = [rel for rel in relatives if rel not in _LAST]
+        last = [rel for rel in relatives if rel in _LAST]
+        with translated(url):
+            for group in (first, last):  # saved_model.pb only once everything it needs is in place
+                if group:
+                    fs.copy([strip(join(staging, rel)) for rel in group], [strip(join(url, rel)) for rel in group])
+        _check_complete(local_dir, url)
+    except BaseException:
+        _clean(url)
+        _clean(staging)
+        raise
+    _clean(staging)
+    log.debug("storage: published %s (%d files)", url, len(relatives))
+
+
+def _check_complete(local_dir, url: str) -> None:
+    """Every local file is at `url` with its size: a copy the service silently dropped is caught here."""
+    root = local_path(local_dir)
+    expected = {}
+    for folder, _, files in os.walk(root):
+        for file in files:
+            path = os.path.join(folder, file)
+            expected[os.path.relpath(path, root).replace(os.sep, "/")] = os.path.getsize(path)
+    with translated(url):
+        found = filesystem(url).find(strip(url), detail=True)
+    prefix = strip(url) + "/"
+    got = {key[len(prefix):]: int(info.get("size") or 0) for key, info in found.items() if key.startswith(prefix)}
+    if got != expected:
+        missing = sorted(set(expected) - set(got)) or sorted(k for k in expected if got.get(k) != expected[k])
+        raise InfraError(f"{url}: the upload is incomplete ({', '.join(missing[:3])} missing or of another size)",
+                         "run the export again; nothing was left in the bucket")
+
+
+def _clean(url: str) -> None:
+    try:
+        remove_tree(url)
+    except Exception as err:  # noqa: BLE001 - cleaning up after a failure must not hide that failure
+        log.warning("storage: could not delete %s: %s; delete it by hand", url, err)
