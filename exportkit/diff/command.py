@@ -99,6 +99,7 @@ def run_diff(o: DiffOptions) -> DiffReport:
         return report
     signature = new.signatures[name]
     derived = top1_sources(signature)
+    measurable(o, name, signature, derived)
     accumulator = functools.partial(ChangeStats, label_key=o.label)
     if o.runner == "beam":
         stats, records, skipped = _beam(o, data, old, new, name, signature, derived, accumulator, report)
@@ -116,6 +117,7 @@ def run_diff(o: DiffOptions) -> DiffReport:
     regression = signature.get("method") == REGRESS_METHOD
     report.outputs = [output_change(st, report.files, regression) for _, st in sorted(stats.items())]
     report.gates = gates(report.outputs, o.max_changed_top1, o.max_abs_change, o.min_metric_delta)
+    measured(o, report)
     return report
 
 
@@ -299,11 +301,62 @@ def _beam(o, data, old, new, name, signature, derived, accumulator, report):
 # -- the gates ------------------------------------------------------------------------------------------------
 
 
+def _outputs_text(signature: dict) -> str:
+    return ", ".join(f"{k} {t.get('dtype')} {t.get('shape')}" for k, t in sorted(signature["outputs"].items()))
+
+
+def _numeric(t: dict) -> bool:
+    return t.get("dtype") not in (None, "string", "bool")
+
+
+def measurable(o: DiffOptions, name: str, signature: dict, derived: dict) -> None:
+    """Before anything runs: every gate asked for has an output of NEW's signature to measure (a top-1, a number,
+    a one-value output or a top-1 for a metric), else a usage error naming what is missing. A gate that measures
+    nothing must not pass."""
+    outputs = signature["outputs"]
+    where = f"signature '{name}' (outputs: {_outputs_text(signature)})"
+    if o.max_changed_top1 is not None and not derived:
+        raise UsageError(f"--max-changed-top1 has nothing to measure: {where} has no top-1 output (a [batch, k >= 2] "
+                         f"float output, or classes)",
+                         "gate its numbers with --max-abs-change p99=VALUE, or leave --max-changed-top1 out")
+    if o.max_abs_change and not any(_numeric(t) for t in outputs.values()):
+        raise UsageError(f"--max-abs-change has nothing to measure: {where} has no numeric output",
+                         "gate its top-1 with --max-changed-top1 1%, or leave --max-abs-change out")
+    one_value = [k for k, t in outputs.items() if _numeric(t) and t.get("shape") is not None
+                 and len(t["shape"]) in (1, 2) and t["shape"][1:] in ([], [1])]
+    if o.min_metric_delta is not None and not derived and not one_value:
+        raise UsageError(f"--min-metric-delta has nothing to measure: {where} has no top-1 output (accuracy) and no "
+                         f"one-value output (AUC, mean squared error)",
+                         "gate its answers with --max-abs-change or --max-changed-top1, or leave --min-metric-delta out")
+
+
+def measured(o: DiffOptions, report: DiffReport) -> None:
+    """After the run: every gate asked for measured at least one output, else a usage error saying why not."""
+    names = {g.name.split(" ")[0] for g in report.gates}
+    compared = report.inputs.get("records")
+    if o.max_changed_top1 is not None and "max-changed-top1" not in names:
+        raise UsageError(f"--max-changed-top1 has nothing to measure: no top-1 output was answered by both versions "
+                         f"({', '.join(c.key + ': ' + (c.problem or c.kind) for c in report.outputs)})",
+                         "gate outputs both versions answer, or leave --max-changed-top1 out")
+    if o.max_abs_change and "max-abs-change" not in names:
+        raise UsageError("--max-abs-change has nothing to measure: no numeric output was answered by both versions",
+                         "gate outputs both versions answer, or leave --max-abs-change out")
+    if o.min_metric_delta is not None and "min-metric-delta" not in names:
+        metric = next((c.metric for c in report.outputs if c.metric), None)
+        why = (f"none of the {compared} records compared has the label feature '{o.label}'" if metric is None else
+               f"its {metric['name']} is undefined on these labels (AUC needs both labels 0 and 1)")
+        raise UsageError(f"--min-metric-delta has nothing to measure: {why}",
+                         "pass --data records whose tf.Examples carry the label, and --label with its feature name")
+
+
 def gates(outputs: list[OutputChange], share: float | None, abs_gates: dict[str, float],
           min_metric_delta: float | None) -> list[Gate]:
-    """Each gate against every output it applies to (pure)."""
+    """Each gate against every output it applies to (pure). An output one version lacks, or whose shape changed, is
+    not measured (its changed share would read 0; the signature comparison fails the diff for it)."""
     result = []
     for c in outputs:
+        if c.problem:
+            continue
         if share is not None and c.top1_changed_share is not None:
             result.append(Gate("max-changed-top1", c.key, share, c.top1_changed_share,
                                c.top1_changed_share <= share))

@@ -70,8 +70,10 @@ class ExampleParsing(Wrapped):
 def top1_sources(signature: dict) -> dict[str, tuple[str, str | None]]:
     """{derived output: (scores output, classes output or None)}: what `Top1Outputs` adds for a signature.
 
-    A classify signature's top-1 is its `classes` label at the highest score (the first class without scores);
-    any other output of [batch, k] floats (k >= 2: probabilities or logits) has the argmax as its top-1."""
+    A classify signature's top-1 is its `classes` label at the highest score (the first class without scores), and
+    so is that of `scores` beside `classes` (Classify-style pairs); any other output of [batch, k] floats (k >= 2:
+    probabilities or logits), whatever it is called, has the argmax as its top-1. An unknown k is decided on the
+    answers (`top1_of`: none for k = 1)."""
     from exportkit.signature_constants import CLASSIFY_CLASSES, CLASSIFY_METHOD, CLASSIFY_SCORES
 
     outputs = signature["outputs"]
@@ -83,8 +85,8 @@ def top1_sources(signature: dict) -> dict[str, tuple[str, str | None]]:
             derived[CLASSIFY_CLASSES + TOP1] = (None, CLASSIFY_CLASSES)
     for key, t in outputs.items():
         shape = t.get("shape")
-        if (key + TOP1 not in derived and key != CLASSIFY_SCORES and t.get("dtype", "").startswith(("float", "bfloat"))
-                and shape is not None and len(shape) == 2 and shape[1] is not None and shape[1] >= 2):
+        if (key + TOP1 not in derived and t.get("dtype", "").startswith(("float", "bfloat"))
+                and shape is not None and len(shape) == 2 and (shape[1] >= 2 or shape[1] == -1)):
             derived[key + TOP1] = (key, None)
     return derived
 
@@ -95,7 +97,7 @@ def top1_of(outputs: dict[str, np.ndarray], derived: dict[str, tuple[str, str | 
     for name, (scores, classes) in derived.items():
         s = None if scores is None else outputs.get(scores)
         c = None if classes is None else outputs.get(classes)
-        if s is not None and np.ndim(s) == 2 and np.shape(s)[1]:
+        if s is not None and np.ndim(s) == 2 and np.shape(s)[1] >= (1 if c is not None else 2):
             best = np.argmax(np.asarray(s), axis=1)
             top[name] = best.astype(np.int64) if c is None else np.asarray(c)[np.arange(len(best)), best]
         elif c is not None and np.ndim(c) == 2 and np.shape(c)[1]:

@@ -118,6 +118,10 @@ def _options(o: VerifyOptions):
         raise UsageError("--tf runs on the generated/golden batches, not on --data records (not supported yet)",
                          "run `exportkit verify PATH --tf X.Y` and `exportkit verify PATH --data GLOB` separately")
     names = selected_runtimes(o.runtimes, o.serving, o.against, protocol_of(o.serving_protocol, o.serving))
+    if o.max_latency_ms is not None and all(RUNTIME_KINDS[n] == "recorded" for n in names):
+        raise UsageError(f"--max-latency-ms has nothing to measure: runtimes {', '.join(names)} replay recorded "
+                         f"answers and run no model", "add a runtime that runs it (--runtimes session,serving), or "
+                                                      "leave --max-latency-ms out")
     if o.against:  # before TensorFlow is imported: which Keras `tf.keras` means in the training code
         from exportkit.sources.kerases import prepare_process
         from exportkit.sources.load import detect_format
