@@ -12,15 +12,21 @@ as TensorFlow's reader does); a bad record is a UsageError naming FILE:INDEX.
 """
 from __future__ import annotations
 
+import contextlib
 import glob as globlib
 import json
 import os
+import shutil
+import tempfile
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
+from exportkit import storage
 from exportkit.inputs.load import cast_input, load_inputs
 from exportkit.inputs.spec import InputSpec
 from exportkit.inputs.tfrecord import tfrecord_blocks, tfrecord_frame, tfrecord_records
@@ -52,17 +58,17 @@ class RecordBatch:
         return (int(self.file_nos[0]), int(self.indices[0]))
 
 
+_REMOTE_CALLS = 16  # metadata requests in flight when listing bucket files (each costs a round trip)
 SMALL_FILE = 1 << 20  # TFRecord files smaller than this are read together, their records batched across them
 UNIT_BYTES = 16 << 20  # ... up to this many bytes per read unit
 
 
-def read_units(files: list[str]) -> list[list[int]]:
+def read_units(files: list[str], sizes: list[int]) -> list[list[int]]:
     """Files (by number) grouped into read units, a pure function of their names and sizes: a large file or an .npz
     shard alone, runs of small TFRecord files together (10,000 files of one record are 40 batches of 256, not
     10,000 batches of one: every batch costs a round trip through each runtime)."""
     units, current, size = [], [], 0
-    for file_no, path in enumerate(files):
-        n = os.path.getsize(path)
+    for file_no, (path, n) in enumerate(zip(files, sizes)):
         if path.endswith(".npz") or n >= SMALL_FILE:
             units += [current, [file_no]] if current else [[file_no]]
             current, size = [], 0
@@ -86,6 +92,7 @@ class DataSource:
     seed: int = 0
     limit: int | None = None
     files: list[str] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # each file's size in bytes (compressed)
     units: list[list[int]] = field(default_factory=list)  # read_units(files), fixed once (Beam workers share it)
     bytes_read: int = 0  # progress: compressed bytes consumed so far (this process)
 
@@ -98,12 +105,14 @@ class DataSource:
             raise UsageError(f"--limit {self.limit} must be at least 1", "pass --limit 10000 (for example)")
         if not self.files:
             self.files = expand(self.pattern)
+        if not self.sizes:
+            self.sizes = _sizes(self.files)
         if not self.units:
-            self.units = read_units(self.files)
+            self.units = read_units(self.files, self.sizes)
 
     @property
     def total_bytes(self) -> int:
-        return sum(os.path.getsize(f) for f in self.files)
+        return sum(self.sizes)
 
     def batches(self) -> Iterator[RecordBatch]:
         """Every batch of every read unit, in file order, up to `limit` kept records."""
@@ -175,7 +184,7 @@ class DataSource:
 
     def _npz_batches(self, file_no, rng, limit) -> Iterator[RecordBatch]:
         path = self.files[file_no]
-        (rows,) = load_inputs(path, self.specs)
+        (rows,) = load_inputs(storage.local_copy(path), self.specs)  # a zip is read at random: a bucket's is copied
         n = {np.shape(v)[0] for v in rows.values() if np.ndim(v)}
         if len(n) != 1:
             raise UsageError(f"{path}: the inputs need one shared leading (record) dimension",
@@ -183,7 +192,7 @@ class DataSource:
         kept = np.flatnonzero(self._sampled(rng, n.pop()))
         if limit is not None:
             kept = kept[:limit]
-        self.bytes_read += os.path.getsize(path)
+        self.bytes_read += self.sizes[file_no]
         for start in range(0, len(kept), self.batch_size):
             idx = kept[start:start + self.batch_size]
             yield RecordBatch(np.full(len(idx), file_no), idx, np.full(len(idx), -1),
@@ -195,8 +204,14 @@ class DataSource:
 
 
 def expand(pattern: str) -> list[str]:
+    """The files of a comma-separated list of globs or paths, local or in a bucket (each sorted; directories left
+    out, a file named twice kept once)."""
     files: list[str] = []
     for part in [p.strip() for p in pattern.split(",") if p.strip()]:
+        if storage.is_url(part):
+            matched = storage.glob(part) if globlib.has_magic(part) else [part] if storage.exists(part) else []
+            files += _remote_files(matched)
+            continue
         matched = sorted(globlib.glob(part, recursive=True)) if globlib.has_magic(part) else [part]
         files += [f for f in matched if os.path.isfile(f)]
     if not files:
@@ -205,15 +220,30 @@ def expand(pattern: str) -> list[str]:
     return list(dict.fromkeys(files))
 
 
+def _remote_files(urls: list[str]) -> list[str]:
+    """The objects among `urls` (a bucket glob also matches prefixes, 'directories'), asked in parallel."""
+    with ThreadPoolExecutor(_REMOTE_CALLS) as pool:
+        dirs = list(pool.map(storage.isdir, urls))
+    return [url for url, is_dir in zip(urls, dirs) if not is_dir]
+
+
+def _sizes(files: list[str]) -> list[int]:
+    """Each file's size: a stat on disk; in a bucket, one metadata request per object, in parallel."""
+    if not any(storage.is_url(f) for f in files):
+        return [os.path.getsize(f) for f in files]
+    with ThreadPoolExecutor(_REMOTE_CALLS) as pool:
+        return list(pool.map(storage.size, files))
+
+
 # --------------------------------------------------------------------------------------------- failures
 
 
 class FailureWriter:
     """`--save-failures DIR`: failing TFRecord records as they were read (failures.tfrecord), npz rows as
     failures-N.npz, and where each came from (failures.index.jsonl). Written into a staging directory and moved
-    into DIR when the run completes (files.StagedDir), so an interrupted run (or a full disk) leaves no
-    half-written files; a DIR that cannot be written is refused before any runtime starts (exit 2; a full disk is
-    exit 3)."""
+    into DIR when the run completes (files.StagedDir; in a bucket, _BucketDir), so an interrupted run (or a full
+    disk) leaves no half-written files; a DIR that cannot be written is refused before any runtime starts (exit 2; a
+    full disk is exit 3)."""
 
     def __init__(self, directory: str, source: DataSource):
         self.what = f"--save-failures {directory}"
@@ -221,7 +251,7 @@ class FailureWriter:
         self.count = 0
         self._records = None  # the open failures.tfrecord (TFRecord framing, as TFRecordWriter writes it)
         self._npz = 0
-        self._staged = StagedDir(directory, self.what)
+        self._staged = (_BucketDir if storage.is_url(directory) else StagedDir)(directory, self.what)
         try:
             self._index = (self._staged.stage / "failures.index.jsonl").open("w")
         except OSError as err:
@@ -269,6 +299,39 @@ class FailureWriter:
             self._staged.abort()
         if failure:
             raise failure
+
+
+class _BucketDir:
+    """StagedDir for a bucket URL: the files are staged in a local temporary directory and uploaded when the run
+    completes, each one object written whole (storage.open_write), the index last; a failed upload removes what it
+    had uploaded. An object store has no rename, so a reader may see the data files a moment before the index."""
+
+    def __init__(self, url: str, what: str):
+        self.url, self.what = url.rstrip("/"), what
+        bucket = "/".join(self.url.split("/", 3)[:3])  # gs://bucket
+        if not storage.exists(bucket):
+            raise UsageError(f"{what}: there is no bucket {bucket}", f"create {bucket}, or pass a URL in a bucket "
+                             "that exists")
+        self.stage = Path(tempfile.mkdtemp(prefix="exportkit-failures-"))
+
+    def commit(self) -> None:
+        uploaded = []
+        try:
+            for staged in sorted(self.stage.iterdir(), key=lambda p: p.name == "failures.index.jsonl"):
+                target = storage.join(self.url, staged.name)
+                with staged.open("rb") as source, storage.open_write(target, self.what) as sink:
+                    shutil.copyfileobj(source, sink)
+                uploaded.append(target)
+        except BaseException:
+            for target in uploaded:
+                with contextlib.suppress(Exception):
+                    storage.remove_tree(target)
+            raise
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        shutil.rmtree(self.stage, ignore_errors=True)
 
 
 @dataclass

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import functools
 import gzip
-import os
 import struct
 import zlib
 from typing import Iterator
 
+from exportkit import storage
 from exportkit.errors import UsageError
 
 _FIX_TFRECORD = "pass TFRecord files (tf.io.TFRecordWriter), uncompressed or GZIP, or .npz shards"
@@ -78,8 +78,8 @@ def tfrecord_blocks(path: str) -> Iterator[tuple[int, list[int], list[bytes], in
     a read or two per record cost `verify --data` a third of a second per 100k records."""
     from google_crc32c import value as fast_crc32c  # required here (see crc32c)
 
-    with open(path, "rb") as raw:
-        size = os.fstat(raw.fileno()).st_size
+    with storage.open_read(path) as raw:  # a bucket's object streamed in blocks
+        size = storage.size(path)
         gzipped = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
         stream = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
