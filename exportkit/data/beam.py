@@ -17,6 +17,7 @@ run's on the same data. With --limit the files are read in order by one worker (
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import pickle
 import re
@@ -25,10 +26,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 
-import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
-
+from exportkit import storage
 from exportkit.data.predictionlog import LOGGED
 from exportkit.data.records import DataSource, Feeder
 from exportkit.compare.stats import OutputStats
@@ -37,6 +35,29 @@ from exportkit.log import log
 from exportkit.runtimes.factory import RuntimeSpec, build
 from exportkit.runtimes.loop import BatchLoop
 from exportkit.runtimes.wrappers import ExampleParsing
+
+
+@contextlib.contextmanager
+def _quiet_beam():
+    """Beam's log lines in this process are kept out of exportkit's output unless exportkit logs at DEBUG: the job
+    service repeats each worker error with its traceback, and `import apache_beam` warns about BigQuery's missing
+    apitools where google-cloud libraries are installed, both through the root logger."""
+    loggers = [logging.getLogger(), logging.getLogger("apache_beam")]
+    levels = [logger.level for logger in loggers]
+    if not log.isEnabledFor(logging.DEBUG):
+        for logger in loggers:
+            logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+with _quiet_beam():
+    import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
 
 # Runners whose workers run on this machine (threads or subprocesses): a local results directory serves them.
 LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
@@ -75,8 +96,8 @@ def run_pipeline(plan: BeamPlan, beam_options: list[str]) -> tuple[dict, int]:
                          "none", "pass --beam-option temp_location=gs://BUCKET/tmp (a place the workers and this "
                          "machine both read and write)")
     # The results file goes also when the pipeline failed (and our own directory with it): they are no one's.
-    with (contextlib.nullcontext(given) if given
-          else tempfile.TemporaryDirectory(prefix="exportkit-beam-", ignore_cleanup_errors=True)) as base:
+    with _quiet_beam(), (contextlib.nullcontext(given) if given
+                         else tempfile.TemporaryDirectory(prefix="exportkit-beam-", ignore_cleanup_errors=True)) as base:
         results = FileSystems.join(base, f"exportkit-results-{uuid.uuid4().hex}.pickle")
         try:
             return _run_in(args, results, plan)
@@ -88,7 +109,7 @@ def run_pipeline(plan: BeamPlan, beam_options: list[str]) -> tuple[dict, int]:
 def _run_in(args: dict, results: str, plan: BeamPlan) -> tuple[dict, int]:
     """run_pipeline with its results written to the file `results` (a Beam FileSystems path)."""
     try:
-        with _quiet_beam(), _pipeline(args) as p:
+        with _pipeline(args) as p:
             _build(p, plan, results)
     except ExportkitError:
         raise
@@ -113,22 +134,6 @@ def _run_in(args: dict, results: str, plan: BeamPlan) -> tuple[dict, int]:
     if plan.replayer is not None:
         plan.replayer.skipped.update(skipped)  # what the workers skipped, counted where the driver reads it
     return stats, records
-
-
-@contextlib.contextmanager
-def _quiet_beam():
-    """Beam's log lines in this process (the job service repeats each worker error with its traceback, through
-    the root logger) are kept out of exportkit's output unless exportkit logs at DEBUG."""
-    loggers = [logging.getLogger(), logging.getLogger("apache_beam")]
-    levels = [logger.level for logger in loggers]
-    if not log.isEnabledFor(logging.DEBUG):
-        for logger in loggers:
-            logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
 
 
 def _pipeline(args: dict):
@@ -247,19 +252,19 @@ class _Parse(beam.DoFn):
 
 
 class _Run(beam.DoFn):
-    """One runtime on a worker (runtimes.factory builds it from its spec): loaded once in setup, batches through
-    runtimes.loop, closed in teardown."""
+    """One runtime on a worker (runtimes.factory builds it from its spec): its model read by the worker (from the
+    bucket, into the worker's own cache), loaded once in setup, batches through runtimes.loop, closed in teardown."""
 
     def __init__(self, spec: RuntimeSpec):
         if spec.name not in ("saved_model", "keras", "session", "serving"):
             raise UsageError(f"runtime {spec.name!r} cannot run in a Beam worker",
                              "use saved_model, keras, session, serving")
-        self.spec = spec
+        self.spec = _by_url(spec)
 
     def setup(self):
-        self.runtime = build(self.spec)
-        self.loop = BatchLoop(self.runtime, timed=False)
         try:
+            self.runtime = build(_local(self.spec))
+            self.loop = BatchLoop(self.runtime, timed=False)
             self.loop.load()
         except ExportkitError as err:
             raise _relay(err) from None
@@ -275,6 +280,27 @@ class _Run(beam.DoFn):
 
     def teardown(self):
         self.runtime.close()
+
+
+def _by_url(spec: RuntimeSpec) -> RuntimeSpec:
+    """`spec` with a bucket model's local mirror (the driver's cache) named by its URL again: the workers may run
+    elsewhere, and read the model from the bucket themselves."""
+    path = spec.path and storage.cached_url_of(spec.path)
+    source = spec.source_options
+    src = source is not None and storage.cached_url_of(source.src)
+    return dataclasses.replace(spec, path=path or spec.path,
+                               source_options=dataclasses.replace(source, src=src) if src else source)
+
+
+def _local(spec: RuntimeSpec) -> RuntimeSpec:
+    """`spec` with its bucket URLs mirrored into this worker's cache (storage.local_copy: downloaded once per
+    machine, revalidated by generation/ETag)."""
+    path, source = spec.path, spec.source_options
+    if path and storage.is_url(path):
+        path = str(storage.local_copy(path))
+    if source is not None and storage.is_url(source.src):
+        source = dataclasses.replace(source, src=str(storage.local_copy(source.src)))
+    return dataclasses.replace(spec, path=path, source_options=source)
 
 
 def _pairs(joined, labels: list[str]):
