@@ -5,8 +5,9 @@ flags as tensorflow_model_server, and a launched binary or container is started 
 meanings are model_servers/main.cc's (defaults: server.h's Server::Options):
 
 * xla_cpu_compilation_enabled / xla_gpu_compilation_enabled (false): unless one is set, main.cc calls
-  tensorflow::DisableXlaCompilation() before the server starts, on CPU and GPU builds alike, and every function
-  that must be compiled (jit_compile=True, `_XlaMustCompile`) fails its request: "XLA compilation disabled".
+  tensorflow::DisableXlaCompilation() before the server starts, on CPU and GPU builds alike, and everything XLA
+  must compile (a jit_compile=True function, a jit_scope, an Xla* op such as a JAX export's XlaCallModule:
+  exportkit.savedmodel.deployment) fails its request: "XLA compilation disabled".
 * enable_signature_method_name_check (false): Classify/Regress/Predict refuse signatures whose method_name is not
   theirs (classifier.cc, regressor.cc, predict_util.cc).
 * per_process_gpu_memory_fraction (0: TensorFlow picks): the share of each GPU the server takes at start.

@@ -85,13 +85,13 @@ class ServingRuntime(Runtime):
         """The server must refuse XLA (stock flags) and the model has functions that need it: an `exportkit serve`
         process of its own, which disables XLA as tensorflow_model_server does, not the worker, whose session runtime
         and loaders would be disabled with it (DisableXlaCompilation is process-wide)."""
-        from exportkit.savedmodel.deployment import xla_functions
+        from exportkit.savedmodel.deployment import xla_uses
         from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
 
         flags = getattr(self.launch, "server_flags", None)
         if self.path is None or (flags is not None and flags.xla_enabled):
             return False
-        return bool(xla_functions(select_meta_graph(read_saved_model_proto(self.path))))
+        return bool(xla_uses(select_meta_graph(read_saved_model_proto(self.path))))
 
     def load(self) -> None:
         """Wait for a server with the model AVAILABLE (CheckFailed if it fails to load, InfraError if no server)."""

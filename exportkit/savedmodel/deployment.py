@@ -9,9 +9,16 @@ is there and every local runtime passes; in a container or on another host it is
 (a table initializer, run by the init op) or fails its requests (ReadFile, a dataset, on a signature's path).
 
 XLA. Unless started with --xla_cpu_compilation_enabled or --xla_gpu_compilation_enabled, tensorflow_model_server
-calls DisableXlaCompilation() (model_servers/main.cc), on CPU and GPU builds alike: a function that must be
-compiled (tf.function(jit_compile=True) marks it `_XlaMustCompile`) fails with "XLA compilation disabled" at its
-first run. Measured with TF 2.21's TF1 loader after DisableXlaCompilation(): the model loads, Session.run fails.
+calls DisableXlaCompilation() (model_servers/main.cc), on CPU and GPU builds alike, and from then on every XLA
+compilation fails: DeviceCompiler::CompileImpl returns Internal "XLA compilation disabled" for any cache entry not
+yet compiled when FailOnXlaCompilation() (tensorflow/compiler/jit/device_compiler.h, flags.cc). Three things
+compile: a function marked `_XlaMustCompile` (tf.function(jit_compile=True)), the nodes a TF1 jit_scope marks
+`_XlaCompile` (clustered into _XlaCompile/_XlaRun), and the tf2xla ops `Xla*` (XlaCallModule, which jax2tf and
+Keras 3's JAX-backend export write, XlaDot, XlaConv, ...): their CPU and GPU kernel is XlaCompileOnDemandOp
+(tensorflow/compiler/jit/xla_ops_on_regular_devices.cc; XlaCallModule's XLA kernel,
+tensorflow/compiler/tf2xla/kernels/xla_call_module_op.cc, lowers the StableHLO module it holds), and the Xla*
+ops without one run only inside a compiled cluster. Measured with TF 2.21's TF1 loader after
+DisableXlaCompilation(), for each of the three: the model loads, Session.run fails.
 """
 from __future__ import annotations
 
@@ -44,6 +51,8 @@ PASS_THROUGH = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot", "
 VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 ASSIGN_OPS = frozenset({"AssignVariableOp", "Assign"})
 XLA_ATTR = "_XlaMustCompile"  # set by tf.function(jit_compile=True) on the function and its call
+XLA_SCOPE_ATTR = "_XlaCompile"  # set by tf.xla.experimental.jit_scope (TF1 graphs) on each op in the scope
+XLA_OPS = ("Xla", "_Xla")  # the tf2xla op namespace (tensorflow/compiler/tf2xla/ops/xla_ops.cc)
 _REMOTE = ("gs://", "s3://", "hdfs://", "http://", "https://")
 _DT_STRING = 7
 _MAX_DEPTH = 64  # calls followed back from a file-name input; TensorFlow's own nesting is a handful
@@ -259,48 +268,82 @@ def file_findings(reads: list[FileRead], prefix: str = "", directory=None) -> li
     return findings
 
 
-def xla_functions(meta_graph) -> list[str]:
-    """Functions reachable from a signature or the init op that must be compiled by XLA (`_XlaMustCompile`)."""
+@dataclass(frozen=True)
+class XlaUse:
+    """Something a request or the loader runs that XLA must compile: `what` (an op, or the attr that marks a
+    function or node) at `where` (a function label, or a node in it)."""
+
+    what: str
+    where: str
+    kind: str  # "jit_compile" | "jit_scope" | "op"
+
+
+def xla_uses(meta_graph) -> list[XlaUse]:
+    """What a signature or the init op reaches that must be compiled by XLA, one per function or op."""
     graph = graph_of(meta_graph)
     functions = graph.functions
-    if not any(XLA_ATTR in f.attr for f in functions.values()):
-        return []  # jit_compile=True marks the FunctionDef itself (and the ops that call it)
-    found: dict[str, None] = {}
+    marked = any(XLA_ATTR in f.attr for f in functions.values())  # jit_compile marks the FunctionDef too
+    ops = any(op.startswith(XLA_OPS) for op in graph.op_counts())
+    scoped = any(XLA_SCOPE_ATTR in node.attr for _, node in graph.iter_nodes())
+    if not (marked or ops or scoped):
+        return []  # the common case: no reachability walk
+    found: dict[tuple, XlaUse] = {}
     for function, node in graph.reachable_nodes():
-        attrs = functions[function].attr if function is not None else {}
-        if XLA_ATTR in attrs and _true(attrs[XLA_ATTR]):
-            found[function] = None
-        if XLA_ATTR in node.attr and _true(node.attr[XLA_ATTR]):
-            callee = node.attr["f"].func.name if "f" in node.attr else node.op
-            found[callee or function_label(function)] = None
-    return sorted(found)
+        where = f"'{node.name}' in {function_label(function)}"
+        if ops and node.op.startswith(XLA_OPS):
+            found.setdefault((node.op, function), XlaUse(node.op, where, "op"))
+        if not (marked or (scoped and XLA_SCOPE_ATTR in node.attr)):
+            continue
+        if XLA_SCOPE_ATTR in node.attr and _true(node.attr[XLA_SCOPE_ATTR]):
+            found.setdefault((XLA_SCOPE_ATTR, function), XlaUse(XLA_SCOPE_ATTR, where, "jit_scope"))
+        callee = node.attr["f"].func.name if "f" in node.attr else node.op
+        if XLA_ATTR in node.attr and _true(node.attr[XLA_ATTR]) and callee:
+            found.setdefault((XLA_ATTR, callee), XlaUse(XLA_ATTR, function_label(callee), "jit_compile"))
+        if function is not None and XLA_ATTR in functions[function].attr and _true(functions[function].attr[XLA_ATTR]):
+            found.setdefault((XLA_ATTR, function), XlaUse(XLA_ATTR, function_label(function), "jit_compile"))
+    return list(found.values())
 
 
 def _true(value) -> bool:
     return value.WhichOneof("value") == "b" and value.b
 
 
-XLA_FIX = ("fix: export the serving function without jit_compile=True, or start tensorflow_model_server with "
-           "--xla_cpu_compilation_enabled=true and say so to verify and compat (--server-flag "
-           "xla_cpu_compilation_enabled=true)")
+_XLA_WHAT = {"jit_compile": "tf.function(jit_compile=True)", "jit_scope": "tf.xla.experimental.jit_scope"}
+_XLA_OP_ORIGIN = {"XlaCallModule": "a JAX program: jax2tf, or Keras 3's export on the JAX backend"}
+XLA_FLAG_FIX = ("start tensorflow_model_server with --xla_cpu_compilation_enabled=true and say so to verify and "
+                "compat (--server-flag xla_cpu_compilation_enabled=true)")
+_XLA_AVOID = {"jit_compile": "export the serving function without jit_compile=True",
+              "jit_scope": "build the graph without tf.xla.experimental.jit_scope",
+              "XlaCallModule": "for a Keras 3 model, export its .keras file with exportkit export, which exports "
+                               "on the TensorFlow backend (no XlaCallModule; Keras' export on the JAX backend writes "
+                               "one even with jax2tf_kwargs native_serialization=False)"}
+
+
+def _xla_use_text(use: XlaUse) -> str:
+    if use.kind == "op":
+        origin = _XLA_OP_ORIGIN.get(use.what, "a tf2xla op, compiled on demand")
+        return f"{use.what} {use.where} ({origin})"
+    return f"{use.where} ({_XLA_WHAT[use.kind]}: {use.what})"
 
 
 def xla_findings(meta_graph, flags: ServerFlags = STOCK, prefix: str = "") -> list[Finding]:
     """An error under the stock flags (XLA disabled), an info finding when the server is said to enable it."""
-    names = xla_functions(meta_graph)
-    if not names:
+    uses = xla_uses(meta_graph)
+    if not uses:
         return []
-    what = (f"{prefix}the signatures run function{'s' if len(names) != 1 else ''} {few(names)} that must be compiled by "
-            f"XLA (tf.function(jit_compile=True): _XlaMustCompile)")
+    what = f"{prefix}the signatures need XLA compilation: {few([_xla_use_text(u) for u in uses])}"
+    first = uses[0]
     if flags.xla_enabled:
         return [Finding("info", "xla-jit", f"{what}; the server runs with {flags.describe()}, so it compiles them at "
                                            f"their first request (a slow first request; warm-up hides it)",
-                        op=XLA_ATTR, node=names[0])]
+                        op=first.what, node=first.where)]
+    avoid = [_XLA_AVOID[k] for k in dict.fromkeys(u.what if u.kind == "op" else u.kind for u in uses) if k in _XLA_AVOID]
+    fix = f"fix: {XLA_FLAG_FIX}" + (f", or {'; or '.join(avoid)}" if avoid else "")
     return [Finding("error", "xla-jit", f"{what}: the stock tensorflow_model_server, CPU or GPU, calls "
                                         f"DisableXlaCompilation() unless started with --xla_cpu_compilation_enabled or "
                                         f"--xla_gpu_compilation_enabled (model_servers/main.cc), and then every request "
                                         f"fails with 'XLA compilation disabled' (with warm-up records, the load "
-                                        f"fails). {XLA_FIX}", op=XLA_ATTR, node=names[0])]
+                                        f"fails). {fix}", op=first.what, node=first.where)]
 
 
 # The verdict's sentence per error code: what the real server does, which no local runtime shows.

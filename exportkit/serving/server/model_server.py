@@ -143,8 +143,8 @@ def parse_flags(argv: list[str]) -> ServerOptions:
     p.add_argument("--enable_signature_method_name_check", type=_bool, nargs="?", const=True, default=False,
                    help="Classify/Regress/Predict check the signature's method_name (TF Serving's default: off)")
     p.add_argument("--xla_cpu_compilation_enabled", type=_bool, nargs="?", const=True, default=False,
-                   help="compile jit_compile=True functions with XLA (TF Serving's default: off, and such functions "
-                        "fail with 'XLA compilation disabled')")
+                   help="compile with XLA what must be (jit_compile=True functions, a JAX export's XlaCallModule; "
+                        "TF Serving's default: off, and their requests fail with 'XLA compilation disabled')")
     p.add_argument("--xla_gpu_compilation_enabled", type=_bool, nargs="?", const=True, default=False,
                    help="XLA on CPU and GPU (TF Serving's default: off)")
     p.add_argument("--per_process_gpu_memory_fraction", type=float, default=0.0,
@@ -210,8 +210,8 @@ def _xla_as_tf_serving(options: ServerOptions) -> None:
     from exportkit.tfenv import disable_xla_compilation
 
     if not disable_xla_compilation():
-        log.warning("this TensorFlow build does not export DisableXlaCompilation: jit_compile=True functions compile "
-                    "here, where the stock tensorflow_model_server refuses them")
+        log.warning("this TensorFlow build does not export DisableXlaCompilation: what needs XLA compiles "
+                    "here, where the stock tensorflow_model_server refuses it")
 
 
 def _metrics(options: ServerOptions):
