@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from exportkit import storage
 from exportkit.errors import UsageError
 from exportkit.options.compat import CompatOptions
 from exportkit.options.server_flags import STOCK
@@ -65,7 +66,7 @@ def run_compat(o: CompatOptions) -> CompatReport:
                          "drop --run for the GPU forecast, or use --device cpu --run")
     if serving is not None:
         _check_server_choice(serving, versions)
-    version_dir, proto, signatures = read_model(o.path)
+    version_dir, proto, signatures = read_model(o.path, variables=bool(o.run or serving))  # static: the graph only
     signature = signatures.get(signature_name)
     meta_graph = select_meta_graph(proto)
     flags = o.launch.server_flags  # compat --server-flag: how the servers are started
@@ -78,7 +79,8 @@ def run_compat(o: CompatOptions) -> CompatReport:
         servers = _servers(serving, [r.tf for r in rows], device, o.launch) if serving else {}
         _observe(rows, version_dir, signature_name, signature, o.samples, o.seed, o.int_range, o.atol, o.rtol, o.tol,
                  run=o.run, servers=servers, device=device, launch=o.launch, load_timeout=o.load_timeout)
-    return CompatReport(path=str(version_dir), device=device, versions=rows, run=o.run, server=server, flags=flags)
+    return CompatReport(path=storage.display(version_dir), device=device, versions=rows, run=o.run, server=server,
+                        flags=flags)
 
 
 def _check_server_choice(serving: str, versions: list[str]) -> None:
@@ -130,7 +132,7 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
     def plan(names, pythons=None):
         return Plan(version_dir, ["cpu"], [check], plan_runtimes(names, ["cpu"], pythons), [])
 
-    report = VerifyReport(path=str(version_dir), signature=signature_name, reference="")
+    report = VerifyReport(path=storage.display(version_dir), signature=signature_name, reference="")
     outputs: dict[str, list] = {}
     versions = list(pythons)
     waves = [versions[i:i + PARALLEL_VERSIONS] for i in range(0, len(versions), PARALLEL_VERSIONS)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exportkit import storage
 from exportkit.errors import ExportkitError
 from exportkit.findings import Finding
 from exportkit.inputs.spec import InputSpec
@@ -20,7 +21,7 @@ SCHEMA_VERSION = 1  # of the `export --json` summary (docs/report-schema.md)
 class ExportResult(Report):
     """A written version: where, its signatures, how the self-check loaded it, the stages' seconds, the findings."""
 
-    path: Path
+    path: Path | str  # a bucket URL (export -o gs://...) stays a str
     version: int
     signature_name: str
     inputs: list[InputSpec]
@@ -44,8 +45,8 @@ class ExportResult(Report):
         return export_verdict(self)
 
     @property
-    def version_dir(self) -> Path:
-        return Path(self.path)
+    def version_dir(self) -> Path | str:
+        return self.path if storage.is_url(self.path) else Path(self.path)
 
     def to_dict(self) -> dict:
         """The JSON summary, as `export --json` writes it."""
@@ -54,7 +55,7 @@ class ExportResult(Report):
     @classmethod
     def from_json(cls, doc: dict) -> "ExportResult":
         """The result back from `export --json`'s document (the Python API runs the export in a child process)."""
-        return cls(path=Path(doc["path"]), version=doc["version"], signature_name=doc["signature_name"],
+        return cls(path=doc["path"] if storage.is_url(doc["path"]) else Path(doc["path"]), version=doc["version"], signature_name=doc["signature_name"],
                    inputs=[InputSpec(key, spec["dtype"], spec["shape"]) for key, spec in doc["inputs"].items()],
                    outputs={key: spec["dtype"] for key, spec in doc["outputs"].items()}, policy=doc["dtype_policy"],
                    source_format=doc["source_format"], checked=doc["self_check"] == "passed",

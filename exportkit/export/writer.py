@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from exportkit import storage
 from exportkit.errors import InfraError, UsageError
 from exportkit.processes import pid_alive
 from exportkit.log import log
@@ -25,21 +26,24 @@ STAGING_PREFIX = ".exportkit-"
 _STAGING = re.compile(r"\.exportkit-(?P<version>\d+)-(?P<pid>\d+)-[0-9a-f]+")
 
 
-def integer_versions(base: Path) -> list[int]:
-    if not base.is_dir():
+def integer_versions(base: Path | str) -> list[int]:
+    """The integer-named children of `base` (a directory, or a bucket URL whose children are prefixes)."""
+    if not storage.isdir(base):
         return []
-    return sorted(int(p.name) for p in base.iterdir() if p.is_dir() and p.name.isdigit())
+    return sorted(int(n) for n in storage.listdir(base)
+                  if n.isdigit() and (storage.is_url(base) or (Path(base) / n).is_dir()))
 
 
-def choose_version(base: Path, requested: int | None, reserved: dict[int, int] | None = None) -> int:
+def choose_version(base: Path | str, requested: int | None, reserved: dict[int, int] | None = None) -> int:
     """`requested`, or one above the highest integer version or reservation; never an existing or reserved one.
 
-    `reserved`: {version: owner pid} of other exports running into `base` (their staging directories).
+    `reserved`: {version: owner pid} of other exports running into `base` (their staging directories). `base` may
+    be a bucket URL (exportkit.storage).
     """
     reserved = reserved or {}
-    if base.exists() and not base.is_dir():
+    if storage.exists(base) and not storage.isdir(base):
         raise UsageError(f"{base} exists and is not a directory", "pass a model base directory to -o")
-    if (base / "saved_model.pb").exists():
+    if storage.exists(storage.join(base, "saved_model.pb")):
         raise UsageError(f"{base} is itself a SavedModel, not a model base directory",
                          f"pass its parent, or a new directory, to -o (versions go to {base}/<N>/)")
     taken = sorted(set(integer_versions(base)) | set(reserved))
@@ -47,7 +51,7 @@ def choose_version(base: Path, requested: int | None, reserved: dict[int, int] |
         return (taken[-1] + 1) if taken else 1
     if requested < 0:
         raise UsageError(f"--version {requested} is negative", "pass a positive integer")
-    if (base / str(requested)).exists():
+    if storage.exists(storage.join(base, str(requested))):
         raise UsageError(f"version {requested} already exists in {base}",
                          f"pass --version {(taken[-1] + 1) if taken else requested + 1} or omit --version")
     if requested in reserved:

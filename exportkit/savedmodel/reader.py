@@ -15,9 +15,10 @@ from exportkit.signature_constants import SERVE_TAG
 def read_saved_model_proto(path: str | Path):
     """Parse `<dir>/saved_model.pb` (or .pbtxt) into a `tensorflow.SavedModel` message, without importing TF.
 
-    `path` may be a version directory or a model base directory (see `resolve_savedmodel_dir`).
+    `path` may be a version directory or a model base directory, or their bucket URL (see `resolve_savedmodel_dir`;
+    the variables' bytes are not downloaded for it).
     """
-    directory = resolve_savedmodel_dir(path)
+    directory = resolve_savedmodel_dir(path, variables=False)
     pb = protos()["saved_model"]
     proto = pb.SavedModel()
     binary, text = directory / SAVED_MODEL_PB, directory / SAVED_MODEL_PBTXT

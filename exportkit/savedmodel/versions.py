@@ -1,5 +1,6 @@
 """SavedModel directories: a model base directory's integer-named versions, which directory a path means (as TF
-Serving resolves it), and why a path cannot be used (a dangling link, a FIFO, another model format)."""
+Serving resolves it), and why a path cannot be used (a dangling link, a FIFO, another model format). A bucket URL
+(gs://, s3://) is resolved by listing the bucket, and its version is read from a local mirror (exportkit.storage)."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from exportkit import storage
 from exportkit.errors import UsageError
 
 SAVED_MODEL_PB = "saved_model.pb"
@@ -50,6 +52,8 @@ def _has_saved_model(directory: Path) -> bool:
 
 def list_versions(base: str | Path) -> list[int]:
     """Integer-named subdirectories of a model base directory that hold a SavedModel, ascending."""
+    if storage.is_url(base):
+        return sorted(int(v) for v in _url_versions(str(base)))
     base = Path(base)
     versions = []
     try:
@@ -62,13 +66,62 @@ def list_versions(base: str | Path) -> list[int]:
     return sorted(versions)
 
 
-def resolve_savedmodel_dir(path: str | Path) -> Path:
+def _url_versions(base: str) -> dict[int, str]:
+    """{version: its child's name} of a bucket base directory: one listing (a glob), not a request per child."""
+    found = {}
+    for match in storage.glob(storage.join(base, "*", "saved_model.pb*")):
+        child, name = storage.name(storage.parent(match)), storage.name(match)
+        if re.fullmatch(r"\d+", child) and name in (SAVED_MODEL_PB, SAVED_MODEL_PBTXT):
+            found[int(child)] = child
+    return found
+
+
+def version_path(base: str | Path, version: int) -> str | Path:
+    """The directory (or URL) of version `version` under `base`, by its real name (`007` stays `007`)."""
+    if storage.is_url(base):
+        return storage.join(str(base), _url_versions(str(base)).get(version, str(version)))
+    return Path(base) / _version_name(Path(base), version)
+
+
+def resolve_version_url(url: str) -> str:
+    """The SavedModel version URL meant by a bucket `url`, resolved as resolve_savedmodel_dir resolves a path."""
+    url = url.rstrip("/")
+    if storage.name(url) in (SAVED_MODEL_PB, SAVED_MODEL_PBTXT) and not storage.isdir(url) and storage.exists(url):
+        return storage.parent(url)
+    if any(storage.exists(storage.join(url, n)) for n in (SAVED_MODEL_PB, SAVED_MODEL_PBTXT)):
+        return url
+    if not storage.isdir(url):
+        if storage.exists(url):
+            raise UsageError(f"{url} is a file, not a SavedModel directory",
+                             "pass the directory that contains saved_model.pb, or its model base directory")
+        raise storage.not_found(url)
+    versions = _url_versions(url)
+    if versions:
+        return storage.join(url, versions[max(versions)])
+    numeric = sorted((n for n in storage.listdir(url) if re.fullmatch(r"\d+", n)), key=int)
+    if numeric:
+        raise UsageError(f"{url} has version directories ({', '.join(numeric[:5])}) but none contains saved_model.pb",
+                         "the export did not finish or wrote elsewhere; export the model again")
+    raise UsageError(f"{url} contains no saved_model.pb and no integer-named version directory with one",
+                     "pass a SavedModel version directory (with saved_model.pb) or its base directory "
+                     "(gs://bucket/models/NAME holding 1/, 2/, ...)")
+
+
+# What reading a SavedModel's description needs not download: the variables' bytes (their sizes are kept).
+VARIABLE_DATA = ("variables/*.data-*",)
+
+
+def resolve_savedmodel_dir(path: str | Path, *, variables: bool = True) -> Path:
     """The SavedModel directory meant by `path`.
 
     A version directory (holds saved_model.pb) is returned as is; a model base directory resolves, like TF
     Serving, to its highest integer-named subdirectory that holds saved_model.pb. Anything else is a UsageError.
+    A bucket URL resolves the same way in the bucket, and its version's local mirror is returned (with
+    `variables=False` the variables' data files are placeholders of their size: nothing big is downloaded).
     """
-    p = Path(path).expanduser()
+    if storage.is_url(path):
+        return storage.local_copy(resolve_version_url(str(path)), sizes_only=() if variables else VARIABLE_DATA)
+    p = Path(storage.local_path(path))
     check_path(p, "pass a SavedModel version or base directory")
     if not p.exists():
         raise UsageError(f"no such file or directory: {p}", "check the path (a SavedModel version or base directory)")

@@ -1,9 +1,12 @@
-"""Local mirrors of bucket files and trees for what needs a local path (TensorFlow's loaders): kept under
-<cache dir>/storage/ and revalidated by each object's generation (GCS) or ETag (S3), so a second run on an
-unchanged version downloads nothing and a changed object is fetched again."""
+"""Local mirrors of bucket files and trees for what needs a local path (TensorFlow's loaders, the readers of
+saved_model.pb): kept under <cache dir>/storage/ and revalidated by each object's generation (GCS) or ETag (S3), so
+a second run on an unchanged version downloads nothing and a changed object is fetched again. A mirror may hold
+some files as sparse placeholders of their size (`sizes_only`: inspect needs the variables' sizes, not their
+bytes); such mirrors live in a tree of their own (storage/sizes-only/), so a full mirror is never a placeholder."""
 from __future__ import annotations
 
 import fcntl
+import fnmatch
 import hashlib
 import json
 import os
@@ -17,6 +20,7 @@ from exportkit.storage.remote import endpoint, filesystem, strip, translate_erro
 from exportkit.storage.urls import is_url, local_path, split
 
 _INDEX = ".index"
+_SIZES_ONLY = "sizes-only"
 
 
 def _root() -> Path:
@@ -34,10 +38,11 @@ def _endpoint_dir(proto: str) -> str:
     return f"{proto}@{parts.hostname}_{parts.port or ''}"
 
 
-def mirror_path(url: str) -> Path:
-    """Where `url`'s mirror lives: <cache>/storage/<proto[@endpoint]>/<bucket>/<key>."""
+def mirror_path(url: str, sizes_only: tuple[str, ...] = ()) -> Path:
+    """Where `url`'s mirror lives: <cache>/storage/[sizes-only/]<proto[@endpoint]>/<bucket>/<key>."""
     proto, bucket, key = split(url)
-    return _root().joinpath(_endpoint_dir(proto), bucket, *[p for p in key.split("/") if p])
+    root = _root() / _SIZES_ONLY if sizes_only else _root()
+    return root.joinpath(_endpoint_dir(proto), bucket, *[p for p in key.split("/") if p])
 
 
 def _token(info: dict) -> str:
@@ -64,14 +69,17 @@ def _objects(url: str) -> dict[str, dict]:
             if name.startswith(prefix) and not name.endswith("/") and info.get("type") != "directory"}
 
 
-def local_copy(path) -> Path:
+def local_copy(path, sizes_only: tuple[str, ...] = ()) -> Path:
     """A local path for `path`: a local path as is; a bucket file or tree mirrored into the cache, downloading
-    only objects whose generation/ETag changed since the last copy (and removing files deleted upstream)."""
+    only objects whose generation/ETag changed since the last copy (and removing files deleted upstream).
+    Files whose relative path matches a pattern of `sizes_only` ('variables/*.data-*') are not downloaded: they
+    are sparse files of their size (zeros if read)."""
     if not is_url(path):
         return Path(local_path(path))
     url = str(path).rstrip("/")
-    target = mirror_path(url)
-    index_name = hashlib.sha256(f"{_endpoint_dir(split(url)[0])} {url}".encode()).hexdigest()[:32]
+    target = mirror_path(url, sizes_only)
+    identity = f"{_endpoint_dir(split(url)[0])} {url} {' '.join(sizes_only)}"
+    index_name = hashlib.sha256(identity.encode()).hexdigest()[:32]
     index_path = _root() / _INDEX / f"{index_name}.json"
     try:
         index_path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,9 +96,12 @@ def local_copy(path) -> Path:
         single = list(objects) == [""]
         try:
             _reshape(target, single)
-            fetch = [rel for rel, info in objects.items()
+            stale = [rel for rel, info in objects.items()
                      if known.get(rel) != _token(info) or not _same_size(target / rel if rel else target, info)]
+            sized = [rel for rel in stale if any(fnmatch.fnmatchcase(rel, p) for p in sizes_only)]
+            fetch = [rel for rel in stale if rel not in sized]
             _download(url, target, fetch)
+            _placeholders(target, {rel: int(objects[rel].get("size") or 0) for rel in sized})
             if not single:
                 _remove_stale(target, set(objects))
             write_atomic(index_path, json.dumps({rel: _token(info) for rel, info in objects.items()}),
@@ -141,6 +152,14 @@ def _download(url: str, target: Path, relatives: list[str]) -> None:
                 pass
 
 
+def _placeholders(target: Path, sizes: dict[str, int]) -> None:
+    for rel, size in sizes.items():
+        place = target / rel
+        place.parent.mkdir(parents=True, exist_ok=True)
+        with open(place, "wb") as fh:
+            fh.truncate(size)
+
+
 def _remove_stale(target: Path, keep: set[str]) -> None:
     for folder, _, files in os.walk(target):
         for file in files:
@@ -149,13 +168,18 @@ def _remove_stale(target: Path, keep: set[str]) -> None:
                 os.unlink(local)
 
 
+def display(path) -> str:
+    """How a report names `path`: a bucket mirror by its URL, anything else as given."""
+    return cached_url_of(path) or str(path)
+
+
 def cached_url_of(local) -> str | None:
     """The bucket URL whose mirror holds `local`, if any (reports name the URL, never the cache path)."""
     try:
         relative = Path(local).resolve().relative_to(_root().resolve())
     except ValueError:
         return None
-    parts = relative.parts
+    parts = relative.parts[1:] if relative.parts[:1] == (_SIZES_ONLY,) else relative.parts
     if len(parts) < 2 or parts[0] == _INDEX:
         return None
     proto = parts[0].split("@", 1)[0]

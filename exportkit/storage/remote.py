@@ -136,6 +136,11 @@ def translate_error(err: BaseException, url: str, what: str = "") -> ExportkitEr
                       "check the storage endpoint and network, then run it again")
 
 
+def not_found(url: str, what: str = "") -> ExportkitError:
+    """The UsageError for a URL that names nothing (saying so when its bucket does not exist)."""
+    return translate_error(FileNotFoundError(url), url, what)
+
+
 @contextmanager
 def translated(url: str, what: str = ""):
     """Run a client call; its failure leaves as exportkit's error about `url`."""

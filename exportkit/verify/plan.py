@@ -182,13 +182,14 @@ def tolerances_for(atol, rtol, per_output, entry) -> Callable[[str, str], Tolera
     return tolerance
 
 
-def read_model(path: str):
-    """(version dir, SavedModel proto, {signature name: signature in savedmodel.signatures_of's form})."""
+def read_model(path: str, *, variables: bool = True):
+    """(version dir, SavedModel proto, {signature name: signature in savedmodel.signatures_of's form}). A bucket
+    URL is read from its local mirror (without the variables' bytes when `variables` is False)."""
     from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
     from exportkit.savedmodel.signature_defs import signatures_of
     from exportkit.savedmodel.versions import resolve_savedmodel_dir
 
-    version_dir = resolve_savedmodel_dir(path)
+    version_dir = resolve_savedmodel_dir(path, variables=variables)
     proto = read_saved_model_proto(version_dir)
     return version_dir, proto, signatures_of(select_meta_graph(proto))
 
