@@ -135,7 +135,9 @@ def codes(findings) -> list[str]:
 def test_json_schema(multi_json, models, tf):
     doc = multi_json
     assert set(doc) == {"schema_version", "path", "tags", "tensorflow_version", "signatures", "ops", "assets",
-                        "variables_bytes", "variables", "manifest", "findings", "oldest_tf_serving", "files_read"}
+                        "variables_bytes", "variables", "manifest", "findings", "oldest_tf_serving",
+                        "oldest_tf_serving_with_xla", "files_read"}
+    assert doc["oldest_tf_serving_with_xla"] is None  # nothing here needs XLA
     assert doc["schema_version"] == 1
     assert doc["path"] == os.path.abspath(models["multi"])
     assert doc["tags"] == ["serve"]

@@ -81,9 +81,14 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     oldest, blocking = forecast(meta_graph)  # with the loader's refusals on every version (missing tensors ...)
     findings += blocking
     reads = file_reads(meta_graph)
-    deployment = file_findings(reads, directory=directory) + xla_findings(meta_graph)
+    files = file_findings(reads, directory=directory)
+    xla = xla_findings(meta_graph)
+    deployment = files + xla
+    # what the server flag --xla_cpu_compilation_enabled would serve, when XLA is all that stands in the way
+    with_xla = oldest if has_errors(xla) and not has_errors(files) else None
     if has_errors(deployment) or any(f.code == "py-func" for f in findings):
         oldest = None  # as compat predicts: no version's stock server serves it
+        with_xla = None if any(f.code == "py-func" for f in findings) else with_xla
     findings += deployment
     order = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order.get(f.severity, 3))
@@ -99,6 +104,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
         manifest=manifest.to_dict() if manifest else None,
         findings=findings,
         oldest_tf_serving=oldest,
+        oldest_tf_serving_with_xla=with_xla,
         files_read=[r.to_dict() for r in reads],
     )
 

@@ -25,6 +25,7 @@ class SavedModelInfo:
     manifest: dict | None  # assets.extra/exportkit/manifest.json, when present and valid
     findings: list[Finding] = field(default_factory=list)
     oldest_tf_serving: str | None = None  # oldest TF (Serving) version the static compat analysis accepts, CPU
+    oldest_tf_serving_with_xla: str | None = None  # the same, on a server started with --xla_cpu_compilation_enabled
     files_read: list[dict] = field(default_factory=list)  # exportkit.savedmodel.deployment.FileRead.to_dict(): assets, paths
 
     def to_dict(self) -> dict:
@@ -41,6 +42,7 @@ class SavedModelInfo:
             "manifest": self.manifest,
             "findings": [f.to_dict() for f in self.findings],
             "oldest_tf_serving": self.oldest_tf_serving,
+            "oldest_tf_serving_with_xla": self.oldest_tf_serving_with_xla,
             "files_read": list(self.files_read),
         }
 
@@ -126,8 +128,10 @@ def render_text(info: SavedModelInfo) -> str:
     out += _render_variables(info)
     from exportkit.tfversions import RANGE
 
+    xla = (f" with stock flags ({info.oldest_tf_serving_with_xla} and newer with --xla_cpu_compilation_enabled=true)"
+           if info.oldest_tf_serving_with_xla else "")
     out.append("TF Serving (static, CPU): " + (f"{info.oldest_tf_serving} and newer" if info.oldest_tf_serving else
-                                               f"no version in {RANGE}") + "; `exportkit compat` for details")
+                                               f"no version in {RANGE}{xla}") + "; `exportkit compat` for details")
     if info.manifest is None:
         out.append("manifest: none (not exported by exportkit)")
     else:

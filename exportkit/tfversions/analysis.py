@@ -388,6 +388,9 @@ def check_version(nodes: list[ServedNode], library: set[str], producer_ops: dict
                         f"so what it sets (not the writer's default) has no effect there")
         if not node.executed:
             continue  # dtypes and kernels matter when the kernel is made, which never happens here
+        if op == "XlaCallModule":
+            for code, detail in xla_module_problems(node, op_def, reg, dev):
+                out.add("error", code, op, node, detail)
         types = _type_values(node, op_def)
         bad = {name: [t for t in ts if t not in op_def["a"][name].get("av", ts)] for name, ts in types.items()}
         bad = {k: v for k, v in bad.items() if v}
@@ -426,6 +429,46 @@ def check_version(nodes: list[ServedNode], library: set[str], producer_ops: dict
     predicted = ("fails" if any(f.severity == "error" for f in findings)
                  else "warn" if any(f.severity == "warning" for f in findings) else "ok")
     return CompatResult(tf=version, predicted=predicted, findings=findings)
+
+
+# XlaCallModule's kernel builds its loader when the first request runs it, and the loader refuses a module serialized
+# at a newer version than it knows: "XlaCallModuleOp with version N is not supported by this build. Must be <= M"
+# (tensorflow/compiler/tf2xla/kernels/xla_call_module_loader.cc, kVersionMaximumSupported). Each such version came
+# with the op attr it reads (kVersionStartSupportDisabledChecks, ...Effects, ...ShardyPartitioner), so which TF knows
+# which version is read off the registries' OpDefs, not a table of releases. JAX 0.10 writes version 10 by default.
+XLA_MODULE_VERSION_ATTRS = ((6, "disabled_checks"), (9, "has_token_input_output"), (10, "use_shardy_partitioner"))
+# The loader also refuses a module not serialized for the platform it runs on ("The current platform CUDA is not
+# among the platforms required by the module"), unless the module disables the "platform" check. jax2tf and Keras'
+# JAX export serialize for the platform of the machine that exported, e.g. only CPU.
+XLA_PLATFORMS = {"CPU": "CPU", "GPU": "CUDA"}
+
+
+def xla_module_problems(node: ServedNode, op_def: dict, reg, device: str) -> list[tuple[str, str]]:
+    """(code, why) for an XlaCallModule node that TF `reg` cannot run: its module's version or platforms."""
+    problems = []
+    version = node.attrs["version"].i if "version" in node.attrs else 0
+    too_new = [v for v, attr in XLA_MODULE_VERSION_ATTRS if v <= version and attr not in op_def["a"]]
+    if too_new:
+        first = next((v for v in registries.available() if all(
+            attr in (registries.load(v).op("XlaCallModule") or {}).get("a", {})
+            for n, attr in XLA_MODULE_VERSION_ATTRS if n <= version)), None)
+        serve = f"serve on TF Serving {first} or later, or " if first else ""
+        problems.append(("xla-module-version", (
+            f"{node.where} holds a StableHLO module serialized at version {version}, newer than TF {reg.release}'s "
+            f"XlaCallModule knows (versions below {too_new[0]}): every request fails with 'XlaCallModuleOp with "
+            f"version {version} is not supported by this build'; fix: {serve}serialize it at version "
+            f"{too_new[0] - 1} (JAX_EXPORT_CALLING_CONVENTION_VERSION={too_new[0] - 1} when you export, if your "
+            f"JAX still writes it)")))
+    platforms = [p.decode() for p in node.attrs["platforms"].list.s] if "platforms" in node.attrs else []
+    checks = [c.decode() for c in node.attrs["disabled_checks"].list.s] if "disabled_checks" in node.attrs else []
+    wanted = XLA_PLATFORMS.get(device)
+    if platforms and wanted and wanted not in platforms and "platform" not in checks:
+        problems.append(("xla-module-platform", (
+            f"{node.where} holds a module serialized for {', '.join(platforms)} only: on a {device} server every "
+            f"request fails with 'The current platform {wanted} is not among the platforms required by the "
+            f"module'; fix: export it again for both (jax2tf.convert(..., native_serialization_platforms=('cpu', "
+            f"'cuda')), or keras' export on the TensorFlow backend), or serve on {platforms[0]}")))
+    return problems
 
 
 def unknown_op_message(op: str, reg) -> str:
