@@ -325,7 +325,29 @@ def prepare_process(opts, fmt: str) -> Keras | None:
     tf_imported = "tensorflow" in sys.modules
     if keras is TF_KERAS and not tf_imported and LEGACY_ENV not in os.environ:
         os.environ[LEGACY_ENV] = "1"
+    tensorflow_backend()
     return keras
+
+
+BACKEND_ENV = "KERAS_BACKEND"
+
+
+def tensorflow_backend() -> None:
+    """Before Keras is imported: Keras 3 on the TensorFlow backend in this process, whatever KERAS_BACKEND (or
+    ~/.keras/keras.json) says. exportkit traces the model with tf.function, which needs TensorFlow tensors; a .keras
+    file is backend-independent (config and weights name no backend), so a model saved under JAX loads here as it
+    is. Its SavedModel then holds TensorFlow ops, not the XlaCallModule that Keras' own export on the JAX backend
+    writes and the stock tensorflow_model_server refuses (exportkit.savedmodel.deployment). The CLI and the API (a
+    fresh CLI process) always get here before Keras is imported."""
+    if "keras" in sys.modules:
+        return
+    wanted = os.environ.get(BACKEND_ENV, "tensorflow")
+    if wanted != "tensorflow":
+        from exportkit.log import log
+
+        log.info("KERAS_BACKEND=%s: exportkit loads Keras 3 models on the TensorFlow backend (a .keras file is "
+                 "backend-independent), so the SavedModel needs no XLA on the server", wanted)
+    os.environ[BACKEND_ENV] = "tensorflow"
 
 
 def mismatch_remedy(wanted: Keras, fmt: str | None = None) -> str:
