@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from exportkit import storage
 from exportkit.errors import UsageError
 
 LATEST, ALL, SPECIFIC = "latest", "all", "specific"
@@ -103,12 +104,22 @@ class ModelConfig:
         """FileSystemStoragePathSource: every integer-named child of base_path (TF Serving does not look inside)."""
         if self.fixed_dirs is not None:
             return dict(self.fixed_dirs)
+        if storage.is_url(self.base_path):
+            return self._versions_in_bucket()
         try:
             children = os.listdir(self.base_path)
         except OSError:
             return {}
         return {int(c): os.path.join(self.base_path, c) for c in children
                 if c.isdigit() and os.path.isdir(os.path.join(self.base_path, c))}
+
+    def _versions_in_bucket(self) -> dict[int, str]:
+        """versions_on_disk for gs://, s3://: GetChildren lists every object below the base path there, and the
+        source keeps each one's first path component (file_system_storage_path_source.cc), which is what
+        storage.listdir gives: a version is aspired as soon as one of its objects exists. Unlike a missing local
+        directory, a base path that cannot be listed (no bucket, no endpoint) raises: at start-up that is the
+        server's error (exit 2 or 3), and a poll that fails keeps what is served, as TF Serving's does."""
+        return {int(c): storage.join(self.base_path, c) for c in storage.listdir(self.base_path) if c.isdigit()}
 
     def aspired(self, on_disk: dict[int, str]) -> dict[int, str]:
         """The versions the policy wants served (file_system_storage_path_source.cc)."""

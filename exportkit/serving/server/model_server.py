@@ -24,6 +24,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
+from exportkit import storage
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.savedmodel.versions import resolve_model_path
 from exportkit.options.server_flags import check_fraction
@@ -180,7 +181,8 @@ def initial_configs(options: ServerOptions) -> list[ModelConfig]:
     if options.model_config_file:
         return model_configs(read_model_server_config(options.model_config_file))
     if options.model_base_path:
-        return [ModelConfig(options.model_name or "default", os.path.abspath(options.model_base_path))]
+        base = options.model_base_path
+        return [ModelConfig(options.model_name or "default", base if storage.is_url(base) else os.path.abspath(base))]
     location = resolve_model_path(options.path)
     name = options.model_name or location.default_name
     return [ModelConfig(name, location.base_dir or location.version_dir, SPECIFIC, specific=(location.version,),

@@ -15,6 +15,8 @@ import time
 
 import grpc
 
+from exportkit import storage
+from exportkit.errors import ExportkitError, InfraError
 from exportkit.serving.server.classifier import run_classify
 from exportkit.serving.server.multi_inference import run_multi_inference
 from exportkit.serving.server.predict import run_predict
@@ -40,6 +42,7 @@ class ServedModel:
         `metrics`: monitoring.Metrics, or None."""
         self.location = location
         self.version_dir = location.version_dir
+        self.local_dir = location.version_dir  # what TensorFlow loads: a bucket version's local mirror
         self.name = name
         self.version = location.version
         self.device = device
@@ -74,10 +77,11 @@ class ServedModel:
             if model is None:
                 from exportkit.tfversions.oplibs import load_for_worker
 
+                self.local_dir = str(storage.local_copy(self.version_dir))  # gs://, s3://: fetched (changes only)
                 self._refuse_other_formats()
-                load_for_worker(self.version_dir)  # the ops the stock server links; --op-library
+                load_for_worker(self.local_dir)  # the ops the stock server links; --op-library
             self._owns_model = model is None
-            self.model = model or Tf1SavedModel(self.version_dir, device=self.device, config=self.session_config)
+            self.model = model or Tf1SavedModel(self.local_dir, device=self.device, config=self.session_config)
             if self.batching is not None:
                 from exportkit.serving.server.batching import Batcher
 
@@ -85,6 +89,9 @@ class ServedModel:
             count = self._warm_up()
         except RpcError as err:
             self._fail(err.code.value[0], err.message, started)
+            return
+        except ExportkitError as err:  # the bucket: gone (NOT_FOUND) or unreachable (UNAVAILABLE)
+            self._fail(14 if isinstance(err, InfraError) else 5, err.message, started)
             return
         except tf.errors.OpError as err:
             self._fail(err.error_code, f"{type(err).__name__}: {err.message}", started)
@@ -100,7 +107,7 @@ class ServedModel:
 
     def _refuse_other_formats(self) -> None:
         """What TF Serving says for the formats it does not load as a SavedModel."""
-        has = lambda f: os.path.exists(os.path.join(self.version_dir, f))  # noqa: E731
+        has = lambda f: os.path.exists(os.path.join(self.local_dir, f))  # noqa: E731
         if has("saved_model.pb") or has("saved_model.pbtxt"):
             return
         if has("export.meta"):  # session_bundle/oss/session_bundle_util.cc
@@ -146,7 +153,7 @@ class ServedModel:
         from exportkit.savedmodel.layout import warmup_path
         from exportkit.serving.warmup import read_warmup_records
 
-        path = warmup_path(self.version_dir)
+        path = warmup_path(self.local_dir)
         if not os.path.exists(path):
             return 0
         started = time.monotonic()
