@@ -10,6 +10,7 @@ model (`--serving HOST:PORT`, its signatures from GetModelMetadata).
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import functools
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ from exportkit.signature_constants import REGRESS_METHOD
 from exportkit.verify.baseline import compare_signature_sets
 from exportkit.verify.dataset import data_pattern
 from exportkit.diff.report import DiffReport, Gate, OutputChange, finish_diff, output_change
+
+
+READ_AHEAD = 32 << 20  # bytes of inputs read ahead of the versions' answers (see _stream)
 
 
 @dataclass
@@ -225,26 +229,44 @@ def _stream(o, data, new, name, signature, runtimes, accumulator, report):
         report.inputs.update({"source": "golden+generated", "seed": o.seed})
     report.files = files
     records = 0
-    # The two worker processes answer a batch at once while this process reads the next one: one thread per
-    # runtime, so each runtime gets its batches one after the other.
+    # The two worker processes answer batches while this process reads the next ones: one thread per runtime, so
+    # each runtime gets its batches one after the other. Reading goes on up to READ_AHEAD bytes of inputs ahead of
+    # the answers, so that it overlaps the workers' start (TensorFlow's import and the loads: ~3 s of 1M records).
     pools = [concurrent.futures.ThreadPoolExecutor(max_workers=1) for _ in runtimes]
     loops = [BatchLoop(runtime, timed=False) for runtime in runtimes]
     try:
-        for future in [pool.submit(loop.load) for pool, loop in zip(pools, loops)]:
-            future.result()
-        pending = None  # (the batch, its two answers to come)
+        loads = [pool.submit(loop.load) for pool, loop in zip(pools, loops)]
+        pending, ahead = collections.deque(), 0  # (the batch, its two answers to come, its bytes), oldest first
         for fed in (f for f in fed_batches if len(f)):
-            running = (fed, [pool.submit(_run, loop, fed.inputs) for pool, loop in zip(pools, loops)])
-            if pending:
-                records += _add(stats, accumulator, pending[0], *(f.result() for f in pending[1]))
-            pending = running
-        if pending:
-            records += _add(stats, accumulator, pending[0], *(f.result() for f in pending[1]))
+            size = _input_bytes(fed.inputs)
+            pending.append((fed, [pool.submit(_run, loop, fed.inputs) for pool, loop in zip(pools, loops)], size))
+            ahead += size
+            while pending and (ahead > READ_AHEAD or all(f.done() for f in pending[0][1])):
+                for load in loads:  # a failed load is said as such, not as its batches' failure
+                    load.result()
+                done, answers, size = pending.popleft()
+                records += _add(stats, accumulator, done, *(f.result() for f in answers))
+                ahead -= size
+        for load in loads:
+            load.result()
+        for done, answers, _ in pending:
+            records += _add(stats, accumulator, done, *(f.result() for f in answers))
     finally:
         for pool in pools:
             pool.shutdown(cancel_futures=True)
     _no_records(records, o, feeder.replayer if feeder else None)
     return stats, records, (feeder.replayer.skipped if feeder and feeder.replayer else None)
+
+
+def _input_bytes(inputs: dict) -> int:
+    """A batch's inputs' size (strings: their bytes)."""
+    size = 0
+    for value in inputs.values():
+        try:
+            size += sum(map(len, value.flat)) if value.dtype == object else value.nbytes
+        except TypeError:  # not strings
+            size += value.nbytes
+    return size
 
 
 def _add(stats: dict, accumulator, fed: Fed, old_out: dict, new_out: dict) -> int:

@@ -25,7 +25,7 @@ from exportkit.runtimes.factory import RuntimeSpec, build
 from exportkit.runtimes.loop import BatchLoop
 from exportkit.sources.int_ranges import int_ranges_for
 from exportkit.sources.kerases import prepare_process
-from exportkit.sources.load import detect_format, load_source, sha256_of
+from exportkit.sources.load import load_source, sha256_of, source_format
 from exportkit.sources.model_io import model_input_specs, parse_input_spec
 from exportkit.options.export import ExportOptions
 from exportkit.tfenv import import_tf, tensorflow_version
@@ -192,7 +192,7 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
 
     warmup_sizes = warmup_batch_sizes(options.batching_parameters)  # a bad file fails before anything is loaded
     # before TensorFlow is imported: which Keras `tf.keras` means in the user's modules
-    prepare_process(options.source, detect_format(options.source.src, options.source.format))
+    prepare_process(options.source, source_format(options.source))
 
     # The version is reserved (and BASE_DIR proven writable) before the long stages.
     with writer.staged_version_dir(base, options.version) as staging:

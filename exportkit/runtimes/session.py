@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from exportkit.inputs.npz import load_batches, save_batches
+from exportkit.files import os_error
+from exportkit.inputs.npz import read_npz, write_npz
 from exportkit.errors import CheckFailed, InfraError, MissingModule
 from exportkit.runtimes import Runtime, forkserver
 from exportkit.signature_constants import DEFAULT_SIGNATURE
@@ -40,6 +42,16 @@ def runs_in_worker(names, serving: str | None) -> bool:
     if (serving or "auto") in ("embedded", "auto"):
         in_worker |= {"serving", "rest"}
     return bool(in_worker & set(names))
+
+
+def exchange_dir() -> str | None:
+    """Where a worker's batch files go: /dev/shm (memory) when it has room for large batches, else the temp dir.
+    On a disk, creating and removing the files of every batch cost 0.7 ms more per batch and file (ext4)."""
+    try:
+        shm = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return "/dev/shm" if shm.f_bavail * shm.f_frsize >= 1 << 30 and os.access("/dev/shm", os.W_OK) else None
 
 
 class TfWorker:
@@ -131,7 +143,7 @@ class TfWorker:
     def start(self) -> None:
         if self._proc is not None:
             return
-        self.dir = tempfile.TemporaryDirectory(prefix="exportkit-worker-")
+        self.dir = tempfile.TemporaryDirectory(prefix="exportkit-worker-", dir=exchange_dir())
         self._log = open(Path(self.dir.name) / "worker.log", "w+")
         # Requests go over a socket, not a pipe: a send to a worker that died is EPIPE (MSG_NOSIGNAL), never the
         # SIGPIPE that kills a CLI which restored SIGPIPE's default for `| head`.
@@ -270,10 +282,19 @@ class TfWorker:
     def run(self, loader: str, signature: str, inputs: dict[str, np.ndarray], input_dtypes: dict[str, str]) -> tuple[dict, dict]:
         run = next(self._runs)  # atomic: runtimes in several threads run at once
         inputs_prefix, outputs_prefix = f"in{run}", f"out{run}"
-        save_batches(self.dir.name, [inputs], inputs_prefix)
-        reply = self.request(op="run", loader=loader, dir=self.dir.name, inputs=inputs_prefix, outputs=outputs_prefix,
-                             signature=signature, input_dtypes=input_dtypes)
-        return reply, (load_batches(self.dir.name, outputs_prefix)[0] if reply.get("ok") else {})
+        folder = Path(self.dir.name)  # the files are named as load_batches/save_batches name them
+        sent, answered = folder / f"{inputs_prefix}_batch_0.npz", folder / f"{outputs_prefix}_batch_0.npz"
+        try:
+            try:  # no staging (save_batches'): the worker reads the file only once asked to
+                write_npz(sent, inputs)
+            except OSError as err:
+                raise os_error(err, f"the TensorFlow worker's inputs ({folder})") from None
+            reply = self.request(op="run", loader=loader, dir=self.dir.name, inputs=inputs_prefix,
+                                 outputs=outputs_prefix, signature=signature, input_dtypes=input_dtypes)
+            return reply, (read_npz(answered) if reply.get("ok") else {})
+        finally:  # one batch's files at a time (1M records through diff left 2,000 files; iterdir read them all)
+            sent.unlink(missing_ok=True)
+            answered.unlink(missing_ok=True)
 
     def close(self) -> None:
         if self._proc is None:

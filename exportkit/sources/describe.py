@@ -58,7 +58,7 @@ def describe_source(options: SourceOptions, allow_incomplete_config: bool = Fals
     from exportkit.sources import load
 
     path = options.src
-    fmt = load.detect_format(path, options.format)
+    fmt = load.source_format(options)
     keras = prepare_process(options, fmt) or KERAS3  # before TensorFlow: which Keras `tf.keras` means
     description = SourceDescription(path=str(Path(path).resolve()), format=fmt)
     if fmt in ("h5", "keras"):

@@ -7,8 +7,10 @@ slices, selects, ...) to the ops that bound it:
 
 * a gather's indices (an embedding lookup, `ops.take`, a constant table): [0, rows of the table);
 * `one_hot`: [0, depth); a bincount: [0, size); a segment reduction: [0, num_segments);
-* a cast to bool or a comparison with 0 (a mask, maybe after a minimum/maximum/product with another mask):
-  [0, 2), used only where nothing above bounds the input.
+* a cast to bool or a comparison with 0 (a mask, maybe after a minimum/maximum/product with another mask), or
+  `1 - mask` (the additive attention mask of Hugging Face's TF models: `(1.0 - mask) * -10000.0` adds a large
+  negative number where the mask is 0 and nothing where it is 1): [0, 2), used only where nothing above bounds
+  the input.
 
 Several bounds on one input intersect. An input that reaches none keeps the default range. Lookups
 (IntegerLookup, hashing) accept any value, so they bound nothing.
@@ -42,6 +44,18 @@ def _const(tensor) -> int | None:
     except (TypeError, ValueError):
         return None
     return int(value) if value is not None and np.ndim(value) == 0 else None
+
+
+def _is_one(tensor) -> bool:
+    """A scalar constant 1 (or 1.0)."""
+    import numpy as np
+    import tensorflow as tf
+
+    try:
+        value = tf.get_static_value(tensor)
+    except (TypeError, ValueError):
+        return False
+    return value is not None and np.ndim(value) == 0 and value == 1
 
 
 def _rows(tensor, axis: int | None, resources: dict) -> int | None:
@@ -88,6 +102,8 @@ def _walk(start, resources: dict) -> tuple[list[tuple[int, int]], bool]:
                 elif op.type == "Cast" and op.get_attr("DstT") == tf.bool:
                     mask = True
                 elif op.type in _ZERO_TESTS and _const(op.inputs[1 - position]) == 0:
+                    mask = True
+                elif op.type == "Sub" and position == 1 and _is_one(op.inputs[0]):
                     mask = True
                 elif op.type == "Cast":  # to another integer or a float type: the (small) values stay
                     todo += [(t, exact) for t in op.outputs]

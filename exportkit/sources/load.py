@@ -10,6 +10,7 @@ import concurrent.futures
 import contextlib
 import hashlib
 import importlib
+import importlib.util
 import inspect as pyinspect
 import json
 import logging
@@ -24,6 +25,7 @@ from pathlib import Path
 from exportkit.savedmodel.checkpoint import read_checkpoint
 from exportkit.errors import UsageError
 from exportkit.savedmodel.versions import check_path, path_problem
+from exportkit.sources.hdf5 import MODEL, SAVING_LIB_WEIGHTS, h5_content, is_hdf5, keras_readable, neither_message
 from exportkit.sources.kerases import (KERAS3, KERASES, TF_KERAS, Keras, keras_of, mismatch_remedy, parse_choice,
                                       prepare_process)
 from exportkit.options.source import SourceOptions
@@ -51,7 +53,9 @@ def detect_format(src: str, explicit: str | None = None) -> str:
     if explicit:
         if explicit not in FORMATS:
             raise UsageError(f"unknown --format {explicit!r}", f"use one of: {', '.join(FORMATS)}")
-        return "h5" if explicit == "keras" and _keras2_hdf5(path) else explicit
+        # a .keras file whose bytes are HDF5: Keras 2's model.save('x.keras') (before 2.13, its zip format needed
+        # save_format='keras_v3'); tf_keras loads it as the .h5 it is
+        return "h5" if explicit == "keras" and is_hdf5(path) else explicit
     if path.is_dir():
         if (path / "saved_model.pb").exists():
             if (path / KERAS_METADATA).exists():
@@ -65,28 +69,43 @@ def detect_format(src: str, explicit: str | None = None) -> str:
         return "checkpoint"  # a checkpoint prefix such as ckpt/ckpt-3
     if not path.exists():
         raise UsageError(f"{src} does not exist", "check the path of the model to export")
-    name = path.name.lower()
+    if is_hdf5(path):  # by its content, whatever it is called (tf_model.h5, weights.hdf5, x.keras from Keras 2)
+        content = h5_content(path)
+        if content.kind is None:
+            raise UsageError(*neither_message(src, content))
+        return "h5" if content.kind == MODEL else "weights"
+    name = path.name.lower()  # not HDF5 (a .keras zip; an empty or damaged file: loading it says so)
     if name.endswith(".weights.h5"):
         return "weights"
     if name.endswith((".h5", ".hdf5")):
         return "h5"
     if name.endswith(".keras"):
-        return "h5" if _keras2_hdf5(path) else "keras"
+        return "keras"
     raise UsageError(f"cannot tell the format of {src}",
                      "pass a .h5, .hdf5, .keras, .weights.h5 file or a checkpoint directory, or set --format")
 
 
-HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"  # a .keras archive is a zip: b"PK\x03\x04"
 
 
-def _keras2_hdf5(path: Path) -> bool:
-    """A .keras file whose bytes are HDF5: Keras 2's model.save('x.keras') (before 2.13, its zip format needed
-    save_format='keras_v3'). tf_keras loads it as the .h5 it is."""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(len(HDF5_MAGIC)) == HDF5_MAGIC
-    except OSError:
-        return False  # loading it says why it is unreadable
+def source_format(opts: SourceOptions) -> str:
+    """The format the source is loaded as. With --builder or --model-config the model is rebuilt, and a full-model
+    .h5 gives its weights (Keras reads a model file's `model_weights` as weights); a source that brings its own
+    architecture otherwise (a .keras archive, a SavedModel, --format h5) is refused rather than loaded with the
+    builder silently ignored."""
+    fmt = detect_format(opts.src, opts.format)
+    rebuilt = "--builder" if opts.builder else "--model-config" if opts.model_config else None
+    if rebuilt is None or fmt not in FILE_FORMATS:
+        return fmt
+    if fmt == "h5" and not opts.format:
+        return "weights"
+    if fmt == "h5":
+        raise UsageError(f"{rebuilt} would be ignored: --format h5 loads the architecture stored in {opts.src}",
+                         f"drop --format h5 to load the file's weights into the model {rebuilt} builds, or drop "
+                         f"{rebuilt}")
+    what = "a .keras archive" if fmt == "keras" else "a tf.keras 2 SavedModel"
+    raise UsageError(f"{rebuilt} would be ignored: {opts.src} is {what}, which holds its own architecture",
+                     f"drop {rebuilt} (exportkit loads the architecture from the file), or pass the weights "
+                     f"(model.save_weights('model.weights.h5')) with {rebuilt}")
 
 
 def sha256_of(src: str) -> str:
@@ -124,8 +143,25 @@ def _import_module(name: str, what: str):
     try:
         return importlib.import_module(name)
     except ImportError as err:
-        raise UsageError(f"cannot import {what} module {name!r} ({err})",
-                         "check the name, and pass --python-path DIR for the directory that contains it")
+        missing = getattr(err, "name", None)
+        if not missing or name == missing or name.startswith(missing + "."):
+            raise UsageError(f"cannot import {what} module {name!r} ({err})",
+                             "check the name, and pass --python-path DIR for the directory that contains it") from err
+        # the module itself was found: something it imports is not installed in exportkit's environment
+        where = getattr(sys.modules.get(name), "__file__", None) or _module_file(name)
+        raise UsageError(f"{what} module {name!r}{f' ({where})' if where else ''} was found, but importing it "
+                         f"failed: it imports {missing!r}, which is not installed here ({err})",
+                         f"install the package that provides {missing!r} into exportkit's environment "
+                         f"({sys.executable} -m pip install ...), or pass --python-path DIR for the directory that "
+                         f"contains {missing!r}") from err
+
+
+def _module_file(name: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec else None
 
 
 def _inside(obj, module_name: str) -> bool:
@@ -369,13 +405,14 @@ def _load_file(path: Path, fmt: str, custom: dict, unsafe: bool, keras: Keras, o
         if missing:
             raise _missing_object_error(path, missing, keras, other, fmt) from err
         if config is None and fmt != "saved_model":
-            raise UsageError(f"{path} is not a Keras {fmt} model file ({type(err).__name__}: {err})",
+            raise UsageError(f"{path} is not a Keras {fmt} model file ({type(err).__name__}: "
+                             f"{_error_text(err, path, path)})",
                              "pass a model saved with model.save(...) (.keras or .h5)") from err
         text = str(err)
         if "Lambda" in text or "safe_mode" in text or "unsafe" in text.lower():
             raise UsageError(f"{path.name} contains a Lambda layer or Python bytecode, refused in safe mode",
                              "pass --unsafe if you trust this file") from err
-        raise UsageError(f"could not load {path}: {type(err).__name__}: {text.splitlines()[0] if text else ''}",
+        raise UsageError(f"could not load {path}: {type(err).__name__}: {_error_text(err, path, path)}",
                          "check the file and its custom objects; --debug shows the traceback") from err
 
 
@@ -396,6 +433,16 @@ def _load_with(keras: Keras, path: Path, fmt: str, opts: SourceOptions, custom: 
                 return _load_file(path, fmt, own3, opts.unsafe, KERAS3, other3), own3
         except UsageError:
             raise err from None
+
+
+_GFILE = re.compile(r"<[\w.]*GFile object at 0x[0-9a-fA-F]+>")
+
+
+def _error_text(err: Exception, shown: str, path) -> str:
+    """The first line of a Keras error, naming `path` where it shows a file object (Keras opens .h5 files through
+    tf.io.gfile and prints the object) or the name the file was read under."""
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return _GFILE.sub(str(path), text).replace(str(shown), str(path))[:300]
 
 
 def _unknown_in(err: Exception) -> list[tuple[str, str | None]]:
@@ -519,12 +566,24 @@ def _restore_checkpoint(model, src: str) -> None:
 
 
 def _restore_weights(model, src: str) -> None:
-    try:
-        model.load_weights(src)
-    except (ValueError, KeyError, OSError) as err:
-        raise UsageError(f"weights file {src} does not fit the model's architecture ({str(err).splitlines()[0][:300]})",
-                         "rebuild the model exactly as it was trained (same --builder/--builder-arg or --model-config)") from err
-    _check_weights_file_consumed(model, src)
+    """Keras' own load_weights, given the file under a name that makes it read the file as what it holds: Keras
+    picks its reader by the suffix. Weights by layer (and a full model's) load in layer order, as tf_keras and
+    Keras 3 load any .h5 (Hugging Face's own loader matches the same weights by name); the reader checks the
+    layer and weight counts and the shapes itself."""
+    content = h5_content(src) if is_hdf5(src) else None
+    if content is not None and content.kind is None:
+        raise UsageError(*neither_message(src, content))
+    with keras_readable(src, content.kind) if content else contextlib.nullcontext(src) as readable:
+        try:
+            model.load_weights(readable)
+        except (ValueError, KeyError, OSError) as err:
+            what = f", {content.describe()}," if content else ""
+            raise UsageError(f"weights file {src}{what} does not fit the model's architecture "
+                             f"({_error_text(err, readable, src)})",
+                             "rebuild the model exactly as it was trained (same --builder/--builder-arg or "
+                             "--model-config)") from err
+    if content is None or content.kind == SAVING_LIB_WEIGHTS:  # its reader skips entries the model lacks
+        _check_weights_file_consumed(model, src)
 
 
 def model_policy(model) -> str:
@@ -538,7 +597,7 @@ def model_policy(model) -> str:
 
 
 def load_source(opts: SourceOptions) -> LoadedModel:
-    fmt = detect_format(opts.src, opts.format)
+    fmt = source_format(opts)
     # The source's digest is taken beside the TensorFlow import and the load (file reads and hashlib release the
     # GIL): after them, it added 0.9 s to the export of a 1 GB .keras. Not for a FIFO or a device, whose read could
     # block or never end: the checks refuse those first.

@@ -59,7 +59,21 @@ def model_input_specs(model, overrides: list[InputSpec]) -> list[InputSpec]:
     return [by_key.get(spec.key, spec) for spec in specs]
 
 
+def _declared_input_specs(model) -> list[InputSpec]:
+    """The inputs a subclassed model declares in an `input_signature` dict of TensorSpecs (Hugging Face's TF models
+    do: input_ids, attention_mask, ... as int32), which its build config (float32 shapes) would not tell."""
+    declared = getattr(model, "input_signature", None)
+    if not isinstance(declared, dict) or not all(hasattr(s, "shape") and hasattr(s, "dtype") for s in declared.values()):
+        return []
+    return [InputSpec(key=key, dtype=name_of(spec.dtype),
+                      shape=[-1] + [-1 if d is None else int(d) for d in list(spec.shape)[1:]])
+            for key, spec in declared.items()]
+
+
 def _subclassed_input_specs(model) -> list[InputSpec]:
+    declared = _declared_input_specs(model)
+    if declared:
+        return declared
     config = model.get_build_config() or {}
     shape = config.get("input_shape")
     if shape is None:
