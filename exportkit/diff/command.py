@@ -20,12 +20,13 @@ import numpy as np
 
 from exportkit.data.changes import ChangeStats
 from exportkit.data.records import DataSource, Fed, Feeder, data_signature, signature_feed
+from exportkit import storage
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.findings import Finding
 from exportkit.runtimes.loop import BatchLoop
 from exportkit.runtimes.wrappers import top1_sources
 from exportkit.options.diff import DiffOptions
-from exportkit.savedmodel.versions import list_versions, resolve_savedmodel_dir
+from exportkit.savedmodel.versions import list_versions, resolve_savedmodel_dir, version_path
 from exportkit.signature_constants import REGRESS_METHOD
 from exportkit.verify.baseline import compare_signature_sets
 from exportkit.verify.dataset import data_pattern
@@ -46,7 +47,7 @@ class Version:
 
     @property
     def description(self) -> str:
-        return f"deployed at {self.address}" if self.address else str(self.path)
+        return f"deployed at {self.address}" if self.address else storage.display(self.path)
 
 
 def resolve_versions(o: DiffOptions) -> tuple[Path | None, Path]:
@@ -59,13 +60,12 @@ def resolve_versions(o: DiffOptions) -> tuple[Path | None, Path]:
             raise UsageError(f"--serving {o.serving!r} is not HOST:PORT", "pass --serving localhost:8500")
         return None, resolve_savedmodel_dir(o.paths[0])
     if len(o.paths) == 1:
-        base = Path(o.paths[0])
+        base = o.paths[0] if storage.is_url(o.paths[0]) else Path(storage.local_path(o.paths[0]))
         versions = list_versions(base)
         if len(versions) < 2:
             raise UsageError(f"{base} holds {len(versions)} version(s); a diff needs two",
                              "pass OLD and NEW version directories, or NEW with --serving HOST:PORT")
-        dirs = {int(d.name): d for d in base.iterdir() if d.is_dir() and d.name.isdigit()}  # `007` is version 7
-        return resolve_savedmodel_dir(dirs[versions[-2]]), resolve_savedmodel_dir(dirs[versions[-1]])
+        return tuple(resolve_savedmodel_dir(version_path(base, v)) for v in versions[-2:])  # `007` is version 7
     if len(o.paths) != 2:
         raise UsageError(f"diff takes OLD and NEW, got {len(o.paths)} paths", "exportkit diff models/ranker/6 models/ranker/7")
     return resolve_savedmodel_dir(o.paths[0]), resolve_savedmodel_dir(o.paths[1])

@@ -2,13 +2,16 @@
 with one progress line per stage."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from exportkit import storage
 from exportkit.savedmodel import layout
 from exportkit.savedmodel.manifest import write_manifest
 from exportkit.sources import reference as refs
@@ -183,6 +186,27 @@ def _summary_signature(record: SignatureRecord) -> dict:
 
 def export_model(options: ExportOptions, progress: Progress | None = None) -> ExportResult:
     progress = progress or Progress()
+    if storage.is_url(options.output):
+        return _export_to_bucket(options, progress)
+    return _export(options, progress)
+
+
+def _export_to_bucket(options: ExportOptions, progress: Progress) -> ExportResult:
+    """-o gs://.../NAME: the version is built and self-checked in a local temporary base directory named NAME, as
+    any export, then published into the bucket (storage.publish_dir: TF Serving's poller never sees it
+    half-written; docs/export.md)."""
+    url = options.output.rstrip("/")
+    version = writer.choose_version(url, options.version)  # before anything is loaded, as on disk
+    with tempfile.TemporaryDirectory(prefix="exportkit-export-") as tmp:
+        local = dataclasses.replace(options, output=str(Path(tmp) / storage.name(url)), version=version)
+        result = _export(local, progress, published=storage.join(url, str(version)))
+        storage.publish_dir(result.path, storage.join(url, str(version)))
+    progress.stage("publish", storage.join(url, str(version)))
+    return dataclasses.replace(result, path=storage.join(url, str(version)))
+
+
+def _export(options: ExportOptions, progress: Progress, published: str | None = None) -> ExportResult:
+    """The export into a local base directory (`published`: the bucket URL the version goes to afterwards)."""
     # Everything that can be checked without TensorFlow is checked first; an existing version is never touched.
     base = Path(options.output)
     writer.choose_version(base, options.version)
@@ -234,7 +258,7 @@ def export_model(options: ExportOptions, progress: Progress | None = None) -> Ex
                 manifest["warmup_batch_sizes"] = warmup_sizes  # --batching-parameters' allowed_batch_sizes
             _write_version(staging, archive, loaded, golden, options, base.resolve().name, manifest, reference)
             selfcheck.external_files_check(staging)  # static, so even with --no-verify
-            progress.stage("write", f"{base / str(version)}")
+            progress.stage("write", f"{base / str(version)}" + (f" (to publish as {published})" if published else ""))
             if options.verify:
                 del archive  # the traced functions hold the model's variables too
                 _drop_model(loaded)

@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from exportkit import storage
 from exportkit.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
 from exportkit.findings import has_errors
 from exportkit.inspection.report import SavedModelInfo, render_text
@@ -53,7 +54,8 @@ def _variables_summary(directory: Path) -> dict | None:
 
 
 def read_info(path: str | Path, *, signature_name: str | None = None, check_registry: bool = True) -> SavedModelInfo:
-    """Everything `inspect` shows about the SavedModel at `path` (version or base directory). No TF import.
+    """Everything `inspect` shows about the SavedModel at `path` (version or base directory, or their bucket URL:
+only the variables' sizes are listed, their bytes not downloaded). No TF import.
 
     `signature_name` and `check_registry` are passed to the lint (see exportkit.savedmodel.lint.lint_saved_model).
     """
@@ -68,7 +70,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     from exportkit.tfversions.installed import registered_ops
     from exportkit.tfversions.registry import installed
 
-    directory = resolve_savedmodel_dir(path)
+    directory = resolve_savedmodel_dir(path, variables=False)
     proto = read_saved_model_proto(directory)
     meta_graph = select_meta_graph(proto)
     assets = sorted(a for d in ASSET_DIRS if (directory / d).is_dir() for a in _files_under(directory / d, directory))
@@ -93,7 +95,7 @@ def read_info(path: str | Path, *, signature_name: str | None = None, check_regi
     order = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order.get(f.severity, 3))
     return SavedModelInfo(
-        path=os.path.abspath(directory),
+        path=storage.cached_url_of(directory) or os.path.abspath(directory),
         tags=list(meta_graph.meta_info_def.tags),
         tensorflow_version=meta_graph.meta_info_def.tensorflow_version or None,
         signatures=signatures_of(meta_graph),
@@ -170,9 +172,10 @@ def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, ma
 
 def write_requests(info: SavedModelInfo, out_dir: str, model_name: str | None, int_range=()) -> list[Path]:
     from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
+    from exportkit.savedmodel.versions import resolve_savedmodel_dir
     from exportkit.serving.client.samples import request_samples, write_request_samples
 
-    version_dir = Path(info.path)
+    version_dir = resolve_savedmodel_dir(info.path, variables=False)  # a URL's mirror; a local path as it is
     meta_graph = select_meta_graph(read_saved_model_proto(version_dir))
     name = model_name or (version_dir.parent.name if version_dir.name.isdigit() else version_dir.name)
     manifest = Manifest.from_dict(info.manifest) if info.manifest is not None else None
@@ -190,7 +193,11 @@ def inspect_command(path, json_out=False, strict=False, source=None, allow_incom
     model source (built only when `path` is one)."""
     from exportkit.savedmodel.versions import check_path
 
-    p = Path(path).expanduser()
+    if storage.is_url(path):
+        if not str(path).lower().endswith(SOURCE_SUFFIXES) or storage.isdir(path):
+            return _show(read_info(path), json_out, strict, requests, model_name, int_range)
+        path = storage.local_copy(path)  # a .keras/.h5 source in a bucket: described from its local copy
+    p = Path(storage.local_path(path))
     check_path(p, "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")
     if not p.exists() and not Path(str(p) + ".index").is_file():
         raise UsageError(f"no such file or directory: {p}",
@@ -201,7 +208,10 @@ def inspect_command(path, json_out=False, strict=False, source=None, allow_incom
     if p.is_file() and p.name not in ("saved_model.pb", "saved_model.pbtxt"):
         raise UsageError(f"{p} is neither a SavedModel nor a model source exportkit reads",
                          "pass a SavedModel directory, a .h5/.hdf5/.keras/.weights.h5 file or a checkpoint directory")
-    info = read_info(p)
+    return _show(read_info(p), json_out, strict, requests, model_name, int_range)
+
+
+def _show(info: SavedModelInfo, json_out, strict, requests, model_name, int_range) -> int:
     if requests:
         written = write_requests(info, requests, model_name, int_range)
         print(f"wrote {len(written)} request files for {len(info.signatures)} signature(s) to {requests}",

@@ -1,0 +1,108 @@
+"""The commands on models in buckets (issue 49): a ranker exported twice by keras' own `model.export`, uploaded with
+google-cloud-storage / boto3 to the loopback servers (tests/storage_servers.py), and the CLI run on its URLs as a
+user runs it: the same verdicts as on disk, reports naming the URL, no weights downloaded by inspect, export -o
+publishing into the bucket, and the error cases' exit codes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.storage_servers import free_port
+
+pytestmark = pytest.mark.slow
+
+_BUILD = """
+import sys
+import keras
+inp = keras.Input((4,), name="x")
+model = keras.Model(inp, keras.layers.Dense(3, name="score")(keras.layers.Dense(8, activation="relu")(inp)))
+model.save(sys.argv[1] + "/model.keras")
+model.export(sys.argv[1] + "/ranker/1")
+model.layers[-1].kernel.assign(model.layers[-1].kernel * 1.01)
+model.export(sys.argv[1] + "/ranker/2")
+"""
+
+
+@pytest.fixture(scope="module")
+def ranker(tmp_path_factory):
+    """model.keras and ranker/1, ranker/2 written by keras' model.export (empty assets/ dirs included)."""
+    root = tmp_path_factory.mktemp("ranker")
+    subprocess.run([sys.executable, "-c", _BUILD, str(root)], check=True, capture_output=True, timeout=300,
+                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    return root
+
+
+def _env(server, tmp_path) -> dict:
+    return {**server.env, "EXPORTKIT_CACHE_DIR": str(tmp_path / "cache")}
+
+
+def test_inspect_and_verify_a_base_dir_in_a_bucket(gcs_server, ranker, tmp_path):
+    bucket = gcs_server.bucket("cmd-inspect")
+    gcs_server.upload(ranker / "ranker", f"{bucket}/ranker")
+    env = _env(gcs_server, tmp_path)
+    local = run_cli("inspect", ranker / "ranker", "--json", env=env)
+    remote = run_cli("inspect", f"{bucket}/ranker", "--json", env=env)
+    assert remote.returncode == 0, remote.stderr
+    doc, expected = json.loads(remote.stdout), json.loads(local.stdout)
+    assert doc["path"] == f"{bucket}/ranker/2"  # the URL, not the cache
+    assert doc["variables_bytes"] == expected["variables_bytes"] > 0 and doc["signatures"] == expected["signatures"]
+    shards = list((tmp_path / "cache").rglob("variables.data-*"))
+    assert shards and all(p.stat().st_blocks == 0 for p in shards)  # sizes listed, weights not downloaded
+
+    verified = run_cli("verify", f"{bucket}/ranker", "--json", tmp_path / "v.json", env=env)
+    assert verified.returncode == 0, verified.stderr[-2000:]
+    report = json.loads((tmp_path / "v.json").read_text())
+    assert report["path"] == f"{bucket}/ranker/2" and report["baseline"]["old"] == f"{bucket}/ranker/1"
+    assert str(tmp_path / "cache") not in verified.stdout
+    assert verified.stdout.splitlines()[-1].startswith("PASSED")
+
+
+def test_diff_and_compat_on_s3(s3_server, ranker, tmp_path):
+    bucket = s3_server.bucket("cmd-diff")
+    s3_server.upload(ranker / "ranker", f"{bucket}/ranker")
+    env = _env(s3_server, tmp_path)
+    diff = run_cli("diff", f"{bucket}/ranker", env=env)
+    assert diff.returncode == 0, diff.stderr[-2000:]
+    assert f"old: {bucket}/ranker/1" in diff.stdout and f"new: {bucket}/ranker/2" in diff.stdout
+    compat = run_cli("compat", f"{bucket}/ranker/1", "--json", tmp_path / "c.json", env=env)
+    assert compat.returncode == 0, compat.stderr[-2000:]
+    assert json.loads((tmp_path / "c.json").read_text())["path"] == f"{bucket}/ranker/1"
+
+
+@pytest.mark.parametrize("scheme", ["gs", "s3"])
+def test_export_publishes_into_the_bucket(scheme, request, ranker, tmp_path):
+    server = request.getfixturevalue({"gs": "gcs_server", "s3": "s3_server"}[scheme])
+    bucket = server.bucket("cmd-export")
+    env = _env(server, tmp_path)
+    done = run_cli("export", ranker / "model.keras", "-o", f"{bucket}/fresh", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"PASSED: exported {bucket}/fresh/1" in done.stdout
+    assert not (tmp_path / f"{scheme}:").exists()  # nothing written locally under a mangled URL
+    keys = server.keys(f"{bucket}/fresh")
+    assert {"1/saved_model.pb", "1/variables/variables.index", "1/assets.extra/exportkit/manifest.json"} <= set(keys)
+    assert all(k.startswith("1/") for k in keys)  # no staging prefix left
+    if scheme == "gs":  # the exported version verifies from the bucket (its golden record, the TF1 loader)
+        verified = run_cli("verify", f"{bucket}/fresh", "--runtimes", "golden,session", env=env)
+        assert verified.returncode == 0, verified.stderr[-2000:]
+    again = run_cli("export", ranker / "model.keras", "-o", f"{bucket}/fresh", "--version", "1", env=env)
+    assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_errors_name_the_url_and_take_their_exit_codes(gcs_server, tmp_path):
+    env = _env(gcs_server, tmp_path)
+    missing = run_cli("verify", "gs://no-such-bucket/models/ranker", env=env)
+    assert missing.returncode == 2 and "the bucket no-such-bucket does not exist" in missing.stderr
+    nothing = run_cli("inspect", f"{gcs_server.bucket('cmd-errors')}/models/none", env=env)
+    assert nothing.returncode == 2 and "gs://cmd-errors/models/none" in nothing.stderr
+    started = time.monotonic()
+    down = run_cli("verify", "gs://models/ranker", env={**env, "STORAGE_EMULATOR_HOST": f"127.0.0.1:{free_port()}"})
+    assert down.returncode == 3 and "cannot reach the storage endpoint" in down.stderr
+    assert time.monotonic() - started < 20
+    for proc in (missing, nothing, down):
+        assert "Traceback" not in proc.stderr and "fix:" in proc.stderr
