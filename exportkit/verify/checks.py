@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from exportkit.inputs.generate import DEFAULT_UNKNOWN_DIM
+from exportkit import storage
 from exportkit.errors import InfraError, UsageError
 from exportkit.findings import Finding
 from exportkit.options.verify import VerifyOptions
@@ -56,7 +57,7 @@ def baseline_findings(o: VerifyOptions, signatures: dict, selected: list[str],
     the newest lower version in the base directory (what TF Serving served before this one); --no-baseline: none."""
     from exportkit.verify.baseline import compare_signature_sets
 
-    compared = {"new": str(version_dir) if version_dir is not None else o.path}
+    compared = {"new": storage.display(version_dir) if version_dir is not None else o.path}
     if o.no_baseline:
         return [], {**compared, "source": "none", "old": None, "why": "--no-baseline"}
     if o.baseline:
@@ -99,16 +100,17 @@ def _remote(serving: str) -> bool:
 
 def _previous_version(version_dir):
     """("previous-version", its path, its signatures) of the newest version below `version_dir` in its base
-    directory, or None (not a numbered version, or the first one)."""
-    from exportkit.savedmodel.versions import list_versions
+    directory (in the bucket, for a bucket version's mirror), or None (not a numbered version, or the first one)."""
+    from exportkit.savedmodel.versions import list_versions, version_path
 
     if version_dir is None or not version_dir.name.isdigit():
         return None
-    lower = [v for v in list_versions(version_dir.parent) if v < int(version_dir.name)]
+    base = storage.parent(storage.display(version_dir))
+    lower = [v for v in list_versions(base) if v < int(version_dir.name)]
     if not lower:
         return None
-    old_dir = next(c for c in version_dir.parent.iterdir() if c.name.isdigit() and int(c.name) == lower[-1])
-    _, _, old = read_model(str(old_dir))
+    old_dir = version_path(base, lower[-1])
+    _, _, old = read_model(str(old_dir), variables=False)
     return "previous-version", str(old_dir), old
 
 

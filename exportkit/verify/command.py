@@ -16,6 +16,7 @@ Examples encoded from the very tensor batches its tensor twin gets, and the two 
 from __future__ import annotations
 
 from exportkit.inputs.ranges import parse_int_range_flags, recorded_int_ranges
+from exportkit import storage
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.savedmodel.manifest import read_manifest
 from exportkit.runtimes import RUNTIME_KINDS
@@ -153,7 +154,7 @@ def _read(o: VerifyOptions, devices: list[str], per_output: dict):
     lo_hi = recorded_int_ranges(int_range, manifest, signatures)
     baseline_found, baseline = checks.baseline_findings(o, signatures, selected, version_dir)
     findings += baseline_found
-    report = VerifyReport(path=str(version_dir), signature=", ".join(selected) or (o.signature_name or ""),
+    report = VerifyReport(path=storage.display(version_dir), signature=", ".join(selected) or (o.signature_name or ""),
                           reference="", runtimes=[], findings=list(findings), inputs={}, tf32=None,
                           exportkit_version=__version__, signatures=list(selected),
                           toolchain=toolchain(), server_flags=o.server_flags.argv(), baseline=baseline)
