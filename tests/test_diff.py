@@ -183,6 +183,59 @@ def test_logs_decode_as_tf_serving_answers_them():
     assert r.rows == 2 and r.inputs["x"].shape == (2, 4) and r.logged is None
 
 
+def test_predict_logs_of_examples_replay_in_bulk_as_one_by_one():
+    """The common log (a Predict request sending the one string input) is read without a Replayed per log: the same
+    rows, positions and examples as `replay`; any other log (a response, another model or signature, an empty or
+    malformed request, another log type) is left to `replay`."""
+    from tensorflow_serving.apis import classification_pb2, predict_pb2, prediction_log_pb2 as pl
+
+    from exportkit.data.records import Feeder, RecordBatch
+    from exportkit.serving.tensors import to_tensor_proto
+
+    def predict(values, shape=None, model="m", signature="", response=False):
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name, request.model_spec.signature_name = model, signature
+        tensor = request.inputs["inputs"]
+        tensor.dtype = 7  # DT_STRING
+        tensor.tensor_shape.dim.add().size = len(values) if shape is None else shape
+        tensor.string_val.extend(values)
+        log = pl.PredictLog(request=request)
+        if response:
+            log.response.outputs["scores"].CopyFrom(to_tensor_proto(np.full((1, 3), 0.5, np.float32)))
+        return pl.PredictionLog(predict_log=log).SerializeToString()
+
+    ex = [example([0, 1, 2, 3], b"a", 1.0), example([4, 5, 6, 7], b"b", 2.0)]
+    classify = classification_pb2.ClassificationRequest()
+    classify.input.example_list.examples.add().ParseFromString(ex[0])
+    common = [predict(ex[:1]), predict(ex, signature="serving_default"), predict(ex[1:], model="")]
+    others = [predict(ex[:1], response=True), predict(ex[:1], model="other"), predict(ex[:1], signature="regress"),
+              predict([], shape=0), predict(ex[:1], shape=2), b"\xff not a log",
+              pl.PredictionLog(classify_log=pl.ClassifyLog(request=classify)).SerializeToString()]
+    bulk, one_by_one = _replayer("serving_default", "m"), _replayer("serving_default", "m")
+    for record in common:
+        assert list(bulk.example_values(record)) == one_by_one.replay(record).inputs["inputs"].tolist()
+    assert all(bulk.example_values(record) is None for record in others)
+
+    class Source:
+        files = ["logs"]
+        where = staticmethod(lambda file_no, index: f"logs:{index}")
+
+    def fed(records, bulk_path):
+        feeder = Feeder(Source(), [], None, _replayer("serving_default", "m"))
+        if not bulk_path:
+            feeder._log_key = None
+        n = len(records)
+        return feeder.fed(RecordBatch(np.zeros(n, int), np.arange(n) + 5, np.arange(n) * 100, records=records)), feeder
+
+    (a, _), (b, _) = fed(common, True), fed(common, False)
+    assert len(a) == len(b) == 4 and a.logged is None is b.logged
+    for name in ("file_nos", "indices", "offsets", "record_of_row"):
+        assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
+    assert a.inputs["inputs"].tolist() == b.inputs["inputs"].tolist() == a.examples.tolist() == b.examples.tolist()
+    (a, bulk_feeder), (b, feeder) = fed(common + others[:4], True), fed(common + others[:4], False)
+    assert a.indices.tolist() == b.indices.tolist() and dict(bulk_feeder.replayer.skipped) == dict(feeder.replayer.skipped)
+
+
 def test_change_statistics_merge_exactly_and_metrics_are_right():
     from exportkit.data.changes import ChangeStats
     from exportkit.runtimes.wrappers import top1_of

@@ -25,6 +25,7 @@ from exportkit.signature_constants import (CLASSIFY_CLASSES, CLASSIFY_METHOD, CL
 
 LOGGED = "logged"  # the runtime of the answers the logs carry (what the deployed model said)
 LOG_KINDS = ("predict_log", "classify_log", "regress_log", "multi_inference_log")
+_DT_STRING = 7  # tensorflow/core/framework/types.proto
 
 
 @functools.cache
@@ -84,6 +85,30 @@ class LogReplayer:
 
         self._classify_problem = classification_refusal(inputs, outputs)
         self._regress_problem = regression_refusal(inputs, outputs)
+
+    def example_values(self, record: bytes):
+        """replay's most common case, without its objects: a PredictLog without a response whose request sends the
+        signature's one string input as a vector of n >= 1 `string_val`s. Those values (a protobuf sequence of
+        bytes), or None for any other record, which `replay` then takes (1M logs: 3 s here, 23 s through replay)."""
+        try:
+            log = _prediction_log().FromString(record)
+        except DecodeError:
+            return None
+        if not log.HasField("predict_log"):
+            return None
+        entry = log.predict_log
+        request = entry.request
+        spec = request.model_spec
+        if ((spec.signature_name or DEFAULT_SIGNATURE) != self.signature_name or entry.HasField("response")
+                or (self.model_name and spec.name and spec.name != self.model_name)):
+            return None
+        inputs = request.inputs
+        tensor = inputs.get(self.example_input) if len(inputs) == 1 else None
+        if tensor is None or tensor.dtype != _DT_STRING:
+            return None
+        dims = tensor.tensor_shape.dim
+        values = tensor.string_val
+        return values if len(dims) == 1 and len(values) == dims[0].size and len(values) else None
 
     def replay(self, record: bytes, where=lambda: "?") -> Replayed | None:
         """The log's request (and response) for the signature, or None (skipped: the reason is counted).

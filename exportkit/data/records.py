@@ -402,6 +402,9 @@ class Feeder:
         self._examples = next((s.examples for s in specs if s.key == example_key), None)
         needs_parser = example_key is None and replayer is None and any(not f.endswith(".npz") for f in source.files)
         self._parser = ExampleParser(specs) if needs_parser else None
+        key = replayer.example_input if replayer is not None else None  # the logs' common case (_logged_examples)
+        taken_as_is = key is not None and (key not in self.specs or self.specs[key].examples is not None)  # _cast
+        self._log_key = key if taken_as_is else None
 
     def fed(self, batch: RecordBatch) -> Fed:
         """The batch's inputs and the position of each of their rows."""
@@ -413,6 +416,9 @@ class Feeder:
 
     def _replayed(self, batch: RecordBatch) -> Fed:
         """PredictionLog requests of one batch, their rows concatenated (logs the replayer skips left out)."""
+        fed = self._logged_examples(batch)
+        if fed is not None:
+            return fed
         parts = []
         for r, record in enumerate(batch.records):
             replayed = self.replayer.replay(record, lambda r=r: self.source.where(batch.file_nos[r], int(batch.indices[r])))
@@ -442,6 +448,25 @@ class Feeder:
             fed.logged = {k: np.concatenate([p.logged[k] for _, p in answered]) for k in sorted(keys)}
             fed.logged_rows = np.concatenate([np.arange(start, start + p.rows) for start, p in answered])
         return fed
+
+    def _logged_examples(self, batch: RecordBatch) -> Fed | None:
+        """_replayed's Fed when every log of the batch is the replayer's common case (LogReplayer.example_values:
+        serialized inputs to take as they are), without a Replayed per log; None: some log is not."""
+        if self._log_key is None or not batch.records:
+            return None
+        values, counts = [], []
+        example_values = self.replayer.example_values
+        for record in batch.records:
+            sent = example_values(record)
+            if sent is None:
+                return None
+            values += sent
+            counts.append(len(sent))
+        examples = np.empty(len(values), dtype=object)
+        examples[:] = values
+        record_of_row = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        return Fed({self._log_key: examples}, batch.file_nos[record_of_row], batch.indices[record_of_row],
+                   batch.offsets[record_of_row], record_of_row, examples=examples)
 
     def _cast(self, key: str, value: np.ndarray, batch: RecordBatch, r: int) -> np.ndarray:
         spec = self.specs.get(key)

@@ -10,6 +10,7 @@ runtimes' workers exchange and --save-failures writes, readable with `numpy.load
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -27,6 +28,9 @@ def decode_strings(arr: np.ndarray) -> np.ndarray:
     """Strings as exportkit holds them: an object array of bytes (str elements encoded as utf-8); TypeError names
     the type of an element that is no string."""
     out = np.empty(arr.shape, dtype=object)
+    if arr.dtype.kind == "S":  # at C speed: its elements are bytes (trailing NULs dropped, as bytes(v) drops them)
+        out[...] = arr.tolist()
+        return out
     for idx in np.ndindex(*arr.shape):
         v = arr[idx]
         if isinstance(v, (bytes, np.bytes_)):
@@ -71,6 +75,8 @@ def check_npz_sizes(z, p: Path) -> None:
 
 def _for_npz(arr: np.ndarray) -> np.ndarray:
     arr = np.asarray(arr)
+    if _all_bytes(arr):  # the common case (serialized tf.Examples) at C speed; numpy sizes S to the longest
+        return np.array(arr.tolist(), dtype="S")
     if arr.dtype.kind in "UO":
         try:
             b = decode_strings(arr)
@@ -79,6 +85,19 @@ def _for_npz(arr: np.ndarray) -> np.ndarray:
         width = max((len(x) for x in b.flat), default=1) or 1
         return np.array(b.tolist() if b.ndim else b[()], dtype=f"S{width}").reshape(arr.shape)
     return arr
+
+
+def _all_bytes(arr: np.ndarray) -> bool:
+    """An object array of bytes and nothing else (not empty)."""
+    return arr.dtype.kind == "O" and arr.size > 0 and set(map(type, arr.flat)) == {bytes}
+
+
+def _ends_with_nul(arr: np.ndarray) -> bool:
+    """Whether a bytes element ends with NUL (an `S` array would drop it: see write_batch_members)."""
+    if _all_bytes(arr):
+        return any(map(bytes.endswith, arr.flat, itertools.repeat(b"\0")))
+    return arr.dtype.kind in "OS" and any(isinstance(x, (bytes, np.bytes_)) and bytes(x).endswith(b"\0")
+                                          for x in arr.flat)
 
 
 LENGTHS_SUFFIX = ".__len__"
@@ -134,8 +153,7 @@ def write_batch_members(zf: zipfile.ZipFile, batch: dict[str, np.ndarray], prefi
     """One `<prefix><key>.npy` member per array of `batch` (strings as `S` arrays, exact lengths where needed)."""
     for key, arr in batch.items():
         members = {key: _for_npz(arr)}
-        if np.asarray(arr).dtype.kind in "OS" and any(
-                isinstance(x, (bytes, np.bytes_)) and bytes(x).endswith(b"\0") for x in np.asarray(arr).flat):
+        if _ends_with_nul(np.asarray(arr)):
             members[key + LENGTHS_SUFFIX] = np.array([len(x) for x in np.asarray(arr).flat],
                                                      dtype=np.int64).reshape(np.shape(arr))
         for name, value in members.items():
@@ -168,9 +186,11 @@ def load_batches(dir: str | os.PathLike, prefix: str = "") -> list[dict[str, np.
     if not found:
         raise UsageError(f"no {_batch_name(prefix, 0).replace('0', '<i>')} files in {d}",
                          "pass the directory --save-inputs/--save-outputs wrote")
-    batches = []
-    for _, f in found:
-        with np.load(f, allow_pickle=False) as z:
-            check_npz_sizes(z, f)
-            batches.append(read_batch_members(z))
-    return batches
+    return [read_npz(f) for _, f in found]
+
+
+def read_npz(path: Path) -> dict[str, np.ndarray]:
+    """One batch file (write_npz's), its members' sizes checked first."""
+    with np.load(path, allow_pickle=False) as z:
+        check_npz_sizes(z, path)
+        return read_batch_members(z)
