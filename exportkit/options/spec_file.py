@@ -29,6 +29,7 @@ _TOML_KEYS = {
     "allow_incomplete_config", "reference", "signatures", "feature_spec", "output", "name", "output_names",
     "keras",  # 2 or 3: which Keras loads the source (exportkit.sources.kerases)
     "op_libraries",  # read by verify/serve/compat (exportkit.tfversions.oplibs.op_libraries_env)
+    "max_memory", "max_swap_memory",  # verify's memory gates, from the base directory's file (options/verify.py)
 }
 _PATH_LISTS = ("python_path", "assets")
 

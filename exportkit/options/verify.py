@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from exportkit.errors import UsageError
 from exportkit.options.flags import check_tolerances, refuse_unknown, texts
 from exportkit.options.launch import LaunchOptions
 from exportkit.options.server_flags import STOCK, ServerFlags, parse_server_flags
 from exportkit.options.source import SOURCE_FLAGS, SourceOptions, source_from_flags
+from exportkit.options.spec_file import find_spec_file, read_spec_file
+from exportkit.report.format import parse_size
 
 
 @dataclass
@@ -59,9 +63,14 @@ class VerifyOptions:
     tf_versions: list[str] = field(default_factory=list)  # --tf: also session@X.Y in managed environments
     server_flags: ServerFlags = STOCK  # --server-flag: how the deployment's tensorflow_model_server runs
     max_latency_ms: float | None = None  # fail when a runtime's steady-state p99 exceeds it (verify/latency.py)
+    # fail when the model's peak memory / the swap's exceeds it (verify/memory.py): bytes, or a size ("512MB")
+    max_memory: int | None = None
+    max_swap_memory: int | None = None
 
     def __post_init__(self):
         check_tolerances(self.atol, self.rtol)
+        self.max_memory = size_flag("--max-memory", self.max_memory)
+        self.max_swap_memory = size_flag("--max-swap-memory", self.max_swap_memory)
 
     @property
     def launch(self) -> LaunchOptions:
@@ -73,6 +82,26 @@ class VerifyOptions:
 
 # keyword (the flag's longest name) -> VerifyOptions field
 _RENAMES = {"tf": "tf_versions", "beam_option": "beam_options", "json": "json_out"}
+
+
+def size_flag(flag: str, value) -> int | None:
+    """A size flag in bytes: `512MB` (10^6), `512MiB` (2^20), GB/GiB, kB/KiB, or plain bytes."""
+    if value is None:
+        return None
+    size = parse_size(value)
+    if size is None or size <= 0:
+        raise UsageError(f"{flag} {value!r} is not a size",
+                         f"pass {flag} 512MB (MB = 10^6 bytes; MiB = 2^20; GB, GiB; or a number of bytes)")
+    return size
+
+
+def memory_limits(path: str) -> dict:
+    """`max_memory` / `max_swap_memory` of the exportkit.toml in the model's base directory (the flags win)."""
+    where = Path(path)
+    base = where.parent if (where / "saved_model.pb").is_file() or (where / "saved_model.pbtxt").is_file() else where
+    spec_file = find_spec_file(str(base), None) if base.is_dir() else None
+    spec = read_spec_file(spec_file) if spec_file else {}
+    return {k: spec[k] for k in ("max_memory", "max_swap_memory") if k in spec}
 
 
 def verify_options(path, **flags) -> VerifyOptions:
@@ -88,6 +117,8 @@ def verify_options(path, **flags) -> VerifyOptions:
     source = {name: flags.pop(name) for name in SOURCE_FLAGS if name in flags}
     flags.pop("op_library", None)
     values = {_RENAMES.get(k, k): v for k, v in flags.items()}
+    for name, limit in memory_limits(str(path)).items():
+        values[name] = limit if values.get(name) is None else values[name]
     for name in ("int_range", "tol", "tf_versions", "beam_options"):
         if name in values:
             values[name] = texts(values[name])

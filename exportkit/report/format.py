@@ -84,3 +84,30 @@ def text_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[st
         cells = [c.ljust(w) for c, w in zip(row, widths)]
         lines.append("  ".join(cells).rstrip())
     return lines
+
+
+# Sizes: decimal units are powers of 10 (MB = 10^6), binary ones powers of 2 (MiB = 2^20), as IEC 80000-13 says;
+# a bare number is bytes. "M" or "G" alone would be ambiguous between the two, so they are refused.
+SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(text: str | int) -> int | None:
+    """Bytes from `512MB`, `1.5 GiB`, `800000000` (None when `text` is not a size; the caller says which flag)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text if text >= 0 else None
+    match = _SIZE.fullmatch(str(text))
+    unit = SIZE_UNITS.get(match.group(2).lower() if match and match.group(2) else "b") if match else None
+    return None if unit is None else int(float(match.group(1)) * unit)
+
+
+def size_text(n: int | None) -> str:
+    """`520 MB` (3 significant digits, decimal units: MB = 10^6 bytes), `-` for None."""
+    if n is None:
+        return "-"
+    sign, n = ("-" if n < 0 else ""), abs(n)
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            return f"{sign}{n / scale:.3g} {unit}"
+    return f"{sign}{n} B"

@@ -70,6 +70,7 @@ class TfWorker:
         self.device = device
         self.allow_tf32 = allow_tf32
         self.tf_version: str | None = None
+        self.managed = worker is not None  # a standalone worker in a managed TF X.Y environment
         self._command = [python or sys.executable, "-I"] + (
             [worker] if worker else ["-m", "exportkit.runtimes.session_worker"])
         self._broken_remedy = broken_remedy
@@ -278,6 +279,16 @@ class TfWorker:
         if self._loads.pop(loader, None) is not None:
             self._loaded.pop(loader, None)
             self.request(op="unload", loader=loader)
+
+    def memory(self, previous: str | None = None) -> dict:
+        """What the session loader's load costs this worker (exportkit.tfversions.worker.MemoryMeter.figures; {}
+        when the worker cannot say). `previous`: a version directory loaded beside it first, as TF Serving holds the
+        version it served while it loads the new one (the swap): its growth is `previous_loaded_bytes`."""
+        loaded = self.request(op="load", loader="previous", path=str(previous), signature="",
+                              device=self.device) if previous is not None else {"ok": True}
+        reply = self.request(op="memory", loader="session", device=self.device)
+        figures = reply.get("memory") or {} if reply.get("ok") else {}
+        return figures if loaded.get("ok") else {**figures, "previous_error": loaded.get("message", "")}
 
     def run(self, loader: str, signature: str, inputs: dict[str, np.ndarray], input_dtypes: dict[str, str]) -> tuple[dict, dict]:
         run = next(self._runs)  # atomic: runtimes in several threads run at once

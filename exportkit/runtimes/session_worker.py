@@ -12,6 +12,9 @@ before the server's warm-up, say). Every reply carries the request's "id" (when 
     {"op": "run", "loader": ..., "dir": DIR, "inputs": PREFIX, "outputs": PREFIX, "signature": NAME,
      "input_dtypes": {...}}                          -> {"ok": true, "placed_on": "cpu:0"|null}
     {"op": "unload", "loader": ...}                   -> {"ok": true}; the loader's model and variables dropped
+    {"op": "memory", "loader": "session"}             -> {"ok": true, "memory": {...}}: what its load costs this
+        process (exportkit.tfversions.worker.MemoryMeter; loads go one at a time so each is measured alone), with
+        "previous": the RSS a load of loader "previous" (the version served before, for the swap) added after it
     {"op": "serve", "model_name": NAME, "rest": bool} -> {"ok": true, "address": ..., "rest": ..., "version": N}
         TF Serving's gRPC (and REST) API over the session loader's graph and session, after replaying the warm-up
         records as TF Serving does before AVAILABLE. So `session` answers by a direct Session.run on the state
@@ -30,6 +33,8 @@ import threading
 import traceback
 from concurrent.futures import Future
 
+from exportkit.tfversions.worker import MemoryMeter
+
 
 class Worker:
     def __init__(self, channel):
@@ -38,6 +43,8 @@ class Worker:
         self.loads: dict[str, Future] = {}  # loader -> its loaded model (Tf1SavedModel | SavedModelRuntime)
         self.signature: dict[str, str] = {}  # loader -> the signature it answers unless told otherwise
         self.servers = []
+        self.meter = MemoryMeter()
+        self.ran: set[tuple[str, str]] = set()  # (loader, signature) that have run once
 
     def reply(self, request: dict, **payload) -> None:
         if "id" in request:
@@ -70,7 +77,8 @@ class Worker:
                 self.fail(request, err)
                 return
             try:
-                self._check_signature(loader, request["signature"])
+                if loader != "previous":  # the version served before: loaded for its memory only
+                    self._check_signature(loader, request["signature"])
                 self.reply(request, ok=True)
             except Exception as e:  # noqa: BLE001
                 self.fail(request, e)
@@ -87,7 +95,7 @@ class Worker:
 
         def work() -> None:
             try:
-                future.set_result(_load(loader, request))
+                future.set_result(self.meter.load(loader, lambda: _load(loader, request), reset_peak=loader == "session"))
             except BaseException as err:  # noqa: BLE001 — reported to whoever waits for this load
                 future.set_exception(err)
 
@@ -113,15 +121,21 @@ class Worker:
         model = self.loads[loader].result()
         self._check_signature(loader, name)
         batches = load_batches(request["dir"], request["inputs"])
-        placed_on = None
-        if loader == "saved_model":
-            model.use_signature(name, request.get("input_dtypes") or {})
-            outputs = [model.run(batch) for batch in batches]
-            placed_on = model.placed_on
-        else:
-            outputs = [model.run(name, batch) for batch in batches]
+
+        def answer() -> list:
+            if loader == "saved_model":
+                model.use_signature(name, request.get("input_dtypes") or {})
+                return [model.run(batch) for batch in batches]
+            return [model.run(name, batch) for batch in batches]
+
+        with self.lock:
+            first, _ = (loader, name) not in self.ran, self.ran.add((loader, name))
+        # a signature's first run builds what it keeps (executors, the TF2 function's instantiation): it counts to its
+        # loader, measured one at a time like the loads; the later runs go on side by side
+        outputs = self.meter.load(loader, answer) if first else answer()
+        self.meter.sample()
         save_batches(request["dir"], outputs, request["outputs"])
-        self.reply(request, ok=True, placed_on=placed_on)
+        self.reply(request, ok=True, placed_on=model.placed_on if loader == "saved_model" else None)
 
     def unload(self, request: dict) -> None:
         """Drop a loader's model, its variables with it (one load at a time for large models: see
@@ -134,17 +148,40 @@ class Worker:
             future.result().close()
         del future
         gc.collect()  # tf.saved_model.load's object graph has cycles: free its variables now, not some time later
+        self.meter.forget(request["loader"])
+        with self.lock:
+            self.ran = {(loader, name) for loader, name in self.ran if loader != request["loader"]}
         self.reply(request, ok=True)
 
+    def memory(self, request: dict) -> None:
+        """The figures of a loader's load (MemoryMeter.figures), the previous version's growth, and on a GPU TF's own
+        statistics of GPU:0 (its allocator's current and peak bytes)."""
+        figures = self.meter.figures(request.get("loader", "session"))
+        if "previous" in self.meter.loads:
+            figures["previous_loaded_bytes"] = self.meter.loads["previous"]["grown"]
+        if request.get("device") == "gpu":
+            import tensorflow as tf
+
+            info = tf.config.experimental.get_memory_info("GPU:0")
+            figures["gpu"] = {"current_bytes": info["current"], "peak_bytes": info["peak"]}
+        self.reply(request, ok=True, memory=figures)
+
     def serve(self, request: dict) -> None:
-        """TF Serving's APIs over the session loader's model: warm-up first, as TF Serving does before AVAILABLE."""
+        """TF Serving's APIs over the session loader's model: warm-up first, as TF Serving does before AVAILABLE.
+        The server's own code and sockets are measured apart ("server"): they are not the model's memory."""
         from exportkit.errors import CheckFailed
         from exportkit.savedmodel.versions import resolve_model_path
-        from exportkit.serving.server.grpc_service import start_grpc
-        from exportkit.serving.server.servable import ServedModel
-        from exportkit.serving.server.server_core import ServerCore
 
         model = self._start_load("session", dict(request, signature=request.get("signature", ""))).result()
+
+        def server_code():
+            from exportkit.serving.server import grpc_service, servable, server_core
+
+            if request.get("rest"):
+                from exportkit.serving.server import http_handler  # noqa: F401
+            return grpc_service.start_grpc, servable.ServedModel, server_core.ServerCore
+
+        start_grpc, ServedModel, ServerCore = self.meter.load("server", server_code)
         location = resolve_model_path(request["path"])
         batching = None
         if request.get("batching"):  # --batching-parameters: TF Serving's batching session over the same load
@@ -158,13 +195,13 @@ class Worker:
             raise CheckFailed(f"model '{served.name}' version {served.version} failed to load: {served.error[1]}",
                               "the warm-up record or the model is at fault; `exportkit inspect` shows both")
         core = ServerCore([served])
-        server, port = start_grpc(core, 0)
+        server, port = self.meter.load("server", lambda: start_grpc(core, 0))
         self.servers.append(server)
         reply = {"address": f"127.0.0.1:{port}", "version": served.version}
         if request.get("rest"):
             from exportkit.serving.server.http_handler import start_rest
 
-            rest, rest_port = start_rest(core, 0)
+            rest, rest_port = self.meter.load("server", lambda: start_rest(core, 0))
             self.servers.append(rest)
             reply["rest"] = f"127.0.0.1:{rest_port}"
         self.reply(request, ok=True, **reply)
@@ -190,7 +227,7 @@ def _load(loader: str, request: dict):
         runtime = build(RuntimeSpec("saved_model", request["path"], request["signature"], device=request.get("device")))
         runtime.load_model()
         return runtime
-    if loader == "session":
+    if loader in ("session", "previous"):
         from exportkit.savedmodel.loader import Tf1SavedModel
 
         return Tf1SavedModel(request["path"], device=request.get("device"))
@@ -219,7 +256,8 @@ def main() -> int:
                      message=f"no module {err.name!r}")
         return 1
     worker.reply({}, ok=True, ready=True, tf=tf.__version__)
-    ops = {"load": worker.load, "run": worker.run, "serve": worker.serve, "unload": worker.unload}
+    ops = {"load": worker.load, "run": worker.run, "serve": worker.serve, "unload": worker.unload,
+           "memory": worker.memory}
 
     def answer(request: dict) -> None:
         try:

@@ -12,11 +12,15 @@ and reads/writes the batch .npz format of exportkit's batch files:
     {"op": "load", "path": DIR, "signature": NAME, "device": "cpu"} -> {"ok": true, "tf": "2.12.1"}
     {"op": "run", "dir": DIR, "inputs": PREFIX, "outputs": PREFIX, "signature": NAME}   -> {"ok": true}
                                                                      (signature: the loaded one unless given)
+    {"op": "memory"} -> {"ok": true, "memory": {...}}: what the load costs this process (MemoryMeter.figures)
+
+MemoryMeter lives here because both workers measure with it and this one cannot import exportkit.
 """
 import json
 import os
 import re
 import sys
+import threading
 import traceback
 import zipfile
 
@@ -25,6 +29,95 @@ LENGTHS = ".__len__"
 # image utilities) and no SavedModel load uses; None in sys.modules makes their import an ImportError, which Keras
 # handles. A third of a second of every worker's TensorFlow import (exportkit.runtimes.session_worker does the same).
 NOT_FOR_LOADING = ("matplotlib", "PIL")
+
+
+def _status_bytes(field):
+    """A `VmRSS`/`VmHWM` line of /proc/self/status in bytes; None where there is no /proc (not Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak():
+    """VmHWM back to the current RSS (`echo 5 > /proc/self/clear_refs`, Linux >= 4.0); False where not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _trim():
+    """Give freed heap back to the kernel (glibc's malloc_trim), so that a load does not reuse memory an earlier one
+    freed and look smaller than it is in a fresh server."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class MemoryMeter:
+    """What a version costs the process that loads it, from the kernel's own accounting (/proc/self/status).
+
+    Loads go one at a time (`load`), each between two RSS readings, so each one's growth is its own although the
+    worker holds several (verify's TF2 load, the previous version for the swap). The figures of a loader
+    (`figures`): baseline = RSS before its load; loaded = what its load and the first run of each signature (the
+    warm-up, measured the same way) added; peak = VmHWM since its load began (reset through clear_refs; else the
+    highest RSS `sample` saw) - baseline - what the loads after it still hold. `now` is RSS now on the same terms:
+    it drifts with the allocator's arenas (requests answered in other threads), so it is not the figure."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.loads = {}  # loader -> {"before": RSS before its load, "grown": RSS it added}, in load order
+        self.peak_from = None  # the loader whose load reset VmHWM
+        self.sampled = 0
+        self.hwm_reset = False
+
+    def load(self, loader, do_load, reset_peak=False):
+        """do_load() with this process's RSS read before and after, one load at a time. Also what is not the
+        model's, to be left out of the figures of loads before it (the embedded server's code: TF Serving's is in
+        its binary before any load); calls under one name add up."""
+        with self.lock:
+            _trim()
+            before = _status_bytes("VmRSS")
+            if reset_peak:
+                self.hwm_reset, self.peak_from, self.sampled = _reset_peak(), loader, before or 0
+            result = do_load()
+            _trim()  # what it freed is not held (a transient graph copy, say): the figure is what it keeps
+            after = _status_bytes("VmRSS")
+            if before is not None and after is not None:
+                earlier = self.loads.get(loader, {"before": before, "grown": 0})
+                self.loads[loader] = {"before": earlier["before"], "grown": earlier["grown"] + after - before}
+            return result
+
+    def sample(self):
+        now = _status_bytes("VmRSS") or 0
+        self.sampled = max(self.sampled, now)
+
+    def forget(self, loader):
+        self.loads.pop(loader, None)
+
+    def figures(self, loader):
+        """{"baseline_bytes", "loaded_bytes", "peak_bytes", "method"} of `loader`'s load; {} when not measured."""
+        entry = self.loads.get(loader)
+        now = _status_bytes("VmRSS")
+        if entry is None or now is None:
+            return {}
+        names = list(self.loads)
+        later = sum(self.loads[n]["grown"] for n in names[names.index(loader) + 1:])
+        hwm = _status_bytes("VmHWM") if self.hwm_reset and self.peak_from == loader else None
+        peak = (hwm if hwm is not None else max(self.sampled, now)) - entry["before"] - later
+        loaded = entry["grown"]
+        return {"baseline_bytes": entry["before"], "loaded_bytes": loaded, "peak_bytes": max(peak, loaded),
+                "now_bytes": now - entry["before"] - later, "method": "VmHWM" if hwm is not None else "sampled RSS"}
 
 
 def reply(stream, **payload):
@@ -138,6 +231,7 @@ def main():
         return 1
     reply(channel, ok=True, ready=True, tf=tf.__version__)
     session = signature = None
+    meter = MemoryMeter()
     for line in sys.stdin:
         request = json.loads(line)
         try:
@@ -149,7 +243,8 @@ def main():
                 graph = tf.Graph()
                 session = tf.compat.v1.Session(graph=graph, config=config)
                 with graph.as_default():
-                    meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], request["path"])
+                    meta_graph = meter.load("session", lambda: tf.compat.v1.saved_model.loader.load(
+                        session, ["serve"], request["path"]), reset_peak=True)
                 signatures = dict(meta_graph.signature_def)
                 if request["signature"] not in signatures:
                     reply(channel, ok=False, kind="model", message=f"no signature {request['signature']!r} "
@@ -172,8 +267,11 @@ def main():
                     run = session_callable(session, [signature.inputs[k].name for k in feeds], fetches)
                     values = [as_feed(np, session.graph, signature.inputs[k].name, batch[k]) for k in feeds]
                     outputs.append(dict(zip(keys, run(*values))))
+                meter.sample()
                 save_batches(np, request["dir"], outputs, request["outputs"])
                 reply(channel, ok=True)
+            elif request["op"] == "memory":
+                reply(channel, ok=True, memory=meter.figures("session"))
         except Exception as err:  # the model's failure: report it, stay alive for the caller to close
             if type(err).__name__ == "OpLibraryError":  # this environment lacks a library, not the model's fault
                 reply(channel, ok=False, kind="infra", message=err.message, remedy=err.fix)
