@@ -204,6 +204,7 @@ def export(
     batching_parameters: Optional[str] = typer.Option(None, "--batching-parameters", metavar="FILE",
                                                       help="TF Serving BatchingParameters text proto the model is "
                                                            "served with: the warm-up covers every allowed_batch_sizes entry."),
+    server_flag: Optional[List[str]] = SERVER_FLAG,
     json_out: Optional[str] = typer.Option(None, "--json", help="Write a JSON summary here ('-' for stdout)."),
     html: Optional[str] = HTML,
     summary: Optional[str] = SUMMARY,
@@ -223,7 +224,8 @@ def export(
             input_specs=input_spec or [], keep_output_dtype=keep_output_dtype, no_verify=no_verify,
             int_range=int_range or [], allow_incomplete_config=allow_incomplete_config, reference=reference,
             signatures=signature or [], feature_spec=feature_spec, output_names=output_names,
-            batching_parameters=batching_parameters, **source_keywords(source._asdict()))
+            batching_parameters=batching_parameters, server_flag=server_flag or [],
+            **source_keywords(source._asdict()))
         return export_command(options, json_out=json_out, html=html, summary=summary)
 
     _run(go, debug)

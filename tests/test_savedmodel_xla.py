@@ -1,8 +1,9 @@
 """Everything XLA must compile, wherever it sits, judged as the stock tensorflow_model_server judges it (XLA off
 unless --xla_cpu_compilation_enabled): JAX programs (jax2tf with native serialization, Keras 3's export on the JAX
-backend: one XlaCallModule), a tf2xla op (XlaPad) in a plain tf.function, a TF1 jit_scope (_XlaCompile), and a
-.keras file saved under JAX, which exportkit exports on the TensorFlow backend. The JAX models are built in a
-subprocess with KERAS_BACKEND=jax (one process holds one Keras backend)."""
+backend: one XlaCallModule), tf2xla ops (XlaPad; XlaDynamicUpdateSlice, which keras.ops.slice_update writes on the
+TensorFlow backend), a TF1 jit_scope (_XlaCompile), and a .keras file saved under JAX, which exportkit exports on
+the TensorFlow backend. The JAX models are built in a subprocess with KERAS_BACKEND=jax (one process holds one
+Keras backend)."""
 from __future__ import annotations
 
 import os
@@ -29,6 +30,8 @@ BUILD = textwrap.dedent("""
     from tensorflow.compiler.tf2xla.python import xla
 
     out = sys.argv[1]
+    sys.path.insert(0, out)
+    from slice_layers import Put
     assert keras.backend.backend() == "jax"
     w = np.random.RandomState(0).randn(4, 3).astype("float32")
 
@@ -45,6 +48,7 @@ BUILD = textwrap.dedent("""
     model = keras.Model(inp, keras.layers.Dense(3, activation="softmax", name="probs")(inp))
     model.save(out + "/jax.keras")
     model.export(out + "/keras_jax/1", format="tf_saved_model")
+    keras.Model(inp, Put(name="put")(inp)).save(out + "/slice_update.keras")  # backend-independent
 
     pad = tf.Module()  # a tf2xla op outside any jit_compile function
     pad.f = tf.function(lambda x: {"y": xla.pad(x, 0.0, [0, 0], [0, 1], [0, 0])},
@@ -60,6 +64,16 @@ BUILD = textwrap.dedent("""
         builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
             "serving_default": v1.saved_model.predict_signature_def({"x": x}, {"y": y})})
         builder.save()
+""")
+
+SLICE_LAYERS = textwrap.dedent("""
+    import keras
+
+
+    @keras.saving.register_keras_serializable(package="xla")
+    class Put(keras.layers.Layer):  # on the TensorFlow backend, slice_update is tf2xla's XlaDynamicUpdateSlice
+        def call(self, x):
+            return keras.ops.slice_update(x, (0, 1), keras.ops.ones((keras.ops.shape(x)[0], 2)))
 """)
 
 # DisableXlaCompilation is process-wide and for good, as in tensorflow_model_server: its own process.
@@ -87,6 +101,7 @@ KINDS = ("jax2tf", "keras_jax", "xla_pad", "jit_scope")
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     out = tmp_path_factory.mktemp("xla")
+    (out / "slice_layers.py").write_text(SLICE_LAYERS)
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run([sys.executable, "-c", BUILD, str(out)], env=env, capture_output=True, text=True,
                           timeout=300)
@@ -151,3 +166,16 @@ def test_a_keras_file_saved_under_jax_exports_on_the_tensorflow_backend_as_the_u
     assert not [op for op in info.ops if op.startswith("Xla")]
     assert not [f for f in info.findings if f.code == "xla-jit"]
     assert info.oldest_tf_serving is not None
+
+
+def test_export_refuses_a_version_the_stock_server_refuses_and_writes_it_when_told_the_server_compiles(models, tmp_path):
+    base = tmp_path / "models"
+    args = ("export", models / "slice_update.keras", "-o", base, "--custom-objects", "slice_layers",
+            "--python-path", models, "--no-verify")
+    stock = invoke(*args)
+    assert stock.returncode == 1, stock.stdout + stock.stderr
+    assert "XlaDynamicUpdateSlice" in stock.stderr and "keras.ops.slice_update" in stock.stderr
+    assert "the version was not written" in stock.stderr and not list(base.glob("*/saved_model.pb"))
+    told = invoke(*args, "--server-flag", "xla_cpu_compilation_enabled=true")
+    assert told.returncode == 0, told.stdout + told.stderr
+    assert (base / "1" / "saved_model.pb").is_file()

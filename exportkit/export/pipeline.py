@@ -258,6 +258,7 @@ def _export(options: ExportOptions, progress: Progress, published: str | None = 
                 manifest["warmup_batch_sizes"] = warmup_sizes  # --batching-parameters' allowed_batch_sizes
             _write_version(staging, archive, loaded, golden, options, base.resolve().name, manifest, reference)
             selfcheck.external_files_check(staging)  # static, so even with --no-verify
+            findings = findings + selfcheck.xla_check(staging, options.server_flags)
             progress.stage("write", f"{base / str(version)}" + (f" (to publish as {published})" if published else ""))
             if options.verify:
                 del archive  # the traced functions hold the model's variables too

@@ -68,6 +68,20 @@ def external_files_check(path: str | Path) -> None:
                           f"another host does not have them", REFUSED + EXTERNAL_FILE_FIX.removeprefix("fix: "))
 
 
+def xla_check(path: str | Path, flags) -> list:
+    """Refuse, under the stock flags, a SavedModel that needs XLA (exportkit.savedmodel.deployment): the self-check's
+    TF1 loader compiles it, the stock tensorflow_model_server refuses every request. With the deployment's
+    --server-flag xla_cpu_compilation_enabled=true: the info finding, for the export's report."""
+    from exportkit.savedmodel.deployment import xla_findings
+
+    findings = xla_findings(select_meta_graph(read_saved_model_proto(path)), flags)
+    for finding in findings:
+        if finding.severity == "error":
+            why, _, fix = finding.message.partition(" fix: ")
+            raise CheckFailed(why, REFUSED + fix)
+    return findings
+
+
 class InProcessSession:
     """Tf1SavedModel behind the calls `_self_check` makes of the session runtime: load, use_signature, run, close.
     Load and run failures are the model's (CheckFailed), as the session worker reports them."""

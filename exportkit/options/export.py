@@ -7,6 +7,7 @@ from pathlib import Path
 
 from exportkit.errors import UsageError
 from exportkit.inputs.ranges import IntRangeFlags, int_range_texts, parse_int_range_flags
+from exportkit.options.server_flags import STOCK, ServerFlags, parse_server_flags
 from exportkit.options.signatures import SignatureSpec, merge_signatures, parse_signature_arg
 from exportkit.options.source import SourceOptions, source_options, source_stem
 from exportkit.options.spec_file import find_spec_file, read_spec_file
@@ -35,6 +36,7 @@ class ExportOptions:
     output_names: list[str] = field(default_factory=list)  # names for the outputs of a list/tuple-returning model
     output_origin: str | None = None  # how `output` was chosen when -o was not given (printed by export)
     batching_parameters: str | None = None  # TF Serving BatchingParameters: warm-up of every allowed batch size
+    server_flags: ServerFlags = STOCK  # --server-flag: how the deployment's server runs (XLA on or off)
 
 
 def parse_output_names(value) -> list[str]:
@@ -49,7 +51,7 @@ def parse_output_names(value) -> list[str]:
 def export_options(src: str, output: str | None, spec_path: str | None = None, *, version=None, assets=(),
                    signature_name=None, input_specs=(), keep_output_dtype=False, no_verify=False, int_range=None,
                    allow_incomplete_config=False, reference=None, signatures=(), feature_spec=None,
-                   output_names=None, batching_parameters=None, **source_flags) -> ExportOptions:
+                   output_names=None, batching_parameters=None, server_flag=(), **source_flags) -> ExportOptions:
     spec_file = find_spec_file(src, spec_path)
     spec = read_spec_file(spec_file) if spec_file else {}
     named = merge_signatures([parse_signature_arg(text) for text in signatures], spec.get("signatures", []))
@@ -74,6 +76,7 @@ def export_options(src: str, output: str | None, spec_path: str | None = None, *
     names = output_names if output_names is not None else spec.get("output_names")
     return ExportOptions(
         source=source_options(src, spec=spec, **source_flags),
+        server_flags=parse_server_flags(list(server_flag or ())),
         output=output,
         output_origin=origin,
         output_names=parse_output_names(names) if names else [],

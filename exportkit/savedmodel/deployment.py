@@ -309,14 +309,17 @@ def _true(value) -> bool:
 
 
 _XLA_WHAT = {"jit_compile": "tf.function(jit_compile=True)", "jit_scope": "tf.xla.experimental.jit_scope"}
-_XLA_OP_ORIGIN = {"XlaCallModule": "a JAX program: jax2tf, or Keras 3's export on the JAX backend"}
-XLA_FLAG_FIX = ("start tensorflow_model_server with --xla_cpu_compilation_enabled=true and say so to verify and "
-                "compat (--server-flag xla_cpu_compilation_enabled=true)")
+_XLA_OP_ORIGIN = {"XlaCallModule": "a JAX program: jax2tf, or Keras 3's export on the JAX backend",
+                  "XlaDynamicUpdateSlice": "keras.ops.slice_update on the TensorFlow backend writes it"}
+XLA_FLAG_FIX = ("start tensorflow_model_server with --xla_cpu_compilation_enabled=true and say so to export, verify "
+                "and compat (--server-flag xla_cpu_compilation_enabled=true)")
 _XLA_AVOID = {"jit_compile": "export the serving function without jit_compile=True",
               "jit_scope": "build the graph without tf.xla.experimental.jit_scope",
               "XlaCallModule": "for a Keras 3 model, export its .keras file with exportkit export, which exports "
                                "on the TensorFlow backend (no XlaCallModule; Keras' export on the JAX backend writes "
-                               "one even with jax2tf_kwargs native_serialization=False)"}
+                               "one even with jax2tf_kwargs native_serialization=False)",
+              "XlaDynamicUpdateSlice": "write the update without keras.ops.slice_update (e.g. with "
+                                       "keras.ops.concatenate of the slices, or keras.ops.scatter_update)"}
 
 
 def _xla_use_text(use: XlaUse) -> str:
