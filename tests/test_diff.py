@@ -213,8 +213,8 @@ def test_predict_logs_of_examples_replay_in_bulk_as_one_by_one():
               pl.PredictionLog(classify_log=pl.ClassifyLog(request=classify)).SerializeToString()]
     bulk, one_by_one = _replayer("serving_default", "m"), _replayer("serving_default", "m")
     for record in common:
-        assert list(bulk.example_values(record)) == one_by_one.replay(record).inputs["inputs"].tolist()
-    assert all(bulk.example_values(record) is None for record in others)
+        assert bulk.example_values([record])[0] == one_by_one.replay(record).inputs["inputs"].tolist()
+    assert all(bulk.example_values([*common, record]) is None for record in others)
 
     class Source:
         files = ["logs"]

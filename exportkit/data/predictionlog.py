@@ -86,29 +86,37 @@ class LogReplayer:
         self._classify_problem = classification_refusal(inputs, outputs)
         self._regress_problem = regression_refusal(inputs, outputs)
 
-    def example_values(self, record: bytes):
-        """replay's most common case, without its objects: a PredictLog without a response whose request sends the
-        signature's one string input as a vector of n >= 1 `string_val`s. Those values (a protobuf sequence of
-        bytes), or None for any other record, which `replay` then takes (1M logs: 3 s here, 23 s through replay)."""
-        try:
-            log = _prediction_log().FromString(record)
-        except DecodeError:
-            return None
-        if not log.HasField("predict_log"):
-            return None
-        entry = log.predict_log
-        request = entry.request
-        spec = request.model_spec
-        if ((spec.signature_name or DEFAULT_SIGNATURE) != self.signature_name or entry.HasField("response")
-                or (self.model_name and spec.name and spec.name != self.model_name)):
-            return None
-        inputs = request.inputs
-        tensor = inputs.get(self.example_input) if len(inputs) == 1 else None
-        if tensor is None or tensor.dtype != _DT_STRING:
-            return None
-        dims = tensor.tensor_shape.dim
-        values = tensor.string_val
-        return values if len(dims) == 1 and len(values) == dims[0].size and len(values) else None
+    def example_values(self, records: list[bytes]) -> tuple[list[bytes], list[int]] | None:
+        """replay's most common case for a batch of records, without its objects: PredictLogs without a response
+        whose request sends the signature's one string input as a vector of n >= 1 `string_val`s. Their values, in
+        order, and each record's n; None when any record is something else (each is then replayed). 1M logs: ~3 s
+        here, 23 s through replay."""
+        parse, key, name, model = _prediction_log().FromString, self.example_input, self.signature_name, self.model_name
+        values, counts = [], []
+        for record in records:
+            try:
+                log = parse(record)
+            except DecodeError:
+                return None
+            if not log.HasField("predict_log"):
+                return None
+            entry = log.predict_log
+            request = entry.request
+            spec = request.model_spec
+            if ((spec.signature_name or DEFAULT_SIGNATURE) != name or entry.HasField("response")
+                    or (model and spec.name and spec.name != model)):
+                return None
+            inputs = request.inputs
+            tensor = inputs.get(key) if len(inputs) == 1 else None
+            if tensor is None or tensor.dtype != _DT_STRING:
+                return None
+            dims, sent = tensor.tensor_shape.dim, tensor.string_val
+            n = len(sent)
+            if len(dims) != 1 or n != dims[0].size or not n:
+                return None
+            values += sent
+            counts.append(n)
+        return values, counts
 
     def replay(self, record: bytes, where=lambda: "?") -> Replayed | None:
         """The log's request (and response) for the signature, or None (skipped: the reason is counted).

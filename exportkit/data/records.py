@@ -452,16 +452,10 @@ class Feeder:
     def _logged_examples(self, batch: RecordBatch) -> Fed | None:
         """_replayed's Fed when every log of the batch is the replayer's common case (LogReplayer.example_values:
         serialized inputs to take as they are), without a Replayed per log; None: some log is not."""
-        if self._log_key is None or not batch.records:
+        taken = self.replayer.example_values(batch.records) if self._log_key is not None and batch.records else None
+        if taken is None:
             return None
-        values, counts = [], []
-        example_values = self.replayer.example_values
-        for record in batch.records:
-            sent = example_values(record)
-            if sent is None:
-                return None
-            values += sent
-            counts.append(len(sent))
+        values, counts = taken
         examples = np.empty(len(values), dtype=object)
         examples[:] = values
         record_of_row = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
