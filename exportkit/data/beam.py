@@ -96,8 +96,8 @@ def run_pipeline(plan: BeamPlan, beam_options: list[str]) -> tuple[dict, int]:
                          "none", "pass --beam-option temp_location=gs://BUCKET/tmp (a place the workers and this "
                          "machine both read and write)")
     # The results file goes also when the pipeline failed (and our own directory with it): they are no one's.
-    with _quiet_beam(), (contextlib.nullcontext(given) if given
-                         else tempfile.TemporaryDirectory(prefix="exportkit-beam-", ignore_cleanup_errors=True)) as base:
+    own = tempfile.TemporaryDirectory(prefix="exportkit-beam-", ignore_cleanup_errors=True) if not given else None
+    with _quiet_beam(), (own or contextlib.nullcontext(given)) as base:
         results = FileSystems.join(base, f"exportkit-results-{uuid.uuid4().hex}.pickle")
         try:
             return _run_in(args, results, plan)
