@@ -215,6 +215,9 @@ def test_predict_logs_of_examples_replay_in_bulk_as_one_by_one():
     for record in common:
         assert bulk.example_values([record])[0] == one_by_one.replay(record).inputs["inputs"].tolist()
     assert all(bulk.example_values([*common, record]) is None for record in others)
+    bulk.responses = one_by_one.responses = False  # diff's: the logged answers are not read
+    assert bulk.example_values([others[0]])[0] == one_by_one.replay(others[0]).inputs["inputs"].tolist()
+    assert one_by_one.replay(others[0]).logged is None
 
     class Source:
         files = ["logs"]

@@ -73,6 +73,7 @@ class LogReplayer:
     signatures: dict  # every signature of the model, to tell "not in the model" from "another signature"
     model_name: str | None = None
     skipped: Counter = field(default_factory=Counter)
+    responses: bool = True  # decode logged responses (verify's `logged` runtime); a diff compares the versions only
 
     def __post_init__(self):
         inputs, outputs = self.signature["inputs"], self.signature["outputs"]
@@ -87,10 +88,10 @@ class LogReplayer:
         self._regress_problem = regression_refusal(inputs, outputs)
 
     def example_values(self, records: list[bytes]) -> tuple[list[bytes], list[int]] | None:
-        """replay's most common case for a batch of records, without its objects: PredictLogs without a response
-        whose request sends the signature's one string input as a vector of n >= 1 `string_val`s. Their values, in
-        order, and each record's n; None when any record is something else (each is then replayed). 1M logs: ~3 s
-        here, 23 s through replay."""
+        """replay's most common case for a batch of records, without its objects: PredictLogs (without a response,
+        unless `responses` is off) whose request sends the signature's one string input as a vector of n >= 1
+        `string_val`s. Their values, in order, and each record's n; None when any record is something else (each
+        is then replayed). 1M logs: ~3 s here, 23 s through replay."""
         parse, key, name, model = _prediction_log().FromString, self.example_input, self.signature_name, self.model_name
         values, counts = [], []
         for record in records:
@@ -103,7 +104,7 @@ class LogReplayer:
             entry = log.predict_log
             request = entry.request
             spec = request.model_spec
-            if ((spec.signature_name or DEFAULT_SIGNATURE) != name or entry.HasField("response")
+            if ((spec.signature_name or DEFAULT_SIGNATURE) != name or (self.responses and entry.HasField("response"))
                     or (model and spec.name and spec.name != model)):
                 return None
             inputs = request.inputs
@@ -147,7 +148,7 @@ class LogReplayer:
         if examples is None:
             return self._skip("Input is empty.")
         logged = None
-        if entry.HasField("response"):
+        if self.responses and entry.HasField("response"):
             logged = (self._classifications(entry.response.result.classifications, len(examples))
                       if kind == "classify_log" else self._regressions(entry.response.result.regressions, len(examples)))
         return Replayed({self.example_input: examples}, len(examples), logged, examples)
@@ -168,7 +169,7 @@ class LogReplayer:
             return self._skip("the request's tensors share no batch dimension (replayed requests are batched)")
         (n,) = rows
         logged = None
-        if entry.HasField("response") and entry.response.outputs:
+        if self.responses and entry.HasField("response") and entry.response.outputs:
             logged = {k: to_ndarray(v) for k, v in entry.response.outputs.items() if k in self.signature["outputs"]}
         examples = inputs[self.example_input] if self.example_input else None
         return Replayed(inputs, n, logged, examples)
@@ -194,7 +195,7 @@ class LogReplayer:
             return self._skip("Input is empty.")
         logged = None
         position = list(request.tasks).index(task)
-        if entry.HasField("response") and len(entry.response.results) > position:
+        if self.responses and entry.HasField("response") and len(entry.response.results) > position:
             result = entry.response.results[position]
             logged = (self._classifications(result.classification_result.classifications, len(examples))
                       if task.method_name == CLASSIFY_METHOD

@@ -181,7 +181,10 @@ def _feeder(o: DiffOptions, data: str, new: Version, name: str, signature: dict)
 
     specs = input_specs(select_meta_graph(read_saved_model_proto(new.path)), name, signature, new.path)
     source = DataSource(data, specs, batch_size=o.batch_size, sample=o.sample, seed=o.seed, limit=o.limit)
-    return source, Feeder(source, specs, *signature_feed(source, specs, name, signature, new.signatures, o.model_name))
+    example_key, replayer = signature_feed(source, specs, name, signature, new.signatures, o.model_name)
+    if replayer is not None:  # TF Serving's request logs carry its answers too: a diff compares the versions only
+        replayer.responses = False
+    return source, Feeder(source, specs, example_key, replayer)
 
 
 def _generated(o: DiffOptions, new: Version, name: str):
