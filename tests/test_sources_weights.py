@@ -140,6 +140,16 @@ def test_an_hdf5_file_that_is_neither_says_what_it_is(files, tmp_path):
         assert not (tmp_path / "out").exists()
 
 
+def test_an_empty_weights_file_is_a_damaged_copy(files, tmp_path):
+    from exportkit.errors import UsageError
+
+    root, _ = files
+    (tmp_path / "model.weights.h5").write_bytes(b"")
+    with pytest.raises(UsageError, match=r"model.weights.h5 is empty \(0 bytes\)") as err:
+        _load(tmp_path / "model.weights.h5", "wbuilders:keras3", root / "site")
+    assert "copy the weights file again" in err.value.remedy
+
+
 def test_a_weights_file_read_as_a_model_names_its_path(files, tmp_path):
     root, made = files
     shutil.copy(made["tf_keras by layer"][0], tmp_path / "tf_model.h5")

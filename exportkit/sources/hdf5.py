@@ -62,15 +62,20 @@ class H5Content:
         return f"an HDF5 file with groups {listed(self.groups)} and attributes {listed(self.attrs)}"
 
 
-def h5_content(path) -> H5Content:
-    """The kind of Keras file an HDF5 file is, from its top-level attributes and groups (OSError if h5py cannot
-    open it)."""
+def h5_content(path) -> H5Content | None:
+    """The kind of Keras file an HDF5 file is, from its top-level attributes and groups; None for a file that is
+    not HDF5 or that h5py cannot read (truncated: loading it says so)."""
     import h5py
 
-    with h5py.File(str(path), "r") as f:
-        attrs = tuple(sorted(f.attrs))
-        groups = tuple(sorted(name for name, obj in f.items() if isinstance(obj, h5py.Group)))
-        nested_layer_names = "model_weights" in groups and "layer_names" in f["model_weights"].attrs
+    if not is_hdf5(path):
+        return None
+    try:
+        with h5py.File(str(path), "r") as f:
+            attrs = tuple(sorted(f.attrs))
+            groups = tuple(sorted(name for name, obj in f.items() if isinstance(obj, h5py.Group)))
+            nested_layer_names = "model_weights" in groups and "layer_names" in f["model_weights"].attrs
+    except OSError:
+        return None
     if "model_config" in attrs:
         kind = MODEL
     elif "layer_names" in attrs or nested_layer_names:

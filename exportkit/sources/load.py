@@ -69,8 +69,8 @@ def detect_format(src: str, explicit: str | None = None) -> str:
         return "checkpoint"  # a checkpoint prefix such as ckpt/ckpt-3
     if not path.exists():
         raise UsageError(f"{src} does not exist", "check the path of the model to export")
-    if is_hdf5(path):  # by its content, whatever it is called (tf_model.h5, weights.hdf5, x.keras from Keras 2)
-        content = h5_content(path)
+    content = h5_content(path)  # what an HDF5 file holds, whatever it is called (tf_model.h5, x.keras from Keras 2)
+    if content is not None:
         if content.kind is None:
             raise UsageError(*neither_message(src, content))
         return "h5" if content.kind == MODEL else "weights"
@@ -570,9 +570,13 @@ def _restore_weights(model, src: str) -> None:
     picks its reader by the suffix. Weights by layer (and a full model's) load in layer order, as tf_keras and
     Keras 3 load any .h5 (Hugging Face's own loader matches the same weights by name); the reader checks the
     layer and weight counts and the shapes itself."""
-    content = h5_content(src) if is_hdf5(src) else None
+    content = h5_content(src)
     if content is not None and content.kind is None:
         raise UsageError(*neither_message(src, content))
+    damaged = _damaged_file(Path(src), "weights") if content is None and Path(src).is_file() else None
+    if damaged:
+        raise UsageError(damaged, "the copy is incomplete or damaged: copy the weights file again, or save it again "
+                                  "with model.save_weights(...)")
     with keras_readable(src, content.kind) if content else contextlib.nullcontext(src) as readable:
         try:
             model.load_weights(readable)
@@ -582,7 +586,7 @@ def _restore_weights(model, src: str) -> None:
                              f"({_error_text(err, readable, src)})",
                              "rebuild the model exactly as it was trained (same --builder/--builder-arg or "
                              "--model-config)") from err
-    if content is None or content.kind == SAVING_LIB_WEIGHTS:  # its reader skips entries the model lacks
+    if content is not None and content.kind == SAVING_LIB_WEIGHTS:  # its reader skips entries the model lacks
         _check_weights_file_consumed(model, src)
 
 
