@@ -16,6 +16,7 @@ from exportkit.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
 from exportkit.findings import has_errors
 from exportkit.inspection.report import SavedModelInfo, render_text
 from exportkit.savedmodel.layout import ASSET_DIRS, variables_bytes
+from exportkit.savedmodel.resources import serving_estimate
 from exportkit.savedmodel.manifest import Manifest, read_manifest
 from exportkit.options.source import source_options
 
@@ -84,7 +85,7 @@ only the variables' sizes are listed, their bytes not downloaded). No TF import.
     findings += blocking
     reads = file_reads(meta_graph)
     files = file_findings(reads, directory=directory)
-    xla = xla_findings(meta_graph)
+    xla = xla_findings(meta_graph, directory=directory)
     deployment = files + xla
     # what the server flag --xla_cpu_compilation_enabled would serve, when XLA is all that stands in the way
     with_xla = oldest if has_errors(xla) and not has_errors(files) else None
@@ -108,6 +109,7 @@ only the variables' sizes are listed, their bytes not downloaded). No TF import.
         oldest_tf_serving=oldest,
         oldest_tf_serving_with_xla=with_xla,
         files_read=[r.to_dict() for r in reads],
+        memory_estimate=serving_estimate(directory),
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from exportkit.findings import Finding
+from exportkit.report.format import size_text
 
 SCHEMA_VERSION = 1  # of `inspect --json` (docs/report-schema.md)
 
@@ -27,6 +28,8 @@ class SavedModelInfo:
     oldest_tf_serving: str | None = None  # oldest TF (Serving) version the static compat analysis accepts, CPU
     oldest_tf_serving_with_xla: str | None = None  # the same, on a server started with --xla_cpu_compilation_enabled
     files_read: list[dict] = field(default_factory=list)  # exportkit.savedmodel.deployment.FileRead.to_dict(): assets, paths
+    # TF Serving's RAM estimate before it loads the version: {"files_bytes", "estimate_bytes"} (savedmodel/resources.py)
+    memory_estimate: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -44,6 +47,7 @@ class SavedModelInfo:
             "oldest_tf_serving": self.oldest_tf_serving,
             "oldest_tf_serving_with_xla": self.oldest_tf_serving_with_xla,
             "files_read": list(self.files_read),
+            "memory_estimate": dict(self.memory_estimate),
         }
 
 
@@ -126,6 +130,10 @@ def render_text(info: SavedModelInfo) -> str:
     out += [f"  {a}" for a in info.assets]
     out += _render_files_read(info.files_read)
     out += _render_variables(info)
+    if info.memory_estimate:
+        out.append(f"memory: TF Serving's estimate {size_text(info.memory_estimate['estimate_bytes'])} "
+                   f"({size_text(info.memory_estimate['files_bytes'])} of files x 1.2; MB = 10^6 bytes), what its "
+                   f"resource tracker admits the version on; `exportkit verify` measures what the load takes")
     from exportkit.tfversions import RANGE
 
     xla = (f" with stock flags ({info.oldest_tf_serving_with_xla} and newer with --xla_cpu_compilation_enabled=true)"

@@ -31,16 +31,25 @@ LENGTHS = ".__len__"
 NOT_FOR_LOADING = ("matplotlib", "PIL")
 
 
-def _status_bytes(field):
-    """A `VmRSS`/`VmHWM` line of /proc/self/status in bytes; None where there is no /proc (not Linux)."""
+def _status():
+    """{field: bytes} of /proc/self/status's VmRSS, VmHWM, RssAnon, RssFile, RssShmem; {} where there is no /proc."""
+    found = {}
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
+                name, _, value = line.partition(":")
+                if name in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
+                    found[name] = int(value.split()[0]) * 1024
     except OSError:
         pass
-    return None
+    return found
+
+
+def _held(status):
+    """The memory the process itself holds: anonymous and shared-memory pages. Not RssFile: those are the shared
+    libraries' pages (TensorFlow's code), which a worker forked from a warm process faults in again as it first runs
+    them, and which the kernel shares between every process that maps them."""
+    return status["RssAnon"] + status["RssShmem"] if "RssAnon" in status else None
 
 
 def _reset_peak():
@@ -67,40 +76,41 @@ def _trim():
 class MemoryMeter:
     """What a version costs the process that loads it, from the kernel's own accounting (/proc/self/status).
 
-    Loads go one at a time (`load`), each between two RSS readings, so each one's growth is its own although the
-    worker holds several (verify's TF2 load, the previous version for the swap). The figures of a loader
-    (`figures`): baseline = RSS before its load; loaded = what its load and the first run of each signature (the
-    warm-up, measured the same way) added; peak = VmHWM since its load began (reset through clear_refs; else the
-    highest RSS `sample` saw) - baseline - what the loads after it still hold. `now` is RSS now on the same terms:
-    it drifts with the allocator's arenas (requests answered in other threads), so it is not the figure."""
+    Loads go one at a time (`load`), each between two readings of the memory the process holds (_held), so each
+    one's growth is its own although the worker holds several (verify's TF2 load, the previous version for the swap).
+    glibc's malloc_trim runs before each reading, so the figures are what is kept, not heap freed and not yet given
+    back. The figures of a loader (`figures`): baseline = held before its load; loaded = what its load and the
+    first run of each signature (the warm-up, measured the same way) added; peak = VmHWM since its load began (reset
+    through clear_refs; else the highest reading `sample` saw) less the shared libraries' pages, the baseline and what
+    the loads after it still hold: a lower bound of the true peak, exact unless code pages were first touched after
+    the peak."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.loads = {}  # loader -> {"before": RSS before its load, "grown": RSS it added}, in load order
+        self.loads = {}  # loader -> {"before": held before its load, "grown": what it added}, in load order
         self.peak_from = None  # the loader whose load reset VmHWM
         self.sampled = 0
         self.hwm_reset = False
 
     def load(self, loader, do_load, reset_peak=False):
-        """do_load() with this process's RSS read before and after, one load at a time. Also what is not the
-        model's, to be left out of the figures of loads before it (the embedded server's code: TF Serving's is in
-        its binary before any load); calls under one name add up."""
+        """do_load() between two readings, one load at a time. Also what is not the model's, to be left out of the
+        figures of loads before it (the embedded server's code: TF Serving's is in its binary before any load);
+        calls under one name add up."""
         with self.lock:
             _trim()
-            before = _status_bytes("VmRSS")
+            before = _held(_status())
             if reset_peak:
                 self.hwm_reset, self.peak_from, self.sampled = _reset_peak(), loader, before or 0
             result = do_load()
             _trim()  # what it freed is not held (a transient graph copy, say): the figure is what it keeps
-            after = _status_bytes("VmRSS")
+            after = _held(_status())
             if before is not None and after is not None:
                 earlier = self.loads.get(loader, {"before": before, "grown": 0})
                 self.loads[loader] = {"before": earlier["before"], "grown": earlier["grown"] + after - before}
             return result
 
     def sample(self):
-        now = _status_bytes("VmRSS") or 0
-        self.sampled = max(self.sampled, now)
+        self.sampled = max(self.sampled, _held(_status()) or 0)
 
     def forget(self, loader):
         self.loads.pop(loader, None)
@@ -108,16 +118,17 @@ class MemoryMeter:
     def figures(self, loader):
         """{"baseline_bytes", "loaded_bytes", "peak_bytes", "method"} of `loader`'s load; {} when not measured."""
         entry = self.loads.get(loader)
-        now = _status_bytes("VmRSS")
-        if entry is None or now is None:
+        status = _status()
+        if entry is None or _held(status) is None:
             return {}
         names = list(self.loads)
         later = sum(self.loads[n]["grown"] for n in names[names.index(loader) + 1:])
-        hwm = _status_bytes("VmHWM") if self.hwm_reset and self.peak_from == loader else None
-        peak = (hwm if hwm is not None else max(self.sampled, now)) - entry["before"] - later
+        by_hwm = self.hwm_reset and self.peak_from == loader
+        highest = status["VmHWM"] - status["RssFile"] if by_hwm else max(self.sampled, _held(status))
         loaded = entry["grown"]
-        return {"baseline_bytes": entry["before"], "loaded_bytes": loaded, "peak_bytes": max(peak, loaded),
-                "now_bytes": now - entry["before"] - later, "method": "VmHWM" if hwm is not None else "sampled RSS"}
+        return {"baseline_bytes": entry["before"], "loaded_bytes": loaded,
+                "peak_bytes": max(highest - entry["before"] - later, loaded),
+                "method": "RssAnon+RssShmem, peak from VmHWM" if by_hwm else "RssAnon+RssShmem, peak sampled"}
 
 
 def reply(stream, **payload):
