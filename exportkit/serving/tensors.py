@@ -78,6 +78,7 @@ def to_tensor_proto(array, dtype=None):
         if arr.dtype.kind == "U":
             arr = arr.astype(object)
         return tf.make_tensor_proto(arr, dtype=dtype, shape=arr.shape)
+    proto.tensor_shape.SetInParent()  # present for a scalar too, as TensorFlow writes it (2 bytes that count)
     dims = proto.tensor_shape.dim
     for d in arr.shape:
         dims.add(size=int(d))
@@ -149,6 +150,7 @@ def to_field_tensor_proto(array):
         else:
             values = flat
         getattr(proto, _PROTO_FIELD[name]).extend(values.tolist())
+    proto.tensor_shape.SetInParent()  # Tensor::AsProtoField writes the shape of a scalar too (serving/messages.py)
     for d in arr.shape:
         proto.tensor_shape.dim.add(size=int(d))
     return proto

@@ -302,3 +302,31 @@ def reference_chain(report: VerifyReport, outputs: dict[str, list], tolerance) -
         if label in outputs:
             link(LINKS[2], saved or reloaded, label)
     return chain
+
+
+def message_sizes(o: VerifyOptions, plan, execution, report: VerifyReport) -> None:
+    """The gRPC messages of every signature at the batch sizes tried, from what the server answered (else the
+    serving-equivalent session)."""
+    for check in plan.checks:
+        answered = execution.outputs.get(check.name, {})
+        labels = sorted(answered, key=lambda label: (label.split("@")[0] not in ("serving", "session"), label))
+        answers = [next((answered[label][i] for label in labels if answered[label][i] is not None), None)
+                   for i in range(len(check.batches))]
+        signature_message_sizes(o, plan.version_dir, check.name, plan.signatures[check.name],
+                                [b for _, b in check.batches], answers, report)
+
+
+def signature_message_sizes(o: VerifyOptions, version_dir, name: str, signature: dict, batches: list[dict],
+                            answers: list, report: VerifyReport) -> None:
+    """One signature's gRPC request and answer per batch size (verify/messages.py) into `report.messages`, and
+    findings over the limits."""
+    from exportkit.savedmodel.signature_defs import serving_api
+    from exportkit.savedmodel.versions import resolve_model_path
+    from exportkit.serving.messages import ModelSpec
+    from exportkit.verify.messages import signature_sizes, size_findings
+
+    where = resolve_model_path(str(version_dir))
+    sizes = signature_sizes(name, serving_api(signature)[0], batches, answers,
+                            ModelSpec(o.model_name or where.default_name, name, where.version))
+    report.messages.append(sizes)
+    report.findings += size_findings(sizes)

@@ -92,6 +92,7 @@ def _verify(o: VerifyOptions, devices: list[str], names: list[str], per_output: 
         report.findings += checks.rejected_inputs_findings(runtimes_)
         checks.dynamic_dims(o, plan.checks, runtimes_, execution.results, report, model.int_range, execution.infra)
         report.findings += tf2_only_failures([r for per in execution.results.values() for r in per])
+        checks.message_sizes(o, plan, execution, report)
         loaded_by = next((p for item in runtimes_ if (p := getattr(item.runtime, "keras_package", None))), None)
         if loaded_by:  # the report names the Keras that rebuilt the training source
             report.toolchain = toolchain(loaded_by)

@@ -17,7 +17,7 @@ from exportkit.compare.stats import OutputStats, compare_into
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.savedmodel.manifest import signature_entries
 from exportkit.options.verify import VerifyOptions
-from exportkit.verify.checks import serving_checks
+from exportkit.verify.checks import serving_checks, signature_message_sizes
 from exportkit.compare.outputs import streamed_comparison
 from exportkit.runtimes.loop import BatchLoop
 from exportkit.verify.execute import started
@@ -137,6 +137,7 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
     stats: dict[tuple[str, str], OutputStats] = {}
     nonfinite = NonFiniteCounter()
     records, completed = 0, False
+    sampled = {}  # rows -> (inputs, the reference's answer) of the first batch of that size: the message sizes
     try:
         live = [item for item in runtimes_ if _timed(results[item.label], lambda: loops[item.label].load() or True)]
         progress = _Progress(source, o.limit)
@@ -159,6 +160,7 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
             if not live or live[0].label not in outputs:
                 break  # no reference left
             reference = live[0].label
+            sampled.setdefault(len(fed), (inputs, outputs[reference]))
             failing = np.zeros(len(fed), dtype=bool)
             for label, out in outputs.items():
                 if label != reference:
@@ -193,6 +195,8 @@ def _stream(o, source, signature, runtimes_, feed, writer, example_key, toleranc
         report.runtimes = ordered
         serving_checks(runtimes_, {o.signature_name: signature}, [o.signature_name], version_dir,
                        {o.signature_name: ordered}, report)
+        signature_message_sizes(o, version_dir, o.signature_name, signature, [i for i, _ in sampled.values()],
+                                [a for _, a in sampled.values()], report)
         completed = True
     finally:
         if writer:

@@ -9,6 +9,7 @@ from exportkit.errors import EXIT_INFRA
 from exportkit.report.format import clean, error_cause, number, percent, shorten
 from exportkit.report.markdown import cell, heading, table
 from exportkit.verify.latency import latency_text
+from exportkit.verify.messages import CODE as MESSAGE_SIZE, MESSAGE_HEADERS, message_rows
 from exportkit.verify.report import VerifyReport, context_lines, needs, verdict_line, who
 
 
@@ -31,7 +32,9 @@ def verify_markdown(report: VerifyReport) -> str:
     context = [f"{cell(line)}  " for line in context_lines(report).values()]  # two spaces: a line break
     lines += context + [""] if context else []
     lines += table(["runtime", "output", "result", "max abs err", "over tol", "first/p50/p99 ms", "note"], rows)
-    errors = [f for f in report.findings if f.severity == "error"]
+    if any(f.code == MESSAGE_SIZE for f in report.findings):  # only when a limit is passed: the table is short
+        lines += [""] + table([h.lower() for h in MESSAGE_HEADERS], [list(row) for row in message_rows(report.messages)])
+    errors = [f for f in report.findings if f.severity == "error" or f.code == MESSAGE_SIZE]
     if errors:
         lines += [""] + [f"- **{cell(f.code)}**: {cell(f.message)}" for f in errors]
     return "\n".join(lines + ["", f"**{cell(verdict_line(report))}**", ""])

@@ -14,7 +14,8 @@ from exportkit.errors import EXIT_INFRA
 from exportkit.findings import Finding
 from exportkit.compare.outputs import OutputComparison, to_jsonable
 from exportkit.report.base import Report
-from exportkit.report.format import clean, error_cause, first_line, join_verdict, number, shorten
+from exportkit.report.format import clean, error_cause, first_line, join_verdict, number, shorten, size_text
+from exportkit.serving.messages import CLIENT_MAX_RECEIVE
 from exportkit.version import __version__
 
 SCHEMA_VERSION = 1
@@ -62,6 +63,9 @@ class VerifyReport(Report):
     # the signatures compared with the released ones: {"new", "old", "source": previous-version | serving |
     # --baseline | none, "why"?} (verify/checks.py baseline_findings); None: not compared
     baseline: dict | None = None
+    # per signature: the gRPC request and answer at each batch size tried, the most rows a default client and TF
+    # Serving's server take (verify/messages.py signature_sizes)
+    messages: list[dict] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -260,6 +264,9 @@ def verdict_notes(report: VerifyReport) -> str:
              if f.code == "non-finite-output" and f.severity == "warning" for m in [_NON_FINITE.search(f.message)] if m]
     notes += [f"{m.group(1)} fails at {m.group(2)}" for f in report.findings
               if f.code == "dynamic-dim-fails" and f.severity == "warning" for m in [_OPEN_DIM.search(f.message)] if m]
+    notes += [f"a default gRPC client cannot receive the {size_text(b['response_bytes'])} {m['api']} answer to "
+              f"{b['rows']} rows" for m in report.messages for b in m["batches"][-1:]
+              if (b["response_bytes"] or 0) > CLIENT_MAX_RECEIVE]
     notes = list(dict.fromkeys(notes))  # Keras 3's export: `serve` and `serving_default` say the same once
     return "; but " + ", ".join(notes) + " (see findings)" if notes else ""
 
@@ -340,4 +347,5 @@ def to_json(report: VerifyReport) -> dict:
         "findings": [f.to_dict() for f in report.findings],
         "reference_chain": to_jsonable(report.chain),
         "baseline": to_jsonable(report.baseline),
+        "messages": to_jsonable(report.messages),
     }

@@ -190,6 +190,7 @@ class ServingClient:
             if enum is not None:  # fast path: fill in place, no intermediate proto
                 proto.dtype = enum
                 proto.tensor_content = np.ascontiguousarray(arr).tobytes()
+                proto.tensor_shape.SetInParent()  # a scalar's too, as tf.make_tensor_proto writes it
                 dims = proto.tensor_shape.dim
                 for d in arr.shape:
                     dims.add(size=d)

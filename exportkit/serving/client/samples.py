@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from exportkit.serving.messages import CLIENT_MAX_RECEIVE, RECEIVE_OPTION, row_bytes
 from exportkit.signature_constants import CLASSIFY_METHOD, REGRESS_METHOD
 
 # TensorProto's typed value field per dtype (tensor.proto)
@@ -114,7 +115,8 @@ def request_samples(signature_name: str, signature: dict, batch: dict[str, np.nd
         rest_body = {"signature_name": signature_name, "inputs": {k: _rest_value(v) for k, v in sorted(batch.items())}}
     return {"api": "Predict", "rest_verb": "predict", "rest_body": rest_body, "grpc_method": "Predict",
             "grpc_body": {"model_spec": spec,
-                          "inputs": {k: _tensor_json(v, dtypes[k]) for k, v in sorted(batch.items())}}}
+                          "inputs": {k: _tensor_json(v, dtypes[k]) for k, v in sorted(batch.items())}},
+            "answer_row_bytes": row_bytes(signature["outputs"])}
 
 
 _ADDRESS = re.compile(r"[A-Za-z0-9.:\[\]-]+")  # host:port, [v6]:port: safe inside "${VAR:-default}"
@@ -138,9 +140,53 @@ def _comment(text: str) -> str:
     return json.dumps(text)
 
 
+_PROTO_MODULES = {"Predict": ("predict_pb2", "PredictRequest"),
+                  "Classify": ("classification_pb2", "ClassificationRequest"),
+                  "Regress": ("regression_pb2", "RegressionRequest")}
+
+
+def _receive_limit(sample: dict) -> tuple[int | None, str]:
+    """(the receive limit the sample's answer needs, in bytes, or None: a default client's does; a comment line
+    on how many rows a default client receives). A row's bytes come from the signature (serving/messages.py)."""
+    per_row = sample.get("answer_row_bytes")
+    if not per_row:
+        return None, ""
+    rows = CLIENT_MAX_RECEIVE // per_row
+    note = (f"# A row adds at least {per_row:,} bytes to the answer: a default gRPC client (4 MiB) receives at most "
+            f"{rows:,} row{'s' if rows != 1 else ''}; raise {RECEIVE_OPTION} for more.\n")
+    if per_row < CLIENT_MAX_RECEIVE:
+        return None, note
+    return -(-(per_row + 2**16) // 2**20) * 2**20, note  # one row, its framing, rounded up to whole MiB
+
+
+def _python_client(name: str, sample: dict, grpc_json: str, grpc_address: str) -> str:
+    """A Python gRPC client for one signature: the request from NAME.grpc.json, the channel option set where the
+    answer needs more than a default client receives."""
+    module, message = _PROTO_MODULES[sample["grpc_method"]]
+    limit, note = _receive_limit(sample)
+    options = f'[("{RECEIVE_OPTION}", {limit // 2**20} * 1024 * 1024)]' if limit else "[]"
+    return ("#!/usr/bin/env python3\n"
+            f"# TF Serving gRPC API, signature {_comment(name)} ({sample['api']}). Needs grpcio and "
+            "tensorflow-serving-api.\n"
+            + note +
+            "import os\n\nimport grpc\nfrom google.protobuf import json_format\n"
+            f"from tensorflow_serving.apis import {module}, prediction_service_pb2_grpc\n\n"
+            "here = os.path.dirname(os.path.abspath(__file__))\n"
+            f"with open(os.path.join(here, {json.dumps(grpc_json)})) as f:\n"
+            f"    request = json_format.Parse(f.read(), {module}.{message}())\n"
+            f"options = {options}\n"
+            f"with grpc.insecure_channel(os.environ.get(\"GRPC_ADDRESS\", {json.dumps(grpc_address)}), "
+            "options=options) as channel:\n"
+            f"    response = prediction_service_pb2_grpc.PredictionServiceStub(channel).{sample['grpc_method']}("
+            "request, timeout=60)\n"
+            "print(json_format.MessageToJson(response))\n")
+
+
 def write_request_samples(out_dir: str | Path, samples: dict[str, dict], model_name: str,
                           rest_address: str = "localhost:8501", grpc_address: str = "localhost:8500") -> list[Path]:
-    """NAME.rest.json + NAME.curl.sh and NAME.grpc.json + NAME.grpcurl.sh per signature; returns the paths.
+    """NAME.rest.json + NAME.curl.sh, NAME.grpc.json + NAME.grpcurl.sh and NAME.grpc.py per signature; returns the
+    paths. An answer bigger than a default gRPC client receives gets grpcurl's -max-msg-sz and the Python
+    client's channel option.
 
     Signature keys and the model name come from the model, which may be anyone's: every value that reaches a
     script is quoted for the shell (shlex.quote) or JSON-quoted inside a comment, and file names are sanitised.
@@ -166,14 +212,19 @@ def write_request_samples(out_dir: str | Path, samples: dict[str, dict], model_n
         grpc_json = out / f"{stem}.grpc.json"
         grpc_json.write_text(json.dumps(sample["grpc_body"], indent=2) + "\n")
         grpcurl = out / f"{stem}.grpcurl.sh"
+        limit, note = _receive_limit(sample)
         grpcurl.write_text(
             "#!/bin/sh\n# TF Serving gRPC API, signature "
             f"{_comment(name)} ({sample['api']}). TF Serving has no server reflection: point PROTO_ROOT at a checkout\n"
             "# of tensorflow/serving and tensorflow/tensorflow's protos (both under one include root).\n"
+            + note.replace(RECEIVE_OPTION, "-max-msg-sz") +
             "cd \"$(dirname \"$0\")\"\n"
-            f"grpcurl -plaintext -import-path \"${{PROTO_ROOT:-.}}\" "
+            f"grpcurl -plaintext{f' -max-msg-sz {limit}' if limit else ''} -import-path \"${{PROTO_ROOT:-.}}\" "
             f"-proto tensorflow_serving/apis/prediction_service.proto -d @ \"${{GRPC_ADDRESS:-{grpc_address}}}\" "
             f"tensorflow.serving.PredictionService/{sample['grpc_method']} < {shlex.quote(grpc_json.name)}\n")
         grpcurl.chmod(0o755)
-        written += [rest_json, curl, grpc_json, grpcurl]
+        client = out / f"{stem}.grpc.py"
+        client.write_text(_python_client(name, sample, grpc_json.name, grpc_address))
+        client.chmod(0o755)
+        written += [rest_json, curl, grpc_json, grpcurl, client]
     return written
