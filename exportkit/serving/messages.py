@@ -56,10 +56,14 @@ def _varints(values) -> int:
     return int(_varint_lengths(values).sum())
 
 
+def _byte_length(v) -> int:
+    """A string element's length in bytes (str as UTF-8, as TensorFlow encodes it)."""
+    return len(v) if isinstance(v, (bytes, bytearray)) else len(str(v).encode("utf-8"))
+
+
 def _strings(values: np.ndarray) -> int:
     """Bytes of a repeated bytes field (string_val): tag, length and bytes per element."""
-    lengths = np.fromiter((len(v.encode("utf-8") if isinstance(v, str) else bytes(v)) for v in values.reshape(-1)),
-                          dtype=np.int64, count=values.size)
+    lengths = np.fromiter((_byte_length(v) for v in values.reshape(-1)), dtype=np.int64, count=values.size)
     return int(lengths.sum()) + _varints(lengths) + values.size * _tag(_STRING_VAL)
 
 
@@ -105,7 +109,7 @@ def _tensor_map(field: int, tensors: dict, content: bool) -> int:
 
 def _examples(values) -> int:
     """Input{example_list{examples}}: the serialized Examples as a list of messages."""
-    listed = sum(_bytes_field(1, len(bytes(v))) for v in np.asarray(values, dtype=object).reshape(-1))
+    listed = sum(_bytes_field(1, _byte_length(v)) for v in np.asarray(values, dtype=object).reshape(-1))
     return _bytes_field(1, listed)
 
 
@@ -136,7 +140,7 @@ def _classifications(classes, scores) -> int:
     shape = np.shape(scores if scores is not None else classes)
     n, k = (shape[0], shape[1] if len(shape) > 1 else 1) if shape else (0, 0)
     labels = np.zeros((n, k), np.int64) if classes is None else np.fromiter(
-        (len(bytes(v)) for v in np.asarray(classes, dtype=object).reshape(-1)), np.int64, n * k).reshape(n, k)
+        (_byte_length(v) for v in np.asarray(classes, dtype=object).reshape(-1)), np.int64, n * k).reshape(n, k)
     label_bytes = np.where(labels > 0, _tag(1) + labels + _varint_lengths(labels), 0)
     score_bytes = 0 if scores is None else np.where(
         np.asarray(scores, dtype=np.float32).reshape(n, k).view(np.uint32) != 0, _tag(2) + 4, 0)
