@@ -74,7 +74,7 @@ def xla_check(path: str | Path, flags) -> list:
     --server-flag xla_cpu_compilation_enabled=true: the info finding, for the export's report."""
     from exportkit.savedmodel.deployment import xla_findings
 
-    findings = xla_findings(select_meta_graph(read_saved_model_proto(path)), flags)
+    findings = xla_findings(select_meta_graph(read_saved_model_proto(path)), flags, directory=path)
     for finding in findings:
         if finding.severity == "error":
             why, _, fix = finding.message.partition(" fix: ")

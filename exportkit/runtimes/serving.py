@@ -91,7 +91,7 @@ class ServingRuntime(Runtime):
         flags = getattr(self.launch, "server_flags", None)
         if self.path is None or (flags is not None and flags.xla_enabled):
             return False
-        return bool(xla_uses(select_meta_graph(read_saved_model_proto(self.path))))
+        return bool(xla_uses(select_meta_graph(read_saved_model_proto(self.path)), self.path))
 
     def load(self) -> None:
         """Wait for a server with the model AVAILABLE (CheckFailed if it fails to load, InfraError if no server)."""

