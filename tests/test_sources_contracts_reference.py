@@ -100,6 +100,36 @@ def test_contracts_unregistered_activation(layers):
     assert _check(model, {"halved": layers.halved}) == []
 
 
+def test_a_class_with_its_own_from_config_is_judged_by_the_round_trip():
+    """Hugging Face's models take one config object and get_config() returns its fields: __init__'s argument names
+    say nothing, so only the round trip judges such a class, and it still catches a config that loses a value."""
+    import keras
+
+    class Settings(keras.layers.Layer):
+        def __init__(self, settings, forget=False, **kwargs):
+            super().__init__(**kwargs)
+            self.settings, self.forget = dict(settings), forget
+
+        def call(self, x):
+            return x * self.settings["scale"]
+
+        def get_config(self):
+            return super().get_config() if self.forget else {**super().get_config(), **self.settings}
+
+        @classmethod
+        def from_config(cls, config):
+            config = dict(config)
+            base = {k: config.pop(k) for k in ("name", "trainable", "dtype") if k in config}
+            return cls({"scale": config.get("scale", 1.0)}, **base)
+
+    def model(**kw):
+        x = keras.Input((3,), name="x")
+        return keras.Model(x, Settings({"scale": 0.5}, name="settings", **kw)(x))
+
+    assert _check(model()) == []
+    assert _codes(_check(model(forget=True))) == {("error", "custom-config-roundtrip", "Settings 'settings'")}
+
+
 # ---------------------------------------------------------------------------------------------- export
 
 
