@@ -94,6 +94,21 @@ def test_ranges_derived_from_embedding_one_hot_bincount_and_mask(vocabularies):
         "word": (0, 7), "mask": (0, 2), "country": (0, 3), "hour": (0, 24)}  # bucket: a lookup takes anything
 
 
+def test_an_additive_attention_mask_is_a_mask():
+    """Hugging Face's TF models add `(1.0 - mask) * -10000.0` to attention scores: 0/1 is what the mask means."""
+    import keras
+
+    from exportkit.sources.int_ranges import derive_int_ranges
+    from exportkit.sources.model_io import model_input_specs
+
+    ids, mask, shift = (keras.Input((6,), dtype="int32", name=n) for n in ("ids", "mask", "shift"))
+    scores = keras.ops.sum(keras.layers.Embedding(7, 4)(ids), axis=-1)
+    bias = (1.0 - keras.ops.cast(mask, "float32")) * -10000.0
+    other = 2.0 - keras.ops.cast(shift, "float32")  # not `1 - x`: bounds nothing
+    model = keras.Model([ids, mask, shift], scores + bias + other)
+    assert derive_int_ranges(model, model_input_specs(model, [])) == {"ids": (0, 7), "mask": (0, 2)}
+
+
 @pytest.mark.slow
 def test_several_vocabularies_export_and_verify_with_no_flags(vocabularies, tmp_path):
     _, src = vocabularies
