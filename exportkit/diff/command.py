@@ -23,6 +23,7 @@ from exportkit.data.records import DataSource, Fed, Feeder, data_signature, sign
 from exportkit import storage
 from exportkit.errors import CheckFailed, InfraError, UsageError
 from exportkit.findings import Finding
+from exportkit.inputs.npz import batch_bytes
 from exportkit.runtimes.loop import BatchLoop
 from exportkit.runtimes.wrappers import top1_sources
 from exportkit.options.diff import DiffOptions
@@ -241,7 +242,7 @@ def _stream(o, data, new, name, signature, runtimes, accumulator, report):
         loads = [pool.submit(loop.load) for pool, loop in zip(pools, loops)]
         pending, ahead = collections.deque(), 0  # (the batch, its two answers to come, its bytes), oldest first
         for fed in (f for f in fed_batches if len(f)):
-            size = _input_bytes(fed.inputs)
+            size = batch_bytes(fed.inputs)
             pending.append((fed, [pool.submit(_run, loop, fed.inputs) for pool, loop in zip(pools, loops)], size))
             ahead += size
             while pending and (ahead > READ_AHEAD or all(f.done() for f in pending[0][1])):
@@ -259,17 +260,6 @@ def _stream(o, data, new, name, signature, runtimes, accumulator, report):
             pool.shutdown(cancel_futures=True)
     _no_records(records, o, feeder.replayer if feeder else None)
     return stats, records, (feeder.replayer.skipped if feeder and feeder.replayer else None)
-
-
-def _input_bytes(inputs: dict) -> int:
-    """A batch's inputs' size (strings: their bytes)."""
-    size = 0
-    for value in inputs.values():
-        try:
-            size += sum(map(len, value.flat)) if value.dtype == object else value.nbytes
-        except TypeError:  # not strings
-            size += value.nbytes
-    return size
 
 
 def _add(stats: dict, accumulator, fed: Fed, old_out: dict, new_out: dict) -> int:

@@ -100,6 +100,18 @@ def _ends_with_nul(arr: np.ndarray) -> bool:
                                           for x in arr.flat)
 
 
+def batch_bytes(batch: dict[str, np.ndarray]) -> int:
+    """A batch's size: its arrays' bytes, strings counted by their length."""
+    size = 0
+    for value in batch.values():
+        value = np.asarray(value)
+        try:
+            size += sum(map(len, value.flat)) if value.dtype == object else value.nbytes
+        except TypeError:  # objects that are not strings
+            size += value.nbytes
+    return size
+
+
 LENGTHS_SUFFIX = ".__len__"
 
 
