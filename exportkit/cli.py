@@ -286,6 +286,12 @@ def verify(
     max_latency_ms: Optional[float] = typer.Option(None, "--max-latency-ms", metavar="MS",
                                                    help="Fail (exit 1) when a runtime's steady-state p99 request "
                                                         "latency (the batches after its first) exceeds MS."),
+    max_memory: Optional[str] = typer.Option(None, "--max-memory", metavar="SIZE",
+                                             help="Fail (exit 1) when the model's peak memory in the session "
+                                                  "runtime exceeds SIZE (512MB = 512*10^6 bytes, 2GiB = 2*2^30)."),
+    max_swap_memory: Optional[str] = typer.Option(None, "--max-swap-memory", metavar="SIZE",
+                                                  help="Fail (exit 1) when the swap from the version served before "
+                                                       "(both loaded, as TF Serving swaps) exceeds SIZE."),
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
@@ -306,7 +312,8 @@ def verify(
             allow_nondeterministic=allow_nondeterministic, reference=reference, baseline=baseline, json=json_out,
             junit=junit, html=html, summary=summary, data=data, limit=limit, batch_size=batch_size, sample=sample,
             save_failures=save_failures, runner=runner, beam_option=beam_option, tf=tf_versions,
-            server_flag=server_flag, max_latency_ms=max_latency_ms, no_baseline=no_baseline))
+            server_flag=server_flag, max_latency_ms=max_latency_ms, no_baseline=no_baseline,
+            max_memory=max_memory, max_swap_memory=max_swap_memory))
 
     _run(_with_op_libraries(go, op_library), debug)
 

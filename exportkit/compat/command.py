@@ -113,6 +113,7 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
     from exportkit.compare.tolerances import parse_tol
     from exportkit.verify.report import VerifyReport
     from exportkit.verify.execute import build_runtimes, close_all, run_signature, started, versioned_pythons
+    from exportkit.verify.memory import figures_by_label
     from exportkit.verify.pairs import compare_all
     from exportkit.verify.plan import Plan, plan_runtimes, signature_checks, tolerances_for
 
@@ -134,6 +135,7 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
 
     report = VerifyReport(path=storage.display(version_dir), signature=signature_name, reference="")
     outputs: dict[str, list] = {}
+    memory: dict[str, dict] = {}
     versions = list(pythons)
     waves = [versions[i:i + PARALLEL_VERSIONS] for i in range(0, len(versions), PARALLEL_VERSIONS)]
     with started(None, plan(names)) as references:  # golden and session runtimes: no verify options needed
@@ -156,6 +158,7 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
         try:
             for item in wave:
                 report.runtimes.append(run_signature(item, check, outputs))
+            memory.update(figures_by_label(wave))  # what the load takes in each TensorFlow (verify/memory.py)
         finally:
             close_all(wave)
     per_output = dict(parse_tol(t) for t in tol or [])
@@ -168,6 +171,7 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
             row.server = result.server
         if f"session@{row.tf}" in by_label:
             row.observed, row.error, row.agreement = _verdict(by_label[f"session@{row.tf}"], report.reference)
+            row.memory = memory.get(f"session@{row.tf}")
 
 
 def _verdict(result, reference: str) -> tuple[str, str | None, str | None]:

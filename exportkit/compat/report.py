@@ -9,7 +9,7 @@ from typing import Any
 
 from exportkit.findings import Finding
 from exportkit.report.base import Report
-from exportkit.report.format import error_cause, join_verdict, shorten
+from exportkit.report.format import error_cause, join_verdict, shorten, size_text
 from exportkit.report.html import e, page, severity_class, table
 from exportkit.report.markdown import cell, heading, table as markdown_table
 
@@ -27,6 +27,8 @@ class VersionRow:
     served: str | None = None  # ok | fails | None: what TF Serving X.Y's image did (--serving docker)
     server: dict | None = None  # which server answered: image, digest, version
     server_error: str | None = None
+    # observed: what the load and warm-up take in that TensorFlow (loaded_bytes, peak_bytes, ...: verify/memory.py)
+    memory: dict | None = None
 
     @property
     def failed(self) -> bool:
@@ -80,15 +82,17 @@ class CompatReport(Report):
                               "findings": [{"severity": f.severity, "code": f.code, "op": f.op, "node": f.node,
                                             "message": f.message} for f in v.findings],
                               "error": v.error, "served": v.served, "server": v.server,
-                              "server_error": v.server_error} for v in self.versions]}
+                              "server_error": v.server_error, "memory": v.memory} for v in self.versions]}
 
 
 def render_text(report: CompatReport, run: bool) -> str:
     served = any(v.served for v in report.versions)
-    rows = [("TF", "PREDICTED", "OBSERVED") + (("TF SERVING",) if served else ()) + ("REASON",)]
+    memory = any(v.memory for v in report.versions)
+    rows = [("TF", "PREDICTED", "OBSERVED") + (("TF SERVING",) if served else ()) + (("MEMORY",) if memory else ())
+            + ("REASON",)]
     for v in report.versions:
         rows.append((v.tf, v.predicted, v.observed or "-") + ((v.served or "-",) if served else ())
-                    + (v.reason()[:160],))
+                    + ((memory_text(v.memory),) if memory else ()) + (v.reason()[:160],))
     columns = len(rows[0]) - 1
     widths = [max(len(r[i]) for r in rows) for i in range(columns)]
     lines = [f"compat: {report.path}  (device {report.device}; predicted from shipped op/kernel registries"
@@ -161,7 +165,8 @@ def compat_html(report: CompatReport, other_device: list[VersionRow] | None = No
                          f' data-tf="{e(v.tf)}" data-device="{e(report.device)}" data-kind="predicted"')]
         if run:
             observed = v.observed or "none"
-            row.append((f"{e(v.observed or '-')}<br><small>{e(v.error or reason if v.observed else '')}</small>",
+            took = f"; memory {memory_text(v.memory)}" if v.memory else ""
+            row.append((f"{e(v.observed or '-')}<br><small>{e(v.error or reason if v.observed else '')}{e(took)}</small>",
                         observed, f' data-tf="{e(v.tf)}" data-device="{e(report.device)}" data-kind="observed"'))
         if other_device:
             o = others.get(v.tf)
@@ -198,12 +203,21 @@ def _predicted_reason(v: VersionRow) -> str:
     return f"{problems[0].code}: {problems[0].message}{more}"
 
 
+def memory_text(memory: dict | None) -> str:
+    """`38.7 MB (peak 40.5 MB)`: what the observed load took in that TensorFlow (MB = 10^6 bytes)."""
+    if not memory:
+        return "-"
+    return f"{size_text(memory['loaded_bytes'])} (peak {size_text(memory['peak_bytes'])})"
+
+
 def compat_markdown(report: CompatReport) -> str:
     """The matrix as a short GitHub table (`--summary FILE`), the verdict last."""
     run = any(v.observed for v in report.versions)
     mark = {"ok": "✅ ok", "warn": "⚠️ warn", "fails": "❌ fails", None: "-"}
+    memory = any(v.memory for v in report.versions)
     rows = [[v.tf, mark.get(v.predicted, v.predicted), *([mark.get(v.observed, v.observed)] if run else []),
-             v.reason()[:160]] for v in report.versions]
+             *([memory_text(v.memory)] if memory else []), v.reason()[:160]] for v in report.versions]
     lines = [heading(f"compat ({report.device})", report.path, report.passed), ""]
-    lines += markdown_table(["TF", "predicted", *(["observed"] if run else []), "reason"], rows)
+    lines += markdown_table(["TF", "predicted", *(["observed"] if run else []), *(["memory"] if memory else []),
+                             "reason"], rows)
     return "\n".join(lines + ["", f"**{cell(compat_verdict(report))}**", ""])

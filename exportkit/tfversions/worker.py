@@ -243,6 +243,7 @@ def main():
     reply(channel, ok=True, ready=True, tf=tf.__version__)
     session = signature = None
     meter = MemoryMeter()
+    ran = set()  # the signatures that have run once (ids of their SignatureDefs)
     for line in sys.stdin:
         request = json.loads(line)
         try:
@@ -257,6 +258,7 @@ def main():
                     meta_graph = meter.load("session", lambda: tf.compat.v1.saved_model.loader.load(
                         session, ["serve"], request["path"]), reset_peak=True)
                 signatures = dict(meta_graph.signature_def)
+                ran.clear()
                 if request["signature"] not in signatures:
                     reply(channel, ok=False, kind="model", message=f"no signature {request['signature']!r} "
                           f"(available: {', '.join(sorted(signatures))})")
@@ -272,12 +274,20 @@ def main():
                     continue
                 keys = sorted(signature.outputs)
                 fetches = [signature.outputs[k].name for k in keys]
-                outputs = []
-                for batch in load_batches(np, bfloat16, request["dir"], request["inputs"]):
-                    feeds = sorted(batch)
-                    run = session_callable(session, [signature.inputs[k].name for k in feeds], fetches)
-                    values = [as_feed(np, session.graph, signature.inputs[k].name, batch[k]) for k in feeds]
-                    outputs.append(dict(zip(keys, run(*values))))
+                batches = load_batches(np, bfloat16, request["dir"], request["inputs"])
+
+                def answer():
+                    outputs = []
+                    for batch in batches:
+                        feeds = sorted(batch)
+                        run = session_callable(session, [signature.inputs[k].name for k in feeds], fetches)
+                        values = [as_feed(np, session.graph, signature.inputs[k].name, batch[k]) for k in feeds]
+                        outputs.append(dict(zip(keys, run(*values))))
+                    return outputs
+
+                first = id(signature) not in ran  # its first run (the warm-up) counts to the load, as in the
+                ran.add(id(signature))            # session worker
+                outputs = meter.load("session", answer) if first else answer()
                 meter.sample()
                 save_batches(np, request["dir"], outputs, request["outputs"])
                 reply(channel, ok=True)

@@ -31,6 +31,7 @@ from exportkit.verify.dataset import verify_data
 from exportkit.verify.execute import Execution, installed_workers, run_plan, started, versioned_pythons
 from exportkit.inputs.loader import rows
 from exportkit.verify.latency import latency_findings
+from exportkit.verify.memory import measure
 from exportkit.verify.output import finish, save
 from exportkit.verify.pairs import agreement, compare_all
 from exportkit.verify.plan import (Model, Plan, check_tol_keys, devices_of, make_plan, protocol_of, read_model,
@@ -93,6 +94,11 @@ def _verify(o: VerifyOptions, devices: list[str], names: list[str], per_output: 
         checks.dynamic_dims(o, plan.checks, runtimes_, execution.results, report, model.int_range, execution.infra)
         report.findings += tf2_only_failures([r for per in execution.results.values() for r in per])
         checks.message_sizes(o, plan, execution, report)
+        # read from the workers' /proc after every run (the peak covers every batch size); the swap loads the
+        # version served before beside this one, in the same worker
+        report.memory, memory_found = measure(runtimes_, model.version_dir, report.baseline,
+                                              {"max_memory": o.max_memory, "max_swap_memory": o.max_swap_memory})
+        report.findings += memory_found
         loaded_by = next((p for item in runtimes_ if (p := getattr(item.runtime, "keras_package", None))), None)
         if loaded_by:  # the report names the Keras that rebuilt the training source
             report.toolchain = toolchain(loaded_by)

@@ -35,6 +35,11 @@ def session_workers(runtimes_) -> list[tuple[str, object]]:
     return found
 
 
+def figures_by_label(runtimes_) -> dict[str, dict]:
+    """{label: its worker's figures} of every session runtime that loaded its model (compat --run's rows)."""
+    return {label: figures for label, worker in session_workers(runtimes_) if (figures := worker.memory())}
+
+
 def measure(runtimes_, version_dir, baseline: dict | None, limits: dict) -> tuple[dict, list[Finding]]:
     """The report's `memory` and its findings. `baseline`: verify's (verify/checks.py baseline_findings): a version
     directory it names is loaded beside the new one for the swap. `limits`: {"max_memory", "max_swap_memory"}, bytes

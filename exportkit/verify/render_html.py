@@ -10,6 +10,7 @@ from exportkit.report import plots
 from exportkit.report.format import error_cause, first_line, number, percent
 from exportkit.report.html import e, page, precise, severity_class, table
 from exportkit.verify.latency import latency_text
+from exportkit.verify.memory import MEMORY_HEADERS, memory_rows
 from exportkit.verify.messages import MESSAGE_HEADERS, message_rows
 from exportkit.verify.report import (OutputComparison, RuntimeResult, VerifyReport, batch_sizes_text, context_lines,
                                      needs, server_text, tolerance_text, verdict_line, who)
@@ -152,6 +153,9 @@ def verify_html(report: VerifyReport) -> str:
         body += ["<h2>Which server answered</h2>", table(["runtime", "server"], [[e(n), e(t)] for n, t in servers],
                                                          id="servers")]
     body += ["<h2>Inputs</h2>", _inputs(report)]
+    if report.memory:
+        body += ["<h2>Memory</h2>", table(list(MEMORY_HEADERS), [[e(c) for c in row]
+                                                                for row in memory_rows(report.memory)], id="memory")]
     if report.messages:
         body += ["<h2>gRPC messages</h2>", "<p>At the largest batch tried. TF Serving sends and accepts up to 2 GiB; a "
                  "default gRPC client receives up to 4 MiB (4,194,304 bytes).</p>",

@@ -9,6 +9,7 @@ from exportkit.errors import EXIT_INFRA
 from exportkit.report.format import clean, error_cause, number, percent, shorten
 from exportkit.report.markdown import cell, heading, table
 from exportkit.verify.latency import latency_text
+from exportkit.verify.memory import MEMORY_HEADERS, memory_rows
 from exportkit.verify.messages import CODE as MESSAGE_SIZE, MESSAGE_HEADERS, message_rows
 from exportkit.verify.report import VerifyReport, context_lines, needs, verdict_line, who
 
@@ -32,6 +33,8 @@ def verify_markdown(report: VerifyReport) -> str:
     context = [f"{cell(line)}  " for line in context_lines(report).values()]  # two spaces: a line break
     lines += context + [""] if context else []
     lines += table(["runtime", "output", "result", "max abs err", "over tol", "first/p50/p99 ms", "note"], rows)
+    if report.memory:
+        lines += [""] + table([h.lower() for h in MEMORY_HEADERS], [list(row) for row in memory_rows(report.memory)])
     if any(f.code == MESSAGE_SIZE for f in report.findings):  # only when a limit is passed: the table is short
         lines += [""] + table([h.lower() for h in MESSAGE_HEADERS], [list(row) for row in message_rows(report.messages)])
     errors = [f for f in report.findings if f.severity == "error" or f.code == MESSAGE_SIZE]

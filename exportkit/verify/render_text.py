@@ -6,6 +6,7 @@ from typing import Any
 
 from exportkit.report.format import clean, first_line, number, percent, text_table
 from exportkit.verify.latency import latency_text
+from exportkit.verify.memory import MEMORY_HEADERS, memory_rows
 from exportkit.verify.messages import MESSAGE_HEADERS, message_rows
 from exportkit.verify.report import (RuntimeResult, VerifyReport, batch_sizes_text, context_lines, needs, server_text,
                                      several, tolerance_text, verdict_line)
@@ -127,6 +128,9 @@ def render_text(report: VerifyReport) -> str:
     if servers:
         lines.append("")
         lines += [f"server: {name}: {text}" for name, text in servers]
+    if report.memory:
+        lines += ["", "memory (what this version costs the server; MB = 10^6 bytes):"]
+        lines += ["  " + line for line in text_table(MEMORY_HEADERS, memory_rows(report.memory))]
     if report.messages:
         lines += ["", "gRPC messages at the largest batch tried (TF Serving sends and accepts up to 2 GiB; a default "
                       "gRPC client receives up to 4 MiB = 4,194,304 bytes):"]

@@ -63,6 +63,8 @@ class VerifyReport(Report):
     # the signatures compared with the released ones: {"new", "old", "source": previous-version | serving |
     # --baseline | none, "why"?} (verify/checks.py baseline_findings); None: not compared
     baseline: dict | None = None
+    # what the version costs the server: TF Serving's estimate, the measured figures, the swap (verify/memory.py)
+    memory: dict | None = None
     # per signature: the gRPC request and answer at each batch size tried, the most rows a default client and TF
     # Serving's server take (verify/messages.py signature_sizes)
     messages: list[dict] = field(default_factory=list)
@@ -347,5 +349,6 @@ def to_json(report: VerifyReport) -> dict:
         "findings": [f.to_dict() for f in report.findings],
         "reference_chain": to_jsonable(report.chain),
         "baseline": to_jsonable(report.baseline),
+        "memory": to_jsonable(report.memory),
         "messages": to_jsonable(report.messages),
     }
