@@ -48,6 +48,14 @@ def _files(src: Path):
             yield path, path.relative_to(src).as_posix()
 
 
+def _die_with_parent() -> None:
+    """A killed test session takes its servers with it (Linux PR_SET_PDEATHSIG), instead of leaving them bound."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
 def _split(url: str) -> tuple[str, str]:
     bucket, _, key = url.split("://", 1)[1].partition("/")
     return bucket, key.strip("/")
@@ -58,7 +66,7 @@ class _Server:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([a.format(port=self.port) for a in argv], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+                                     stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         _wait_listening(self.port, self.proc, what)
 
     def stop(self) -> None:

@@ -148,6 +148,22 @@ def test_refused_endpoint_is_an_infra_error_in_seconds(scheme, variable, monkeyp
     remote.forget_clients()
 
 
+def test_no_credentials_is_an_infra_error(s3_server, monkeypatch):
+    use_server(s3_server, monkeypatch)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    bucket = s3_server.bucket("storage-tests")
+    with pytest.raises(InfraError, match="no credentials") as err:
+        storage.read_bytes(f"{bucket}/anything")
+    assert "AWS_ACCESS_KEY_ID" in err.value.remedy
+    from exportkit.storage import remote
+
+    remote.forget_clients()
+
+
 def test_a_missing_extra_names_the_pip_line():
     blocker = ("import sys\n"
                "class Block:\n"

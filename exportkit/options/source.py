@@ -6,9 +6,10 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exportkit import storage
 from exportkit.errors import UsageError
 from exportkit.options.flags import listed
-from exportkit.options.spec_file import find_spec_file, read_spec_file
+from exportkit.options.spec_file import SPEC_NAME, find_spec_file, read_spec_file
 
 # The source flags by their Python names (the CLI's SourceFlags; tests/test_api.py keeps the two equal).
 SOURCE_FLAGS = ("format", "builder", "builder_arg", "model_config", "spec", "custom_objects", "python_path",
@@ -49,7 +50,10 @@ def parse_builder_args(items: list[str]) -> dict:
 def source_options(src: str, spec_path: str | None = None, *, format=None, builder=None, builder_args=(),
                    model_config=None, custom_objects=(), python_path=(), policy=None, unsafe=False, keras=None,
                    spec: dict | None = None) -> SourceOptions:
-    """Merge the spec file (if any) with CLI flags: a flag that is given wins; lists from both are joined."""
+    """Merge the spec file (if any) with CLI flags: a flag that is given wins; lists from both are joined. A source
+    in a bucket is read from its local copy (with the exportkit.toml and SRC.reference.npz beside it, if any)."""
+    if storage.is_url(src):
+        src = local_source(src)
     if spec is None:
         spec_file = find_spec_file(src, spec_path)
         spec = read_spec_file(spec_file) if spec_file else {}
@@ -68,6 +72,16 @@ def source_options(src: str, spec_path: str | None = None, *, format=None, build
         reference=spec.get("reference"),
         keras=str(keras or spec.get("keras") or "") or None,
     )
+
+
+def local_source(url: str) -> str:
+    """The cached local copy of a source URL (a file, or a checkpoint directory), beside it the exportkit.toml and
+    SRC.reference.npz the bucket holds next to it, so that they are found as on disk."""
+    local = storage.local_copy(url)
+    for sibling in (storage.join(storage.parent(url), SPEC_NAME), url.rstrip("/") + ".reference.npz"):
+        if storage.exists(sibling):
+            storage.local_copy(sibling)
+    return str(local)
 
 
 def source_stem(src: str) -> str:

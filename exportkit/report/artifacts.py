@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from exportkit import storage
 from exportkit.errors import UsageError
 from exportkit.files import append_whole, write_atomic
 
@@ -26,6 +27,15 @@ def json_text(doc: dict) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
+def write_text(path: str, text: str, what: str) -> None:
+    """`text` into the file `path` whole or not at all: renamed into place, or one object upload to a bucket URL."""
+    if storage.is_url(path):
+        with storage.open_write(path, what) as fh:
+            fh.write(text.encode("utf-8"))
+    else:
+        write_atomic(path, text, what)
+
+
 def print_report(text: str, doc: dict, json_out: str | None) -> None:
     """A command's report: `text` on stdout, and `doc` as JSON in --json FILE; `--json -` prints only the JSON."""
     if json_out == "-":
@@ -33,7 +43,7 @@ def print_report(text: str, doc: dict, json_out: str | None) -> None:
         return
     print(text)
     if json_out:
-        write_atomic(json_out, json_text(doc), f"--json {json_out}")
+        write_text(json_out, json_text(doc), f"--json {json_out}")
 
 
 def check_report_options(html: str | None, summary: str | None) -> None:
@@ -48,7 +58,7 @@ def check_report_options(html: str | None, summary: str | None) -> None:
 
 def check_report_path(path: str | None, what: str = "--html") -> None:
     """Refuse (exit 2) a report path whose directory does not exist or cannot be written, before any work."""
-    if not path:
+    if not path or storage.is_url(path):  # a bucket: its errors come with the upload, named by the URL
         return
     parent = Path(path).resolve().parent
     if Path(path).is_dir():
@@ -61,7 +71,7 @@ def check_report_path(path: str | None, what: str = "--html") -> None:
 def write_report(path: str, render: Callable[[], str], what: str = "HTML report") -> bool:
     """Render and write atomically; a failure here is reported on stderr and never raised (the check decided)."""
     try:
-        write_atomic(path, render(), f"the {what} {path}")
+        write_text(path, render(), f"the {what} {path}")
     except Exception as err:  # noqa: BLE001  (the report is a by-product: the check's exit code stands)
         message = getattr(err, "message", None) or f"{type(err).__name__}: {err}"
         print(f"warning: the {what} {path} was not written: {message}", file=sys.stderr)

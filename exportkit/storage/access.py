@@ -9,7 +9,7 @@ import tempfile
 from contextlib import contextmanager
 
 from exportkit.files import atomic_path, os_error
-from exportkit.storage.remote import filesystem, strip, translate_error, translated
+from exportkit.storage.remote import bounded, filesystem, strip, translate_error, translated
 from exportkit.storage.urls import is_url, local_path, protocol
 
 _BLOCK = 4 * 1024 * 1024  # read-ahead block of a remote reader: memory stays bounded whatever the object's size
@@ -19,7 +19,7 @@ def _info(url: str) -> dict | None:
     """The client's info on `url` (an object, or a 'directory' for a prefix or bucket); None when absent."""
     fs = filesystem(url)
     try:
-        return fs.info(strip(url))
+        return fs.info(strip(url), **bounded(fs))
     except FileNotFoundError:
         return None
     except Exception as err:  # noqa: BLE001 - fsspec's own exists() would call an unreachable server "absent"
@@ -47,7 +47,8 @@ def listdir(path) -> list[str]:
         raise translate_error(FileNotFoundError(path) if not exists(path) else NotADirectoryError(
             "an object, not a directory"), path)
     with translated(path):
-        entries = filesystem(path).ls(strip(path), detail=False)
+        fs = filesystem(path)
+        entries = fs.ls(strip(path), detail=False, **bounded(fs))
     base = strip(path).rstrip("/")
     return sorted({entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries if entry.rstrip("/") != base})
 
@@ -58,8 +59,9 @@ def glob(pattern) -> list[str]:
         return sorted(_glob.glob(local_path(pattern)))
     proto = str(pattern).split("://", 1)[0]
     with translated(pattern):
-        found = filesystem(pattern).glob(strip(pattern))
-    return sorted(f"{proto}://{match}" for match in found)
+        fs = filesystem(pattern)
+        found = fs.glob(strip(pattern), **bounded(fs))
+    return sorted(f"{proto}://{match.lstrip('/')}" for match in found)
 
 
 def size(path) -> int:
@@ -168,6 +170,6 @@ def remove_tree(url: str) -> None:
     fs = filesystem(url)
     with translated(url):
         try:
-            fs.rm(strip(url), recursive=True)
+            fs.rm(strip(url), recursive=True, **bounded(fs))
         except FileNotFoundError:
             pass

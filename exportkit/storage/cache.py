@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from exportkit.files import cache_dir, os_error, write_atomic
 from exportkit.log import log
-from exportkit.storage.remote import endpoint, filesystem, strip, translate_error, translated
+from exportkit.storage.remote import bounded, endpoint, filesystem, strip, translate_error, translated
 from exportkit.storage.urls import is_url, local_path, split
 
 _INDEX = ".index"
@@ -58,12 +58,12 @@ def _objects(url: str) -> dict[str, dict]:
     fs = filesystem(url)
     with translated(url):
         try:
-            info = fs.info(strip(url))
+            info = fs.info(strip(url), **bounded(fs))
         except FileNotFoundError:
             raise translate_error(FileNotFoundError(url), url) from None
         if info.get("type") != "directory":
             return {"": info}
-        found = fs.find(strip(url), detail=True)
+        found = fs.find(strip(url), detail=True, **bounded(fs))
     prefix = strip(url).rstrip("/") + "/"
     return {name[len(prefix):]: info for name, info in found.items()
             if name.startswith(prefix) and not name.endswith("/") and info.get("type") != "directory"}

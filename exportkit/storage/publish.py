@@ -16,7 +16,7 @@ import uuid
 from exportkit.errors import InfraError, UsageError
 from exportkit.log import log
 from exportkit.storage.access import exists, remove_tree, upload_tree
-from exportkit.storage.remote import filesystem, strip, translated
+from exportkit.storage.remote import bounded, filesystem, strip, translated
 from exportkit.storage.urls import join, local_path, name, parent
 
 STAGING_PREFIX = ".exportkit-staging-"
@@ -57,8 +57,9 @@ def _check_complete(local_dir, url: str) -> None:
         for file in files:
             path = os.path.join(folder, file)
             expected[os.path.relpath(path, root).replace(os.sep, "/")] = os.path.getsize(path)
+    fs = filesystem(url)
     with translated(url):
-        found = filesystem(url).find(strip(url), detail=True)
+        found = fs.find(strip(url), detail=True, **bounded(fs))
     prefix = strip(url) + "/"
     got = {key[len(prefix):]: int(info.get("size") or 0) for key, info in found.items() if key.startswith(prefix)}
     if got != expected:

@@ -15,11 +15,19 @@ from exportkit.storage.urls import protocol, split
 # The extra that installs each protocol's client (pyproject.toml), and the module fsspec needs for it.
 EXTRAS = {"gs": ("gcs", "gcsfs"), "gcs": ("gcs", "gcsfs"), "s3": ("s3", "s3fs"), "s3a": ("s3", "s3fs")}
 CONNECT_TIMEOUT_S = 5.0
-READ_TIMEOUT_S = 30.0
+READ_TIMEOUT_S = 20.0  # without a byte from the server (per request; the clients retry)
+# A whole listing or metadata call, retries included (gcsfs alone retries a hung server for minutes): passed as
+# fsspec's `timeout=`. Transfers (get, put, cat) are bounded per request by READ_TIMEOUT_S only.
+CALL_TIMEOUT_S = 20.0
 
 _lock = threading.Lock()
 _filesystems: dict[tuple[str, int], object] = {}  # by protocol and process: the clients are not fork-safe
 _reachable: set[str] = set()
+
+
+def bounded(fs) -> dict:
+    """The keyword that bounds a whole call of `fs` (fsspec's async filesystems take `timeout=`)."""
+    return {"timeout": CALL_TIMEOUT_S} if getattr(fs, "async_impl", False) else {}
 
 
 def endpoint(proto: str) -> str | None:
@@ -100,7 +108,7 @@ def strip(url: str) -> str:
 def _bucket_missing(url: str) -> bool:
     fs = _filesystems.get((protocol(url), os.getpid()))
     try:
-        return fs is not None and not fs.exists(split(url)[1])
+        return fs is not None and not fs.exists(split(url)[1], **bounded(fs))
     except Exception:  # noqa: BLE001 - only chooses the message's words
         return False
 
@@ -123,15 +131,21 @@ def translate_error(err: BaseException, url: str, what: str = "") -> ExportkitEr
             return UsageError(f"{about}: the bucket {bucket} does not exist",
                               "check the URL's bucket name (and that you point at the right project/endpoint)")
         return UsageError(f"{about}: no such object or directory", "check the URL (list it with gsutil ls / aws s3 ls)")
+    if type(err).__name__ in ("FSTimeoutError", "TimeoutError", "ReadTimeoutError", "ConnectTimeoutError"):
+        return InfraError(f"{about}: the storage service did not answer in time (connect {CONNECT_TIMEOUT_S:.0f} s, "
+                          f"read {READ_TIMEOUT_S:.0f} s, a listing {CALL_TIMEOUT_S:.0f} s)",
+                          "check the storage endpoint and network, then run it again")
     if isinstance(err, (IsADirectoryError, NotADirectoryError)):
         return UsageError(f"{about}: {err}", "check the URL: a directory where a file is expected, or the other way")
     reason = " ".join(str(err).split()) or type(err).__name__
     if len(reason) > 300:
         reason = reason[:300] + "..."
     if _credentials_error(err):
+        how = {"gs": "`gcloud auth application-default login` or GOOGLE_APPLICATION_CREDENTIALS",
+               "s3": "AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or an instance role"}
         return InfraError(f"{about}: access denied or no credentials ({reason})",
-                          "configure credentials for the bucket (gcloud auth application-default login / "
-                          "GOOGLE_APPLICATION_CREDENTIALS; AWS_PROFILE or AWS_ACCESS_KEY_ID) and run it again")
+                          f"give this process credentials that may read the bucket "
+                          f"({how.get(protocol(url), 'the client library documents how')}) and run it again")
     return InfraError(f"{about}: the storage service failed ({type(err).__name__}: {reason})",
                       "check the storage endpoint and network, then run it again")
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import sys
 
-from exportkit.files import write_atomic
 from exportkit.options.verify import VerifyOptions
 from exportkit.verify.report import VerifyReport
 
 
 def finish(report: VerifyReport, o: VerifyOptions) -> int:
-    from exportkit.report.artifacts import print_report, write_report_files
+    from exportkit.report.artifacts import print_report, write_report_files, write_text
     from exportkit.verify.render_html import verify_html
     from exportkit.verify.render_junit import to_junit_xml
     from exportkit.verify.render_markdown import verify_markdown
@@ -23,7 +22,7 @@ def finish(report: VerifyReport, o: VerifyOptions) -> int:
     json_out, junit = o.json_out, o.junit
     print_report(render_text(report) if json_out != "-" else "", to_json(report), json_out)
     if junit:
-        write_atomic(junit, to_junit_xml(report), f"--junit {junit}")
+        write_text(junit, to_junit_xml(report), f"--junit {junit}")
     sys.stdout.flush()
     write_report_files(o.html, o.summary, lambda: verify_html(report), lambda: verify_markdown(report),
                        append_step_summary=True)
