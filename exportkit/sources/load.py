@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exportkit.savedmodel.checkpoint import read_checkpoint
+from exportkit import storage
 from exportkit.errors import UsageError
 from exportkit.savedmodel.versions import check_path, path_problem
 from exportkit.sources.hdf5 import MODEL, SAVING_LIB_WEIGHTS, h5_content, is_hdf5, keras_readable, neither_message
@@ -623,5 +624,5 @@ def load_source(opts: SourceOptions) -> LoadedModel:
                 with weights_must_restore(f"restoring {opts.src}"):
                     (_restore_checkpoint if fmt == "checkpoint" else _restore_weights)(model, opts.src)
         sha256 = digest.result() if digest else sha256_of(opts.src)
-    return LoadedModel(model=model, format=fmt, path=str(Path(opts.src).resolve()), sha256=sha256,
+    return LoadedModel(model=model, format=fmt, path=storage.display(Path(opts.src).resolve()), sha256=sha256,
                        policy=model_policy(model), custom_objects=custom, keras=keras_of(model))
