@@ -389,7 +389,7 @@ def check_version(nodes: list[ServedNode], library: set[str], producer_ops: dict
         if not node.executed:
             continue  # dtypes and kernels matter when the kernel is made, which never happens here
         if op == "XlaCallModule":
-            for code, detail in xla_module_problems(node, op_def, reg, dev):
+            for code, detail in xla_module_problems(node, reg, dev):
                 out.add("error", code, op, node, detail)
         types = _type_values(node, op_def)
         bad = {name: [t for t in ts if t not in op_def["a"][name].get("av", ts)] for name, ts in types.items()}
@@ -433,32 +433,33 @@ def check_version(nodes: list[ServedNode], library: set[str], producer_ops: dict
 
 # XlaCallModule's kernel builds its loader when the first request runs it, and the loader refuses a module serialized
 # at a newer version than it knows: "XlaCallModuleOp with version N is not supported by this build. Must be <= M"
-# (tensorflow/compiler/tf2xla/kernels/xla_call_module_loader.cc, kVersionMaximumSupported). Each such version came
-# with the op attr it reads (kVersionStartSupportDisabledChecks, ...Effects, ...ShardyPartitioner), so which TF knows
-# which version is read off the registries' OpDefs, not a table of releases. JAX 0.10 writes version 10 by default.
-XLA_MODULE_VERSION_ATTRS = ((6, "disabled_checks"), (9, "has_token_input_output"), (10, "use_shardy_partitioner"))
+# (tensorflow/compiler/tf2xla/kernels/xla_call_module_loader.cc, kVersionMaximumSupported). M per release, as its
+# wheel's tensorflow/compiler/tf2xla/python/xla.py call_module_maximum_supported_version() returns it (read from the
+# 2.14, 2.15, 2.16, 2.19, 2.20 and 2.21 wheels; 2.17 and 2.18 lie between two 9s). 2.12 and 2.13 have no such
+# function and their op lacks the disabled_checks attr that version 6 brought (kVersionStartSupportDisabledChecks):
+# at most 5. The OpDefs cannot tell: 2.14 has version 9's has_token_input_output attr but refuses version 9.
+# JAX 0.10 writes version 10 by default and 9 at the least (jax.export's minimum_supported_calling_convention_version).
+XLA_MODULE_MAX_VERSION = {"2.12": 5, "2.13": 5, "2.14": 8, "2.15": 8, "2.16": 9, "2.17": 9, "2.18": 9, "2.19": 9,
+                          "2.20": 10, "2.21": 10}
 # The loader also refuses a module not serialized for the platform it runs on ("The current platform CUDA is not
 # among the platforms required by the module"), unless the module disables the "platform" check. jax2tf and Keras'
 # JAX export serialize for the platform of the machine that exported, e.g. only CPU.
 XLA_PLATFORMS = {"CPU": "CPU", "GPU": "CUDA"}
 
 
-def xla_module_problems(node: ServedNode, op_def: dict, reg, device: str) -> list[tuple[str, str]]:
+def xla_module_problems(node: ServedNode, reg, device: str) -> list[tuple[str, str]]:
     """(code, why) for an XlaCallModule node that TF `reg` cannot run: its module's version or platforms."""
     problems = []
     version = node.attrs["version"].i if "version" in node.attrs else 0
-    too_new = [v for v, attr in XLA_MODULE_VERSION_ATTRS if v <= version and attr not in op_def["a"]]
-    if too_new:
-        first = next((v for v in registries.available() if all(
-            attr in (registries.load(v).op("XlaCallModule") or {}).get("a", {})
-            for n, attr in XLA_MODULE_VERSION_ATTRS if n <= version)), None)
+    known = XLA_MODULE_MAX_VERSION.get(reg.version)
+    if known is not None and version > known:
+        first = next((v for v in registries.available() if XLA_MODULE_MAX_VERSION.get(v, 0) >= version), None)
         serve = f"serve on TF Serving {first} or later, or " if first else ""
         problems.append(("xla-module-version", (
             f"{node.where} holds a StableHLO module serialized at version {version}, newer than TF {reg.release}'s "
-            f"XlaCallModule knows (versions below {too_new[0]}): every request fails with 'XlaCallModuleOp with "
-            f"version {version} is not supported by this build'; fix: {serve}serialize it at version "
-            f"{too_new[0] - 1} (JAX_EXPORT_CALLING_CONVENTION_VERSION={too_new[0] - 1} when you export, if your "
-            f"JAX still writes it)")))
+            f"XlaCallModule knows (up to {known}): every request fails with 'XlaCallModuleOp with version {version} "
+            f"is not supported by this build'; fix: {serve}serialize it at version {known} or lower "
+            f"(JAX_EXPORT_CALLING_CONVENTION_VERSION={known} when you export, if your JAX still writes it)")))
     platforms = [p.decode() for p in node.attrs["platforms"].list.s] if "platforms" in node.attrs else []
     checks = [c.decode() for c in node.attrs["disabled_checks"].list.s] if "disabled_checks" in node.attrs else []
     wanted = XLA_PLATFORMS.get(device)
