@@ -43,6 +43,11 @@ BUILD = textwrap.dedent("""
     module.f = tf.function(jax2tf.convert(f, polymorphic_shapes=["(b, 4)"]), autograph=False,
                            input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
     tf.saved_model.save(module, out + "/jax2tf/1", signatures={"serving_default": module.f})
+    jax.config.update("jax_export_calling_convention_version", 9)  # the oldest JAX 0.10 writes
+    module.f9 = tf.function(jax2tf.convert(f, polymorphic_shapes=["(b, 4)"]), autograph=False,
+                            input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+    tf.saved_model.save(module, out + "/jax2tf_v9/1", signatures={"serving_default": module.f9})
+    jax.config.update("jax_export_calling_convention_version", 10)
 
     inp = keras.Input((4,), name="x")
     model = keras.Model(inp, keras.layers.Dense(3, activation="softmax", name="probs")(inp))
@@ -141,6 +146,8 @@ def test_compat_predicts_fails_under_stock_flags_and_the_module_version_window_w
     (old,) = [f for f in results["2.19"].findings if f.code == "xla-module-version"]
     assert "version 10" in old.message and "TF Serving 2.20 or later" in old.message
     assert read_info(models / "jax2tf" / "1", check_registry=False).oldest_tf_serving_with_xla == "2.20"
+    v9 = analysis.analyze(_meta_graph(models / "jax2tf_v9" / "1"), available(), server_flags=enabled)
+    assert [r.tf for r in v9 if r.predicted == "ok"] == ["2.16", "2.17", "2.18", "2.19", "2.20", "2.21"]
     # serialized for the exporting machine's platform (CPU): a GPU server's loader refuses the module
     (gpu,) = analysis.analyze(meta_graph, ["2.21"], device="gpu", server_flags=enabled)
     assert gpu.predicted == "fails" and any(f.code == "xla-module-platform" for f in gpu.findings)
