@@ -80,7 +80,9 @@ class _RemoteReader(io.RawIOBase):
         super().__init__()
         self.url = url
         with translated(url):
-            self._fh = filesystem(url).open(strip(url), "rb", block_size=_BLOCK)
+            # "readahead": one request per block. gcsfs's default (AdaptiveReadaheadCache) sent 215 requests for a
+            # 1.7 MB GZIP TFRecord file read by gzip's small reads, making --data from a bucket ~2x slower than disk.
+            self._fh = filesystem(url).open(strip(url), "rb", block_size=_BLOCK, cache_type="readahead")
 
     def readable(self) -> bool:
         return True
