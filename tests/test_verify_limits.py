@@ -206,8 +206,9 @@ def test_verify_warns_and_a_real_default_client_proves_it(big_model, tmp_path):
     import grpc
 
     report = tmp_path / "report.json"
+    html, summary = tmp_path / "report.html", tmp_path / "summary.md"
     proc = invoke("verify", big_model["path"], "--serving", big_model["address"], "--model-name", "big",
-                  "--signature", "serving_default", "--json", report)
+                  "--signature", "serving_default", "--json", report, "--html", html, "--summary", summary)
     assert proc.returncode == 0, proc.stdout + proc.stderr  # a warning: TF Serving answers, a client option fixes it
     data = json.loads(report.read_text())
     (sizes,) = data["messages"]
@@ -217,6 +218,8 @@ def test_verify_warns_and_a_real_default_client_proves_it(big_model, tmp_path):
     assert warning["severity"] == "warning" and "output 'big'" in warning["message"]
     assert "gRPC messages at the largest batch tried" in proc.stdout and "up to 3 rows" in proc.stdout
     assert "a default gRPC client cannot receive the 9.6 MB Predict answer to 8 rows" in data["verdict"]
+    assert 'id="messages"' in html.read_text() and "| serving_default | Predict | 8 |" in summary.read_text()
+    assert "**message-size**" in summary.read_text()
 
     # the reported size is the answer's: byte for byte what the server sends
     assert _predict(big_model["address"], 1).ByteSize() == by_rows[1]["response_bytes"]
