@@ -23,7 +23,8 @@ def size_text(n: float | None) -> str:
     the limits are binary (4 MiB = 4,194,304 bytes)."""
     if n is None or n < 10**6:
         return decimal_size(None if n is None else int(n))
-    return f"{decimal_size(int(n))} ({n / 2**30:.3g} GiB)" if n >= 2**30 else f"{decimal_size(int(n))} ({n / 2**20:.3g} MiB)"
+    unit, scale = ("GiB", 2**30) if n >= 2**30 else ("MiB", 2**20)
+    return f"{decimal_size(int(n))} ({n / scale:.3g} {unit})"
 
 
 def _rows(batch: dict) -> int:
@@ -68,36 +69,33 @@ def _channel_option(n: int) -> str:
     return f'options=[("{RECEIVE_OPTION}", {mib} * 1024 * 1024)]'
 
 
-def size_findings(sizes: dict, prefix: str = "") -> list[Finding]:
+def size_findings(sizes: dict) -> list[Finding]:
     """An error for a message over TF Serving's server limit, a warning for an answer over a default client's."""
     name, api, within = sizes["signature"], sizes["api"], sizes["rows_within"]
-    where = f"{prefix}signature '{name}': "
     found = []
-    over_server = [b for b in sizes["batches"] if max(b["request_bytes"], b["response_bytes"] or 0) > SERVER_MAX_MESSAGE]
-    if over_server:
-        b = over_server[0]
-        what = ("request" if b["request_bytes"] > SERVER_MAX_MESSAGE else "answer")
-        size = b["request_bytes"] if what == "request" else b["response_bytes"]
-        found.append(Finding("error", CODE, f"{where}the {api} {what} of a batch of {b['rows']} is {size_text(size)}, "
-                                            f"over the {SERVER_MAX_MESSAGE:,} bytes (2 GiB) TF Serving's gRPC server "
-                                            f"{'accepts' if what == 'request' else 'sends'} (SetMaxMessageSize(INT32_MAX), "
-                                            f"model_servers/server.cc): the call fails with RESOURCE_EXHAUSTED whatever "
-                                            f"the client sets. fix: send at most {within['server']} rows per request"))
+    for b in sizes["batches"]:
+        what, size = max((("request", b["request_bytes"]), ("answer", b["response_bytes"] or 0)), key=lambda x: x[1])
+        if size > SERVER_MAX_MESSAGE:
+            found.append(Finding("error", CODE, (
+                f"signature '{name}': the {api} {what} of a batch of {b['rows']} is {size_text(size)}, over the "
+                f"{SERVER_MAX_MESSAGE:,} bytes (2 GiB) TF Serving's gRPC server "
+                f"{'accepts' if what == 'request' else 'sends'} (SetMaxMessageSize(INT32_MAX), "
+                f"model_servers/server.cc): the call fails with RESOURCE_EXHAUSTED whatever the client sets. fix: "
+                f"send at most {within['server']} rows per request")))
+            break
     over_client = [b for b in sizes["batches"] if (b["response_bytes"] or 0) > CLIENT_MAX_RECEIVE]
     if over_client:
-        b = over_client[-1]
-        n = within["default_client"]
+        b, n = over_client[-1], within["default_client"]
         key, out = max(sizes["outputs_per_row"].items(), key=lambda kv: kv[1], default=(None, 0))
         output = f" (output '{key}': {size_text(out)} per row)" if key else ""
         fits = (f"a default client receives at most {n} row{'s' if n != 1 else ''} per request" if n else
                 "a default client cannot receive even one row")
         fix = f"create the client's channel with {_channel_option(b['response_bytes'])} (-1: no limit)"
-        found.append(Finding("warning", CODE, f"{where}the {api} answer to a batch of {b['rows']} is "
-                                              f"{size_text(b['response_bytes'])}{output}, over the 4 MiB "
-                                              f"({CLIENT_MAX_RECEIVE:,} bytes) a default gRPC client receives: it gets "
-                                              f"RESOURCE_EXHAUSTED \"Received message larger than max\" though TF "
-                                              f"Serving sent the answer; {fits}. fix: {fix}"
-                                              + (f", or send at most {n} rows per request" if n else "")))
+        found.append(Finding("warning", CODE, (
+            f"signature '{name}': the {api} answer to a batch of {b['rows']} is {size_text(b['response_bytes'])}"
+            f"{output}, over the 4 MiB ({CLIENT_MAX_RECEIVE:,} bytes) a default gRPC client receives: it gets "
+            f"RESOURCE_EXHAUSTED \"Received message larger than max\" though TF Serving sent the answer; {fits}. "
+            f"fix: {fix}" + (f", or send at most {n} rows per request" if n else ""))))
     return found
 
 
