@@ -76,7 +76,13 @@ def test_exported_hf_model_verifies(exports, corpus):
 
 
 def test_save_pretrained_saved_model_verifies_inspects_and_passes_compat(corpus):
-    version = corpus / "models" / "distilbert_sm" / "saved_model" / "1"
+    pretrained = corpus / "models" / "distilbert_sm"
+    proc = _run("-m", "exportkit", "export", pretrained, "-o", corpus / "out" / "dir", cwd=corpus)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"is a Hugging Face save_pretrained directory: its weights are {pretrained / 'tf_model.h5'}; its " \
+           f"SavedModel, {pretrained / 'saved_model'}, verifies as it is" in proc.stderr, proc.stderr
+    assert f"fix: pass {pretrained / 'tf_model.h5'} with --builder module:function" in proc.stderr
+    version = pretrained / "saved_model" / "1"
     proc = _run("-m", "exportkit", "verify", version, cwd=corpus)
     assert proc.returncode == 0 and "PASSED" in proc.stdout, proc.stdout + proc.stderr
     proc = _run("-m", "exportkit", "inspect", version, "--json", cwd=corpus)

@@ -64,6 +64,12 @@ def detect_format(src: str, explicit: str | None = None) -> str:
             raise UsageError(f"{src} is already a SavedModel", "run `exportkit verify` or `exportkit inspect` on it")
         if (path / "checkpoint").exists() or any(path.glob("*.index")):
             return "checkpoint"
+        if (path / "tf_model.h5").is_file():  # what Hugging Face's save_pretrained writes
+            saved_model = path / "saved_model"  # save_pretrained(d, saved_model=True)
+            also = f"; its SavedModel, {saved_model}, verifies as it is" if saved_model.is_dir() else ""
+            raise UsageError(f"{src} is a Hugging Face save_pretrained directory: its weights are {path / 'tf_model.h5'}"
+                             f"{also}", f"pass {path / 'tf_model.h5'} with --builder module:function (a function that "
+                                        f"builds the model from its config and calls it on model.dummy_inputs)")
         raise UsageError(f"{src} is a directory without a checkpoint",
                          "pass a .h5/.keras file, or a directory with a `checkpoint` file and *.index/data shards")
     if Path(str(src) + ".index").exists():
