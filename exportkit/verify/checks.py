@@ -62,7 +62,7 @@ def baseline_findings(o: VerifyOptions, signatures: dict, selected: list[str],
         return [], {**compared, "source": "none", "old": None, "why": "--no-baseline"}
     if o.baseline:
         old_dir, _, old = read_model(o.baseline)
-        compared.update(source="--baseline", old=str(old_dir))
+        compared.update(source="--baseline", old=storage.display(old_dir))
     else:
         try:
             found = _deployed(o, version_dir) if _remote(o.serving) else _previous_version(version_dir)
