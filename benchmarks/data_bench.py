@@ -1,9 +1,10 @@
 """`verify --data` benchmark (bench.py --data-only, the data section of a profile, or alone): records per second of
 the in-process runner and of Apache Beam's DirectRunner (1 and 2 worker processes) next to a hand-written loop
 (benchmarks/data_loop.py) over the same TFRecords, and the peak RSS of the whole process tree at N/5 and
-2N records (the memory must not grow with the record count). The loop and the in-process run alternate PAIRED_RUNS
-times; the in-process row's ratio is the median of the pairs' ratios (a pair runs back to back, in one phase of
-a VM's speed), its times are the median runs.
+2N records (the memory must not grow with the record count). The loop, the in-process run and the in-process run
+over the same records in a bucket (gs:// on a local GCS emulator, issue 49: <= 1.3x local disk) alternate
+PAIRED_RUNS times; a paired row's ratio is the median of its runs' ratios to the run before it (back to back, in
+one phase of a VM's speed), its times are the median runs.
 
 The model is small (two inputs, ~1k parameters) so that the per-record overhead of reading, parsing,
 comparing and the statistics is what is measured, not the model. Runtimes: keras (--against) and saved_model,
@@ -13,17 +14,22 @@ which is also what the loop calls.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from harness import measure, section_main
 
 FILES = 8  # the records are spread over FILES files, half of them GZIP
 BATCH = 256
-PAIRED = ("loop", "in-process")  # the rows of the targeted ratio
+BUCKET = "in-process, records in gs:// (emulator)"
+PAIRED = ("loop", "in-process", BUCKET)  # run in turn; each row's ratio is to the row before it
 PAIRED_RUNS = 5
-TARGET = 1.1  # issue 34: in-process <= 1.1x the loop
+TARGETS = {"in-process": 1.1, BUCKET: 1.3}  # issue 34: in-process <= 1.1x the loop; issue 49: a bucket <= 1.3x disk
 
 
 def build(out: Path, records: int, log) -> dict:
@@ -60,15 +66,58 @@ for f in range({FILES}):
             "half": ",".join(files[: FILES // 2]), "all": ",".join(files)}
 
 
+@contextlib.contextmanager
+def gcs_emulator(files: list[str], log):
+    """gcp-storage-emulator on a free loopback port, `files` uploaded to gs://bench/data/ with google-cloud-storage;
+    this process's environment (hence measure()'s children) points the clients at it. Yields the files' URLs."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port",
+                               str(port), "--in-memory", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
+    try:
+        for _ in range(300):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+            time.sleep(0.1)
+        client = storage.Client(project="bench", credentials=AnonymousCredentials(),
+                                client_options={"api_endpoint": endpoint})
+        bucket = client.create_bucket("bench")
+        for path in files:
+            bucket.blob(f"data/{Path(path).name}").upload_from_filename(path)
+        log(f"  data: {len(files)} files in gs://bench/data/ on {endpoint}")
+        os.environ.update(STORAGE_EMULATOR_HOST=endpoint, GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")
+        yield [f"gs://bench/data/{Path(path).name}" for path in files]
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.terminate()
+        server.wait(30)
+
+
 def run_data(out: Path, records: int, log, exportkit: str) -> dict:
     """Rows {name: measure() result + records/s}; records is N (the throughput rows read N records)."""
     d = build(out, records, log)
+    with gcs_emulator(d["files"][: FILES // 2], log) as urls:
+        return _run_data(d, records, log, exportkit, ",".join(urls))
+
+
+def _run_data(d: dict, records: int, log, exportkit: str, in_bucket: str) -> dict:
     verify = [exportkit, "verify", str(d["version"]), "--against", str(d["keras"]), "--runtimes", "keras,saved_model",
               "--serving", "none", "--batch-size", str(BATCH)]
     rows = {
         "loop": ([sys.executable, str(Path(__file__).with_name("data_loop.py")), str(d["keras"]), str(d["version"]),
                   str(records), str(BATCH), *d["files"][: FILES // 2]], records),
         "in-process": (verify + ["--data", d["half"]], records),
+        BUCKET: (verify + ["--data", in_bucket], records),
         "beam (DirectRunner, in-memory)": (verify + ["--data", d["half"], "--runner", "beam"], records),
         "beam (DirectRunner, 1 worker process)": (verify + ["--data", d["half"], "--runner", "beam", "--beam-option",
                                                   "direct_running_mode=multi_processing", "--beam-option",
@@ -91,7 +140,7 @@ def run_data(out: Path, records: int, log, exportkit: str) -> dict:
             f"tree RSS {r['tree_rss_mb'] or 0:.0f} MB")
         return r
 
-    # The targeted ratio's two rows alternate, PAIRED_RUNS times: a single run of each could fall in different
+    # The targeted ratios' rows run in turn, PAIRED_RUNS times: a single run of each could fall in different
     # phases of a VM's speed (the same verify took 5.6 s and 9.3 s minutes apart here, the loop 5.5 s and 8.4 s).
     paired = {name: [] for name in PAIRED}
     for _ in range(PAIRED_RUNS):
@@ -99,8 +148,8 @@ def run_data(out: Path, records: int, log, exportkit: str) -> dict:
             paired[name].append(run(name))
     results = {name: {**sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2], "runs": len(runs)}
                for name, runs in paired.items()}
-    loop, ours = paired[PAIRED[0]], paired[PAIRED[1]]
-    results[PAIRED[1]]["pair_ratios"] = sorted(b["seconds"] / a["seconds"] for a, b in zip(loop, ours))
+    for before, name in zip(PAIRED, PAIRED[1:]):
+        results[name]["pair_ratios"] = sorted(b["seconds"] / a["seconds"] for a, b in zip(paired[before], paired[name]))
     results.update({name: run(name) for name in rows if name not in PAIRED})
     return results
 
@@ -109,14 +158,15 @@ def render_data(results: dict) -> list[str]:
     if not results:
         return []
     loop = results.get("loop", {}).get("seconds")
-    lines = ["", "### verify --data (keras + saved_model over the same TFRecords; loop and in-process: the median of "
-             f"{PAIRED_RUNS} alternating runs, and for in-process the median of the pairs' ratios)", "",
+    lines = ["", "### verify --data (keras + saved_model over the same TFRecords; loop, in-process and gs://: the "
+             f"median of {PAIRED_RUNS} runs in turn, and for the last two the median of their ratios to the row "
+             "above: the gs:// row's is to local disk's)", "",
              "| run | exit | records | wall s | records/s | x loop | peak RSS tree MB |", "|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         ratio = f"{r['seconds'] / loop:.2f}x" if loop and not name.startswith("memory") else "-"
         if r.get("pair_ratios"):
             median = r["pair_ratios"][len(r["pair_ratios"]) // 2]  # they are sorted
-            ratio = f"{median:.2f}x " + ("✅" if median <= TARGET else "❌")
+            ratio = f"{median:.2f}x " + ("✅" if median <= TARGETS[name] else "❌")
         lines.append(f"| {name} | {r['rc']} | {r['records']} | {r['seconds']:.1f} | {r['records_per_s'] or 0:.0f} | "
                      f"{ratio} | {r['tree_rss_mb'] or 0:.0f} |")
     mem = [r for n, r in results.items() if n.startswith("memory")]
