@@ -35,8 +35,9 @@ compat: the static analysis of all ten TF versions on a 1,000-node graph (benchm
 read cold; < 1 s) and, with a warm environment (`--compat-tf`, default 2.12; installed first if missing, not
 timed), `exportkit verify DIR --runtimes golden --tf X.Y` vs `... --runtimes golden,session` (wall; <= 1.3x),
 plus the wall time of `exportkit compat DIR --tf X.Y --run`; and `verify --data` (benchmarks/data_bench.py;
-<= 1.1x a hand-written loop); and `exportkit diff --data` on 1M logged Predict requests (benchmarks/diff_bench.py:
-alternating pairs with a hand-written loop over the two loaded models, <= 1.5x; peak RSS at N/10 and N records).
+<= 1.1x a hand-written loop; the same records in gs:// on a local GCS emulator <= 1.3x local disk); and
+`exportkit diff --data` on 1M logged Predict requests (benchmarks/diff_bench.py: alternating pairs with a
+hand-written loop over the two loaded models, <= 1.5x; peak RSS at N/10 and N records).
 
 Models: samples from `make samples` (samples.json), keras.applications models (seeded random weights,
 `weights=None`) and scale_1gb: the model of issue 12, `Input((16,), int32)` -> `Embedding(2_000_000, 128)` (1 GB of
