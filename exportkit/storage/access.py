@@ -13,6 +13,12 @@ from exportkit.storage.remote import bounded, filesystem, strip, translate_error
 from exportkit.storage.urls import is_url, local_path, protocol
 
 _BLOCK = 4 * 1024 * 1024  # read-ahead block of a remote reader: memory stays bounded whatever the object's size
+# Uploads: gcsfs and s3fs send a file in chunks of 50 MiB held in memory, many files at once (s3fs: 10 chunks of a
+# file at once too); 4 x 50 MB shards peaked at 509 MB (GCS) and 466 MB (S3). 8 MiB chunks (a multiple of GCS's
+# 256 KiB, above S3's 5 MiB part minimum), 8 files and 2 parts at once bound it.
+_UPLOAD = {"gs": {"chunksize": 8 << 20, "batch_size": 8}, "s3": {"chunksize": 8 << 20, "batch_size": 8,
+                                                                  "max_concurrency": 2}}
+_UPLOAD.update(gcs=_UPLOAD["gs"], s3a=_UPLOAD["s3"])
 
 
 def _info(url: str) -> dict | None:
@@ -162,7 +168,7 @@ def upload_tree(local_dir, url: str) -> list[str]:
             targets.append(f"{strip(url)}/{relative}")
     with translated(url):
         if sources:
-            fs.put(sources, targets)
+            fs.put(sources, targets, **_UPLOAD.get(protocol(url), {}))
     proto = protocol(url)
     return [f"{proto}://{target}" for target in targets]
 
