@@ -81,6 +81,12 @@ MODEL_CONFIG = typer.Option(None, "--model-config", help="model.json (Keras conf
 POLICY = typer.Option(None, "--policy", help="Dtype policy to build under when rebuilding from code (e.g. mixed_float16).")
 FORMAT = typer.Option(None, "--format", help="Source format: h5, keras, saved_model, checkpoint, weights (detected by default).")
 KERAS = typer.Option(None, "--keras", metavar="2|3", help="Load the source with Keras 3 or tf.keras 2 (tf_keras); default: the Keras that wrote it.")
+MAX_MEMORY = typer.Option(None, "--max-memory", metavar="SIZE",
+                          help="Fail (exit 1) when the model's peak memory in the session runtime exceeds SIZE "
+                               "(512MB = 512*10^6 bytes, 2GiB = 2*2^30).")
+MAX_SWAP_MEMORY = typer.Option(None, "--max-swap-memory", metavar="SIZE",
+                               help="Fail (exit 1) when the swap from the version served before (both loaded, as TF "
+                                    "Serving swaps) needs more than SIZE.")
 SPEC = typer.Option(None, "--spec", help="exportkit.toml with the export options (default: next to the source).")
 UNSAFE = typer.Option(False, "--unsafe", help="Let Keras deserialize Lambda layers / bytecode (unsafe for untrusted files).")
 REFERENCE = typer.Option(None, "--reference", help="Training-time reference (.npz from exportkit.record_reference); "
@@ -286,12 +292,8 @@ def verify(
     max_latency_ms: Optional[float] = typer.Option(None, "--max-latency-ms", metavar="MS",
                                                    help="Fail (exit 1) when a runtime's steady-state p99 request "
                                                         "latency (the batches after its first) exceeds MS."),
-    max_memory: Optional[str] = typer.Option(None, "--max-memory", metavar="SIZE",
-                                             help="Fail (exit 1) when the model's peak memory in the session "
-                                                  "runtime exceeds SIZE (512MB = 512*10^6 bytes, 2GiB = 2*2^30)."),
-    max_swap_memory: Optional[str] = typer.Option(None, "--max-swap-memory", metavar="SIZE",
-                                                  help="Fail (exit 1) when the swap from the version served before "
-                                                       "(both loaded, as TF Serving swaps) exceeds SIZE."),
+    max_memory: Optional[str] = MAX_MEMORY,
+    max_swap_memory: Optional[str] = MAX_SWAP_MEMORY,
     debug: bool = DEBUG,
     source: SourceFlags = None,
 ):
@@ -424,6 +426,8 @@ def diff(
     beam_option: Optional[List[str]] = typer.Option(None, "--beam-option", help="--runner beam: KEY=VALUE pipeline option (repeatable)."),
     device: str = typer.Option("cpu", "--device", help="cpu | gpu for the two session runtimes."),
     load_timeout: float = typer.Option(120.0, "--load-timeout", help="--serving: seconds to wait for the model."),
+    max_memory: Optional[str] = MAX_MEMORY,
+    max_swap_memory: Optional[str] = MAX_SWAP_MEMORY,
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout)."),
     html: Optional[str] = HTML,
     summary: Optional[str] = SUMMARY,
@@ -441,7 +445,8 @@ def diff(
             signature_name=signature_name, data=data, limit=limit, batch_size=batch_size, sample=sample, seed=seed,
             samples=samples, label=label, max_changed_top1=max_changed_top1, max_abs_change=max_abs_change,
             min_metric_delta=min_metric_delta, runner=runner, beam_option=beam_option, device=device,
-            load_timeout=load_timeout, json=json_out, html=html, summary=summary))
+            load_timeout=load_timeout, json=json_out, html=html, summary=summary, max_memory=max_memory,
+            max_swap_memory=max_swap_memory))
 
     _run(go, debug)
 

@@ -170,7 +170,8 @@ def test_cli_matrix_json_and_exit_codes(corpus, tmp_path):
     assert doc["device"] == "cpu"
     assert [v["tf"] for v in doc["versions"]] == ["2.12", "2.21"]
     for version in doc["versions"]:
-        assert set(version) == {"tf", "predicted", "observed", "findings", "error", "served", "server", "server_error"}
+        assert set(version) == {"tf", "predicted", "observed", "findings", "error", "served", "server", "server_error",
+                                "memory"}
         assert version["observed"] is None and version["error"] is None
         for finding in version["findings"]:
             assert set(finding) == {"severity", "code", "op", "node", "message"}

@@ -136,7 +136,7 @@ def test_json_schema(multi_json, models, tf):
     doc = multi_json
     assert set(doc) == {"schema_version", "path", "tags", "tensorflow_version", "signatures", "ops", "assets",
                         "variables_bytes", "variables", "manifest", "findings", "oldest_tf_serving",
-                        "oldest_tf_serving_with_xla", "files_read"}
+                        "oldest_tf_serving_with_xla", "files_read", "memory_estimate"}
     assert doc["oldest_tf_serving_with_xla"] is None  # nothing here needs XLA
     assert doc["schema_version"] == 1
     assert doc["path"] == os.path.abspath(models["multi"])

@@ -4,6 +4,7 @@ measurement: a fresh process that loads the version with the TF1 loader and answ
 /proc RSS before and after (no exportkit in it)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -53,9 +54,14 @@ print(json.dumps({"loaded": held() - before, "rss": rss}))
 """
 
 
-def independent(path: Path, feed: dict) -> dict:
-    out = subprocess.run([sys.executable, "-c", MEASURE, str(path)], input=json.dumps(feed), capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+def independent(path: Path, feed: dict, python: str = sys.executable) -> dict:
+    return _independent(str(path), json.dumps(feed), python)
+
+
+@functools.lru_cache(maxsize=None)  # one measurement per version (and Python) for the whole module
+def _independent(path: str, feed: str, python: str) -> dict:
+    out = subprocess.run([python, "-c", MEASURE, path], input=feed, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -230,8 +236,39 @@ def test_many_small_functions_through_the_python_api(models):
 
 
 @pytest.mark.slow
+def test_diff_measures_the_swap_in_the_new_versions_worker_and_gates_it(models):
+    new, old = models["big"], models["old"]
+    out = models["root"] / "diff.json"
+    result = invoke("diff", old[0], new[0], "--max-swap-memory", "50MB", "--max-memory", "1GB", "--json", out)
+    report = json.loads(out.read_text())
+    swap, [row] = report["memory"]["swap"], report["memory"]["measured"]
+    assert close(row["loaded_bytes"], independent(*new)["loaded"]), row
+    assert close(swap["peak_bytes"], independent(*new)["loaded"] + independent(*old)["loaded"]), swap
+    gates = {g["name"]: g for g in report["gates"]}
+    assert gates["max-memory"]["passed"] and not gates["max-swap-memory"]["passed"]
+    assert gates["max-swap-memory"]["value"] == swap["peak_bytes"] and gates["max-swap-memory"]["limit"] == 50 * 10**6
+    assert result.returncode == 1 and "max-swap-memory" in result.stdout
+
+
+@pytest.mark.slow
 def test_inspect_gives_the_estimate_without_loading(models):
     path, _ = models["table"]
     result = invoke("inspect", path, "--json")
     files = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     assert json.loads(result.stdout)["memory_estimate"] == {"files_bytes": files, "estimate_bytes": int(files * 1.2)}
+
+
+@pytest.mark.slow
+@pytest.mark.compat
+def test_compat_run_gives_the_figure_in_each_tensorflow(models):
+    """The standalone worker of a managed TF 2.12 environment measures the same way (tfversions/worker.py)."""
+    from exportkit.tfversions.envs import python_for
+
+    path, feed = models["table"]
+    out = models["root"] / "compat.json"
+    result = invoke("compat", path, "--tf", "2.12,2.21", "--run", "--json", out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {v["tf"]: v for v in json.loads(out.read_text())["versions"]}
+    assert close(rows["2.12"]["memory"]["loaded_bytes"], independent(path, feed, python_for("2.12"))["loaded"])
+    assert close(rows["2.21"]["memory"]["loaded_bytes"], independent(path, feed)["loaded"])
+    assert "MEMORY" in result.stdout

@@ -122,6 +122,7 @@ def run_diff(o: DiffOptions) -> DiffReport:
     regression = signature.get("method") == REGRESS_METHOD
     report.outputs = [output_change(st, report.files, regression) for _, st in sorted(stats.items())]
     report.gates = gates(report.outputs, o.max_changed_top1, o.max_abs_change, o.min_metric_delta)
+    report.gates += memory_gates(report.memory)
     measured(o, report)
     return report
 
@@ -210,8 +211,14 @@ def _generated(o: DiffOptions, new: Version, name: str):
 
 
 def _in_process(o, data, new, name, signature, runtimes, accumulator, report):
+    from exportkit.verify.memory import measure_diff
+
     try:
-        return _stream(o, data, new, name, signature, runtimes, accumulator, report)
+        streamed = _stream(o, data, new, name, signature, runtimes, accumulator, report)
+        # NEW's memory and the swap (OLD loaded beside it in NEW's worker), read before the workers close
+        report.memory = measure_diff(runtimes[0], runtimes[1], new.path,
+                                     {"max_memory": o.max_memory, "max_swap_memory": o.max_swap_memory})
+        return streamed
     finally:
         for runtime in runtimes:
             try:
@@ -362,6 +369,21 @@ def measured(o: DiffOptions, report: DiffReport) -> None:
                f"its {metric['name']} is undefined on these labels (AUC needs both labels 0 and 1)")
         raise UsageError(f"--min-metric-delta has nothing to measure: {why}",
                          "pass --data records whose tf.Examples carry the label, and --label with its feature name")
+
+
+def memory_gates(memory: dict | None) -> list[Gate]:
+    """--max-memory on NEW's peak, --max-swap-memory on the swap's (bytes; verify/memory.py measures them)."""
+    if not memory:
+        return []
+    limits, found = memory["limits"], []
+    if limits.get("max_memory_bytes") is not None:
+        found += [Gate("max-memory", f"{row['runtime']} peak", limits["max_memory_bytes"], row["peak_bytes"],
+                       row["peak_bytes"] <= limits["max_memory_bytes"]) for row in memory["measured"]]
+    swap = memory.get("swap") or {}
+    if limits.get("max_swap_memory_bytes") is not None and swap.get("peak_bytes") is not None:
+        found.append(Gate("max-swap-memory", "swap peak (old and new loaded)", limits["max_swap_memory_bytes"],
+                          swap["peak_bytes"], swap["peak_bytes"] <= limits["max_swap_memory_bytes"]))
+    return found
 
 
 def gates(outputs: list[OutputChange], share: float | None, abs_gates: dict[str, float],

@@ -14,9 +14,10 @@ from exportkit.compare.summaries import histogram_summary
 from exportkit.report import plots
 from exportkit.report.artifacts import print_report, write_report_files
 from exportkit.report.base import Report
-from exportkit.report.format import clean, join_verdict, number, text_table
+from exportkit.report.format import clean, join_verdict, number, size_text, text_table
 from exportkit.report.html import e, page, table
 from exportkit.report.markdown import cell, heading, table as markdown_table
+from exportkit.verify.memory import MEMORY_HEADERS, memory_rows
 from exportkit.version import __version__
 
 SCHEMA_VERSION = 1  # of `diff --json` (docs/diff.md), as every other JSON document of exportkit
@@ -63,6 +64,7 @@ class DiffReport(Report):
     outputs: list[OutputChange] = field(default_factory=list)
     gates: list[Gate] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    memory: dict | None = None  # NEW's memory and the swap's (verify/memory.py measure_diff); None: not measured
 
     @property
     def passed(self) -> bool:
@@ -135,6 +137,8 @@ def verdict_line(report: DiffReport) -> str:
 
 
 def _gate_value(g: Gate, value: float) -> str:
+    if g.name in ("max-memory", "max-swap-memory"):
+        return size_text(value)
     return _pct(value) if g.name == "max-changed-top1" else number(value)
 
 
@@ -174,6 +178,9 @@ def render_text(report: DiffReport) -> str:
     skipped = report.inputs.get("skipped") or {}
     if skipped:
         lines += ["", "PredictionLog records skipped:"] + [f"  {n} x {why}" for why, n in skipped.items()]
+    if report.memory:
+        lines += ["", "memory (MB = 10^6 bytes):"]
+        lines += ["  " + line for line in text_table(MEMORY_HEADERS, memory_rows(report.memory))]
     if report.gates:
         lines += ["", "gates:"] + [f"  {'ok  ' if g.passed else 'FAIL'} {g.name} on {g.output}: "
                                    f"{_gate_value(g, g.value)} (limit {_gate_value(g, g.limit)})" for g in report.gates]
@@ -188,7 +195,8 @@ def to_json(report: DiffReport) -> dict:
     doc = {"schema_version": SCHEMA_VERSION, "exportkit_version": __version__, "passed": report.passed,
            "verdict": verdict_line(report), "old": report.old, "new": report.new, "signature": report.signature,
            "findings": [f.to_dict() for f in report.findings], "inputs": report.inputs,
-           "outputs": [asdict(c) for c in report.outputs], "gates": [asdict(g) for g in report.gates]}
+           "outputs": [asdict(c) for c in report.outputs], "gates": [asdict(g) for g in report.gates],
+           "memory": report.memory}
     return to_jsonable(doc)
 
 
@@ -202,8 +210,10 @@ def diff_markdown(report: DiffReport) -> str:
     lines = [heading("diff", f"{report.old} -> {report.new}", report.passed), ""]
     lines += markdown_table(["output", "records", "changed", "abs p99", "mean shift", "top-1 changed", "metric delta"],
                             rows)
-    lines += [""] + [f"- {'✅' if g.passed else '❌'} {cell(g.name)} on `{cell(g.output)}`: {number(g.value)} (limit "
-                     f"{number(g.limit)})" for g in report.gates]
+    if report.memory:
+        lines += [""] + markdown_table([h.lower() for h in MEMORY_HEADERS], [list(r) for r in memory_rows(report.memory)])
+    lines += [""] + [f"- {'✅' if g.passed else '❌'} {cell(g.name)} on `{cell(g.output)}`: {_gate_value(g, g.value)} "
+                     f"(limit {_gate_value(g, g.limit)})" for g in report.gates]
     lines += [f"- **{cell(f.code)}**: {cell(f.message)}" for f in report.findings if f.severity == "error"]
     return "\n".join(lines + ["", f"**{cell(verdict_line(report))}**", ""])
 
@@ -221,8 +231,12 @@ def diff_html(report: DiffReport) -> str:
           e(_pct(c.top1_changed_share))] for c in report.outputs]))
     if report.gates:
         body.append("<h2>Gates</h2>" + table(["gate", "output", "value", "limit", "result"],
-                                             [[e(g.name), e(g.output), e(number(g.value)), e(number(g.limit)),
-                                               "ok" if g.passed else "FAIL"] for g in report.gates]))
+                                             [[e(g.name), e(g.output), e(_gate_value(g, g.value)),
+                                               e(_gate_value(g, g.limit)), "ok" if g.passed else "FAIL"]
+                                              for g in report.gates]))
+    if report.memory:
+        body.append("<h2>Memory</h2>" + table(list(MEMORY_HEADERS), [[e(c) for c in row]
+                                                                    for row in memory_rows(report.memory)]))
     for c in report.outputs:
         parts = []
         figure = plots.comparison_figure(c.abs_histogram, c.rel_histogram, None, None, None, None) \

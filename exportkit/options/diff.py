@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from exportkit.errors import UsageError
-from exportkit.options.flags import refuse_unknown, texts
+from exportkit.options.flags import refuse_unknown, size_flag, texts
 
 QUANTILE_NAMES = ("p50", "p99", "p99.9", "max")
 
@@ -38,6 +38,9 @@ class DiffOptions:
     json_out: str | None = None
     html: str | None = None
     summary: str | None = None
+    # NEW's peak memory, and the swap's (OLD loaded beside NEW), over which the diff fails (verify/memory.py)
+    max_memory: int | None = None
+    max_swap_memory: int | None = None
 
 
 # keyword (the flag's longest name) -> DiffOptions field
@@ -51,6 +54,8 @@ def diff_options(paths, **flags) -> DiffOptions:
     values = {_RENAMES.get(k, k): v for k, v in flags.items()}
     values["max_changed_top1"] = parse_share(values.get("max_changed_top1"))
     values["max_abs_change"] = parse_abs_gates(texts(values.get("max_abs_change")))
+    for name in ("max_memory", "max_swap_memory"):
+        values[name] = size_flag("--" + name.replace("_", "-"), values.get(name))
     if "beam_options" in values:
         values["beam_options"] = texts(values["beam_options"])
     o = DiffOptions(paths=[str(p) for p in paths], **values)

@@ -6,6 +6,7 @@ import math
 import os
 
 from exportkit.errors import UsageError
+from exportkit.report.format import parse_size
 
 # Report files are written by the CLI from its flags; in the Python API they are the reports' methods.
 REPORT_FILES = ("json", "junit", "html", "summary")
@@ -39,3 +40,14 @@ def check_tolerances(atol: float | None, rtol: float | None) -> None:
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise UsageError(f"{flag} {value} must be a finite number >= 0",
                              f"pass {flag} 1e-5 (for example), or leave it out for the dtype's default")
+
+
+def size_flag(flag: str, value) -> int | None:
+    """A size flag in bytes: `512MB` (10^6), `512MiB` (2^20), GB/GiB, kB/KiB, or plain bytes."""
+    if value is None:
+        return None
+    size = parse_size(value)
+    if size is None or size <= 0:
+        raise UsageError(f"{flag} {value!r} is not a size",
+                         f"pass {flag} 512MB (MB = 10^6 bytes; MiB = 2^20; GB, GiB; or a number of bytes)")
+    return size

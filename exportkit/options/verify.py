@@ -5,13 +5,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exportkit.errors import UsageError
-from exportkit.options.flags import check_tolerances, refuse_unknown, texts
+from exportkit.options.flags import check_tolerances, refuse_unknown, size_flag, texts
 from exportkit.options.launch import LaunchOptions
 from exportkit.options.server_flags import STOCK, ServerFlags, parse_server_flags
 from exportkit.options.source import SOURCE_FLAGS, SourceOptions, source_from_flags
 from exportkit.options.spec_file import find_spec_file, read_spec_file
-from exportkit.report.format import parse_size
 
 
 @dataclass
@@ -82,17 +80,6 @@ class VerifyOptions:
 
 # keyword (the flag's longest name) -> VerifyOptions field
 _RENAMES = {"tf": "tf_versions", "beam_option": "beam_options", "json": "json_out"}
-
-
-def size_flag(flag: str, value) -> int | None:
-    """A size flag in bytes: `512MB` (10^6), `512MiB` (2^20), GB/GiB, kB/KiB, or plain bytes."""
-    if value is None:
-        return None
-    size = parse_size(value)
-    if size is None or size <= 0:
-        raise UsageError(f"{flag} {value!r} is not a size",
-                         f"pass {flag} 512MB (MB = 10^6 bytes; MiB = 2^20; GB, GiB; or a number of bytes)")
-    return size
 
 
 def memory_limits(path: str) -> dict:

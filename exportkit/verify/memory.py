@@ -65,6 +65,27 @@ def measure(runtimes_, version_dir, baseline: dict | None, limits: dict) -> tupl
     return memory, findings(memory)
 
 
+def measure_diff(old_runtime, new_runtime, new_dir, limits: dict) -> dict:
+    """diff OLD NEW: NEW's figures in its session worker, and the swap: OLD loaded beside NEW in that worker, as TF
+    Serving holds OLD while NEW loads. OLD deployed (--serving HOST:PORT): no swap, its memory is not ours to read.
+    The limits are diff's gates (diff/command.py memory_gates)."""
+    memory = dict(serving_estimate(new_dir), measured=[], swap=None,
+                  limits={f"{k}_bytes": v for k, v in limits.items()})
+    worker = getattr(getattr(new_runtime, "inner", new_runtime), "worker", None)
+    old_worker = getattr(getattr(old_runtime, "inner", old_runtime), "worker", None)
+    old_path = old_worker.path if old_worker is not None else None  # (resolved)
+    figures = worker.memory(previous=old_path) if worker is not None else {}
+    if "loaded_bytes" in figures:
+        row = {"runtime": "new (session)", "tf": worker.tf_version, "pid": worker.process.pid,
+               **{k: figures[k] for k in ("baseline_bytes", "loaded_bytes", "peak_bytes", "method")}}
+        row["ratio"] = round(row["loaded_bytes"] / memory["estimate_bytes"], 3) if memory["estimate_bytes"] else None
+        memory["measured"].append(row)
+        memory["swap"] = _swap(old_path, figures, row) if old_path else None
+    if memory["swap"] is None:
+        memory["swap"] = {"old": None, "why": _no_swap({"source": "serving"} if old_path is None else None)}
+    return memory
+
+
 def _previous_dir(baseline: dict | None) -> str | None:
     """The version directory TF Serving served before this one (verify's baseline), when it is one on disk."""
     if not baseline or baseline.get("source") not in ("previous-version", "--baseline") or not baseline.get("old"):
