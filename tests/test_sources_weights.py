@@ -10,8 +10,6 @@ re-initialized) instance, so a fresh build would not give the same outputs.
 from __future__ import annotations
 
 import shutil
-import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest

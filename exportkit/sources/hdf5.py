@@ -43,10 +43,6 @@ class H5Content:
     groups: tuple[str, ...] = ()
     attrs: tuple[str, ...] = ()
 
-    @property
-    def is_weights(self) -> bool:
-        return self.kind in (LAYER_WEIGHTS, SAVING_LIB_WEIGHTS)
-
     def describe(self) -> str:
         """What the file is, in the words its writer would use."""
         if self.kind == MODEL:
@@ -100,8 +96,7 @@ def _suffix_for(kind: str) -> str:
 
 
 def _read_as(name: str, kind: str) -> bool:
-    """Keras' load_weights reads a file called `name` with the reader for `kind`."""
-    name = name.lower()
+    """Keras' load_weights reads a file called `name` with the reader for `kind` (its suffix test is case-sensitive)."""
     if kind == SAVING_LIB_WEIGHTS:
         return name.endswith(".weights.h5")
     return name.endswith((".h5", ".hdf5")) and not name.endswith(".weights.h5")
