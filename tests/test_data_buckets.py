@@ -1,5 +1,5 @@
-"""--data in a bucket (the GCS emulator on loopback, tests/storage_servers.py): globs, streamed TFRecord files and
---save-failures through exportkit.storage; the Beam pipeline with its SDK harness in other processes (FnApiRunner's
+"""--data in a bucket (the GCS emulator and the S3 server on loopback, tests/storage_servers.py): globs, streamed
+TFRecord files and --save-failures through exportkit.storage; on GCS, the Beam pipeline with its SDK harness in other processes (FnApiRunner's
 multi_processing, a PortableRunner with an external worker pool) reading records and model from the bucket; and
 `serve --model_base_path=gs://...` polling the bucket for a new version."""
 from __future__ import annotations
@@ -27,12 +27,22 @@ STATS = ("max_abs_err", "max_rel_err", "records", "failing_records", "mismatched
          "rel_err_quantiles", "required_atol", "reason")
 
 
+def _use(server, monkeypatch, tmp_path, bucket: str):
+    """(server, bucket URL), this process's clients pointed at the server, a fresh cache."""
+    use_server(server, monkeypatch)
+    monkeypatch.setenv("EXPORTKIT_CACHE_DIR", str(tmp_path / "cache"))
+    return server, server.bucket(bucket)
+
+
 @pytest.fixture
 def gcs(gcs_server, monkeypatch, tmp_path):
-    """(server, bucket URL), this process's clients pointed at the emulator, a fresh cache."""
-    use_server(gcs_server, monkeypatch)
-    monkeypatch.setenv("EXPORTKIT_CACHE_DIR", str(tmp_path / "cache"))
-    return gcs_server, gcs_server.bucket("data-tests")
+    return _use(gcs_server, monkeypatch, tmp_path, "data-tests")
+
+
+@pytest.fixture(params=["gcs", "s3"])
+def store(request, monkeypatch, tmp_path):
+    """The GCS emulator, then the S3 server."""
+    return _use(request.getfixturevalue(f"{request.param}_server"), monkeypatch, tmp_path, "data-tests")
 
 
 def _records(path: Path, records: list[bytes], gzipped: bool) -> Path:
@@ -41,10 +51,10 @@ def _records(path: Path, records: list[bytes], gzipped: bool) -> Path:
     return path
 
 
-def test_bucket_globs_stream_records_as_local_disk_does(gcs, tmp_path):
+def test_bucket_globs_stream_records_as_local_disk_does(store, tmp_path):
     from exportkit.data.records import DataSource
 
-    server, bucket = gcs
+    server, bucket = store
     local = tmp_path / "logs"
     (local / "sub").mkdir(parents=True)
     _records(local / "part-0.gz", [b"a%d" % i for i in range(300)], gzipped=True)
@@ -63,13 +73,13 @@ def test_bucket_globs_stream_records_as_local_disk_does(gcs, tmp_path):
     with pytest.raises(UsageError, match="matches no file"):
         DataSource(f"{bucket}/logs/none-*,{bucket}/logs/missing", [])
     with pytest.raises(UsageError, match="no-such-bucket"):
-        DataSource("gs://no-such-bucket/logs/part-*", [])
+        DataSource(f"{bucket.split(':')[0]}://no-such-bucket/logs/part-*", [])
 
 
-def test_save_failures_in_a_bucket_are_whole_or_absent(gcs, tmp_path):
+def test_save_failures_in_a_bucket_are_whole_or_absent(store, tmp_path):
     from exportkit.data.records import DataSource, FailureWriter
 
-    server, bucket = gcs
+    server, bucket = store
     source = DataSource(str(_records(tmp_path / "part-0", [b"r%d" % i for i in range(10)], gzipped=False)), [])
     (batch,) = source.batches()
     failing = np.zeros(10, dtype=bool)
@@ -84,15 +94,17 @@ def test_save_failures_in_a_bucket_are_whole_or_absent(gcs, tmp_path):
     writer.write(batch, failing)
     writer.close(commit=True)
     assert server.keys(f"{bucket}/failures/run") == ["failures.index.jsonl", "failures.tfrecord"]
-    blobs = server.client.bucket("data-tests")
-    saved = blobs.blob("failures/run/failures.tfrecord").download_as_bytes()
+    from exportkit import storage
+
+    saved = storage.read_bytes(f"{bucket}/failures/run/failures.tfrecord")
     assert saved == tfrecord_frame(b"r2") + tfrecord_frame(b"r7")
-    lines = blobs.blob("failures/run/failures.index.jsonl").download_as_text().splitlines()
+    lines = storage.read_bytes(f"{bucket}/failures/run/failures.index.jsonl").decode().splitlines()
     index = [json.loads(line) for line in lines]
     assert [(i["file"], i["index"]) for i in index] == [(source.files[0], 2), (source.files[0], 7)]
 
-    with pytest.raises(UsageError, match="no bucket gs://no-such-bucket"):
-        FailureWriter("gs://no-such-bucket/failures", source)
+    missing = f"{bucket.split(':')[0]}://no-such-bucket"
+    with pytest.raises(UsageError, match=f"no bucket {missing}"):
+        FailureWriter(f"{missing}/failures", source)
 
 
 # ------------------------------------------------------------------------------- a model and its records in a bucket
