@@ -1,7 +1,7 @@
 """--data in a bucket (the GCS emulator and the S3 server on loopback, tests/storage_servers.py): globs, streamed
-TFRecord files and --save-failures through exportkit.storage; on GCS, the Beam pipeline with its SDK harness in other processes (FnApiRunner's
-multi_processing, a PortableRunner with an external worker pool) reading records and model from the bucket; and
-`serve --model_base_path=gs://...` polling the bucket for a new version."""
+TFRecord files and --save-failures through exportkit.storage; on GCS, the Beam pipeline with its SDK harness in
+other processes (FnApiRunner's multi_processing, a PortableRunner with an external worker pool) reading records
+and model from the bucket; and `serve --model_base_path=gs://...` polling the bucket for a new version."""
 from __future__ import annotations
 
 import contextlib
