@@ -88,17 +88,19 @@ def resolve_version_url(url: str) -> str:
     url = url.rstrip("/")
     if storage.name(url) in (SAVED_MODEL_PB, SAVED_MODEL_PBTXT) and not storage.isdir(url) and storage.exists(url):
         return storage.parent(url)
-    if any(storage.exists(storage.join(url, n)) for n in (SAVED_MODEL_PB, SAVED_MODEL_PBTXT)):
-        return url
-    if not storage.isdir(url):
+    try:
+        children = storage.listdir(url)  # one listing answers most questions
+    except UsageError:
         if storage.exists(url):
             raise UsageError(f"{url} is a file, not a SavedModel directory",
-                             "pass the directory that contains saved_model.pb, or its model base directory")
-        raise storage.not_found(url)
+                             "pass the directory that contains saved_model.pb, or its model base directory") from None
+        raise
+    if SAVED_MODEL_PB in children or SAVED_MODEL_PBTXT in children:
+        return url
     versions = _url_versions(url)
     if versions:
         return storage.join(url, versions[max(versions)])
-    numeric = sorted((n for n in storage.listdir(url) if re.fullmatch(r"\d+", n)), key=int)
+    numeric = sorted((n for n in children if re.fullmatch(r"\d+", n)), key=int)
     if numeric:
         raise UsageError(f"{url} has version directories ({', '.join(numeric[:5])}) but none contains saved_model.pb",
                          "the export did not finish or wrote elsewhere; export the model again")

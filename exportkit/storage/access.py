@@ -49,14 +49,16 @@ def listdir(path) -> list[str]:
     """The names of `path`'s children, one level, sorted (in a bucket: objects and prefixes alike)."""
     if not is_url(path):
         return sorted(os.listdir(local_path(path)))
-    if not isdir(path):
-        raise translate_error(FileNotFoundError(path) if not exists(path) else NotADirectoryError(
-            "an object, not a directory"), path)
-    with translated(path):
-        fs = filesystem(path)
-        entries = fs.ls(strip(path), detail=False, **bounded(fs))
+    fs = filesystem(path)
     base = strip(path).rstrip("/")
-    return sorted({entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries if entry.rstrip("/") != base})
+    with translated(path):
+        entries = fs.ls(base, detail=True, **bounded(fs))  # one listing; a missing prefix raises FileNotFoundError
+    names = {e["name"].rstrip("/"): e for e in entries}
+    if not names:
+        raise translate_error(FileNotFoundError(path), path)
+    if base in names and names[base].get("type") != "directory":
+        raise translate_error(NotADirectoryError("an object, not a directory"), path)
+    return sorted({name.rsplit("/", 1)[-1] for name in names if name != base})
 
 
 def glob(pattern) -> list[str]:

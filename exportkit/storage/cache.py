@@ -57,13 +57,11 @@ def _objects(url: str) -> dict[str, dict]:
     """The objects at or under `url` by their path relative to it ('' for a single object)."""
     fs = filesystem(url)
     with translated(url):
-        try:
-            info = fs.info(strip(url), **bounded(fs))
-        except FileNotFoundError:
-            raise translate_error(FileNotFoundError(url), url) from None
-        if info.get("type") != "directory":
-            return {"": info}
-        found = fs.find(strip(url), detail=True, **bounded(fs))
+        found = fs.find(strip(url), detail=True, **bounded(fs))  # one listing; an object finds itself
+    if not found:
+        raise translate_error(FileNotFoundError(url), url)
+    if list(found) == [strip(url)] and found[strip(url)].get("type") != "directory":
+        return {"": found[strip(url)]}
     prefix = strip(url).rstrip("/") + "/"
     return {name[len(prefix):]: info for name, info in found.items()
             if name.startswith(prefix) and not name.endswith("/") and info.get("type") != "directory"}
