@@ -98,12 +98,15 @@ def inspect(path, **options):
     """Signatures, dtypes, shapes, ops, assets and findings of a SavedModel (no TensorFlow import), as `exportkit
     inspect PATH`; a model source (.h5, .keras, checkpoint) is described by the CLI in a child process. Returns
     an Inspection (`.signatures`, `.findings`, `.exit_code`, `.to_dict()`) or, for a source, a SourceInspection."""
-    from exportkit.inspection.command import is_model_source, read_info
+    from exportkit import storage
+    from exportkit.inspection.command import SOURCE_SUFFIXES, is_model_source, read_info
     from exportkit.savedmodel.versions import check_path
 
-    p = Path(path).expanduser()
-    check_path(p, "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")
-    if is_model_source(p, options.get("format")):
+    url = storage.is_url(path)  # a bucket URL is read as the CLI reads it (docs/storage.md)
+    p = str(path) if url else Path(path).expanduser()
+    if not url:
+        check_path(p, "pass a SavedModel (version or base directory) or a model source (.h5, .keras, checkpoint)")
+    if is_model_source(p, options.get("format")) or (url and p.lower().endswith(SOURCE_SUFFIXES)):
         doc, code = _cli("inspect", [str(p), "--json"], options)
         return SourceInspection(doc, code)
     refuse_unknown("inspect", options, ("strict",))
@@ -250,11 +253,13 @@ def _as(cls, value):
     return cls(**{f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
 
 
-def _write(path, text: str, what: str) -> Path:
-    from exportkit.files import write_atomic
+def _write(path, text: str, what: str) -> Path | str:
+    """`text` into `path` whole or not at all; a bucket URL (returned as given) is one object upload."""
+    from exportkit import storage
+    from exportkit.report.artifacts import write_text
 
-    write_atomic(path, text, f"the {what} {path}")
-    return Path(path)
+    write_text(str(path), text, f"the {what} {path}")
+    return str(path) if storage.is_url(path) else Path(path)
 
 
 class _Document:

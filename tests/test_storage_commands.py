@@ -65,6 +65,9 @@ def test_inspect_and_verify_a_base_dir_in_a_bucket(gcs_server, ranker, tmp_path,
     doc, expected = json.loads(remote.stdout), json.loads(local.stdout)
     assert doc["path"] == f"{bucket}/ranker/2"  # the URL, not the cache
     assert doc["variables_bytes"] == expected["variables_bytes"] > 0 and doc["signatures"] == expected["signatures"]
+    import exportkit
+
+    assert exportkit.inspect(f"{bucket}/ranker").path == f"{bucket}/ranker/2"  # the Python API reads URLs too
     shards = list((tmp_path / "cache").rglob("variables.data-*"))
     assert shards and all(p.stat().st_blocks == 0 for p in shards)  # sizes listed, weights not downloaded
 
