@@ -79,6 +79,23 @@ def test_read_list_and_write_in_a_bucket(store, tree):
     assert "never.json" not in server.keys(base)  # an error uploads nothing
 
 
+def test_staged_dir_lands_whole_or_not_at_all(store):
+    """--save-inputs/--save-outputs DIR as a URL (inputs/npz.save_batch_sets): every file uploaded, or none."""
+    import numpy as np
+
+    from exportkit.inputs.npz import save_batch_sets
+
+    server, bucket = store
+    written = save_batch_sets(f"{bucket}/saved", {"session": [{"x": np.arange(3.0)}, {"x": np.ones(2)}]})
+    assert written == [f"{bucket}/saved/session_batch_0.npz", f"{bucket}/saved/session_batch_1.npz"]
+    with storage.open_read(written[1]) as fh:
+        assert np.load(fh)["x"].tolist() == [1.0, 1.0]
+    with pytest.raises(RuntimeError), storage.staged_dir(f"{bucket}/half", "--save-outputs") as stage:
+        (stage / "a.npz").write_bytes(b"a")
+        raise RuntimeError("the run failed")
+    assert not storage.exists(f"{bucket}/half")
+
+
 def test_local_copy_downloads_only_what_changed(store, tree):
     server, bucket = store
     url = storage.join(bucket, "cached", "1")

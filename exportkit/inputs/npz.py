@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from exportkit.errors import UsageError
-from exportkit.files import staged_dir
+from exportkit import storage
 from exportkit.inputs.tfrecord import DEFLATE_MAX_RATIO
 
 
@@ -148,11 +148,12 @@ def save_batch_sets(dir: str | os.PathLike, sets: dict[str, list[dict[str, np.nd
     """save_batches for several prefixes (e.g. one per runtime), all of them or none: staged, then moved into
     `dir` together (files.StagedDir), so a full disk never leaves one runtime's files without the next one's.
     `what` names the destination in an error (default: the directory)."""
-    with staged_dir(dir, what or str(dir)) as stage:
+    with storage.staged_dir(dir, what or str(dir)) as stage:  # a bucket URL: uploaded when all are written
         for prefix, batches in sets.items():
             for i, batch in enumerate(batches):
                 write_npz(stage / _batch_name(prefix, i), batch)
-    return [Path(dir) / _batch_name(prefix, i) for prefix, batches in sets.items() for i in range(len(batches))]
+    names = [_batch_name(prefix, i) for prefix, batches in sets.items() for i in range(len(batches))]
+    return [storage.join(str(dir), n) if storage.is_url(dir) else Path(dir) / n for n in names]
 
 
 def write_npz(path: str | os.PathLike, batch: dict[str, np.ndarray]) -> None:

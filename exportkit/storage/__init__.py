@@ -5,7 +5,7 @@ lists, reads and writes them. A local path goes straight to the OS; a URL goes t
 urls (names) -> remote (clients, errors) -> access (read, list, write) -> cache (local mirrors), publish (versions).
 """
 from exportkit.storage.access import (exists, glob, isdir, listdir, open_read, open_write, read_bytes, remove_tree,
-                                      size, upload_tree)
+                                      size, staged_dir, upload_tree)
 from exportkit.storage.cache import cached_url_of, display, local_copy
 from exportkit.storage.publish import publish_dir
 from exportkit.storage.remote import not_found
@@ -13,4 +13,4 @@ from exportkit.storage.urls import is_url, join, local_path, name, parent, proto
 
 __all__ = ["cached_url_of", "display", "exists", "glob", "is_url", "isdir", "join", "listdir", "local_copy", "local_path",
            "name", "not_found", "open_read", "open_write", "parent", "protocol", "publish_dir", "read_bytes", "remove_tree",
-           "size", "upload_tree"]
+           "size", "staged_dir", "upload_tree"]

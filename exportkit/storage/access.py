@@ -5,9 +5,12 @@ from __future__ import annotations
 import glob as _glob
 import io
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
+from pathlib import Path
 
+from exportkit import files
 from exportkit.files import atomic_path, os_error
 from exportkit.storage.remote import bounded, filesystem, strip, translate_error, translated
 from exportkit.storage.urls import is_url, local_path, protocol
@@ -173,6 +176,32 @@ def upload_tree(local_dir, url: str) -> list[str]:
             fs.put(sources, targets, **_UPLOAD.get(protocol(url), {}))
     proto = protocol(url)
     return [f"{proto}://{target}" for target in targets]
+
+
+@contextmanager
+def staged_dir(path, what: str):
+    """Yield a local directory whose files all land in `path` when the block succeeds, and none otherwise: a local
+    path as files.staged_dir does it (renames); a URL uploaded at the end, what was uploaded of a failed upload
+    deleted (an object store has no rename: a reader may see some files a moment before the others)."""
+    if not is_url(path):
+        with files.staged_dir(local_path(path), what) as stage:
+            yield stage
+        return
+    stage = tempfile.mkdtemp(prefix="exportkit-stage-")
+    try:
+        yield Path(stage)
+        names = [os.path.relpath(os.path.join(d, f), stage) for d, _, fs in os.walk(stage) for f in fs]
+        try:
+            upload_tree(stage, str(path))
+        except BaseException:
+            for name in names:
+                try:
+                    remove_tree(f"{str(path).rstrip('/')}/{name}")
+                except Exception:  # noqa: BLE001 - the upload's own error is the one to say
+                    pass
+            raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def remove_tree(url: str) -> None:
