@@ -185,6 +185,10 @@ def write_requests(info: SavedModelInfo, out_dir: str, model_name: str | None, i
     for sig_name, signature in info.signatures.items():
         batch = _request_batch(version_dir, meta_graph, sig_name, signature, manifest, int_range)
         samples[sig_name] = request_samples(sig_name, signature, batch, name)
+    if storage.is_url(out_dir):  # --requests gs://...: written locally, then uploaded together
+        with storage.staged_dir(out_dir, f"--requests {out_dir}") as stage:
+            written = write_request_samples(stage, samples, name)
+        return [storage.join(out_dir, p.name) for p in written]
     return write_request_samples(out_dir, samples, name)
 
 
