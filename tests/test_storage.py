@@ -121,7 +121,13 @@ def test_local_copy_downloads_only_what_changed(store, tree):
 def test_publish_dir_writes_saved_model_pb_last_and_leaves_no_staging(store, tree):
     server, bucket = store
     base = storage.join(bucket, "published")
+    stale, young = f"{base}/.exportkit-staging-2-{int(time.time()) - 2 * 86400}-0f", \
+        f"{base}/.exportkit-staging-2-{int(time.time())}-1e"  # a killed export's; one uploading now
+    for leftover in (stale, young):
+        server.upload(tree / "saved_model.pb", f"{leftover}/saved_model.pb")
     storage.publish_dir(tree, f"{base}/3")
+    assert not storage.exists(stale) and storage.exists(young)  # only the day-old staging is removed
+    storage.remove_tree(young)
     assert server.keys(base) == ["3/saved_model.pb", "3/variables/variables.data-00000-of-00001",
                                  "3/variables/variables.index"]
     if server.__class__.__name__ == "GcsServer":  # generations order the writes

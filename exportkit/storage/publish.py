@@ -11,15 +11,20 @@ window remains.
 from __future__ import annotations
 
 import os
+import re
+import time
 import uuid
 
 from exportkit.errors import InfraError, UsageError
 from exportkit.log import log
-from exportkit.storage.access import exists, remove_tree, upload_tree
+from exportkit.storage.access import exists, isdir, listdir, remove_tree, upload_tree
 from exportkit.storage.remote import bounded, filesystem, strip, translated
 from exportkit.storage.urls import join, local_path, name, parent
 
 STAGING_PREFIX = ".exportkit-staging-"
+# .exportkit-staging-<version>-<unix time>-<random>: a killed export's is removed by the next publish after a day
+_STAGING = re.compile(re.escape(STAGING_PREFIX) + r"\d+-(?P<time>\d+)-[0-9a-f]+")
+STALE_AFTER_S = 24 * 3600
 # Written last: the loader looks for these (tensorflow/cc/saved_model/loader.cc via reader.cc ReadSavedModel).
 _LAST = ("saved_model.pb", "saved_model.pbtxt")
 
@@ -29,7 +34,8 @@ def publish_dir(local_dir, url: str) -> None:
     url = str(url).rstrip("/")
     if exists(url):
         raise UsageError(f"{url} already exists", "export to a new version number (or delete that version first)")
-    staging = join(parent(url), f"{STAGING_PREFIX}{name(url)}-{uuid.uuid4().hex[:12]}")
+    _remove_stale_staging(parent(url))
+    staging = join(parent(url), f"{STAGING_PREFIX}{name(url)}-{int(time.time())}-{uuid.uuid4().hex[:12]}")
     fs = filesystem(url)
     try:
         uploaded = upload_tree(local_dir, staging)
@@ -47,6 +53,18 @@ def publish_dir(local_dir, url: str) -> None:
         raise
     _clean(staging)
     log.debug("storage: published %s (%d files)", url, len(relatives))
+
+
+def _remove_stale_staging(base: str) -> None:
+    """Staging prefixes a killed export left (SIGKILL, a lost machine: nothing could clean up) more than a day ago;
+    a younger one may be an export still uploading."""
+    if not isdir(base):
+        return
+    for child in listdir(base):
+        match = _STAGING.fullmatch(child)
+        if match and time.time() - int(match.group("time")) > STALE_AFTER_S:
+            log.warning("storage: removing %s, left by an export that did not finish", join(base, child))
+            _clean(join(base, child))
 
 
 def _check_complete(local_dir, url: str) -> None:
