@@ -8,7 +8,8 @@ two runners must agree to the last bit. Every record keeps its position (file nu
 offset in the uncompressed stream) so a failing record can be found and re-run.
 
 TFRecord framing is read and written in Python by exportkit.inputs.tfrecord (its tfrecord_blocks checks both CRCs,
-as TensorFlow's reader does); a bad record is a UsageError naming FILE:INDEX.
+as TensorFlow's reader does); a bad record is a UsageError naming FILE:INDEX. Files may be bucket URLs: listed,
+sized and streamed through exportkit.storage, by the driver and by each Beam worker alike.
 """
 from __future__ import annotations
 
