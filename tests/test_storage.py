@@ -171,6 +171,28 @@ def test_refused_endpoint_is_an_infra_error_in_seconds(scheme, variable, monkeyp
     remote.forget_clients()
 
 
+@pytest.mark.parametrize("scheme,variable", [("gs", "STORAGE_EMULATOR_HOST"), ("s3", "AWS_ENDPOINT_URL")])
+def test_a_server_that_never_answers_is_an_infra_error_in_bounded_time(scheme, variable, monkeypatch):
+    """It accepts connections and says nothing (the clients alone retried a GCS call for 219 s): the whole call
+    is bounded (remote.CALL_TIMEOUT_S, 20 s; shortened here to keep the test short)."""
+    from exportkit.storage import remote
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        monkeypatch.setenv(variable, f"http://127.0.0.1:{silent.getsockname()[1]}")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        monkeypatch.setattr(remote, "CALL_TIMEOUT_S", 2.0)
+        monkeypatch.setattr(remote, "READ_TIMEOUT_S", 1.0)
+        remote.forget_clients()
+        started = time.monotonic()
+        with pytest.raises(InfraError, match="did not answer in time"):
+            storage.exists(f"{scheme}://bucket/models/ranker")
+        assert time.monotonic() - started < 8
+    remote.forget_clients()
+
+
 def test_no_credentials_is_an_infra_error(s3_server, monkeypatch):
     use_server(s3_server, monkeypatch)
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
