@@ -15,6 +15,8 @@ from exportkit import storage
 from exportkit.errors import InfraError, UsageError
 from tests.storage_servers import free_port, use_server
 
+pytestmark = pytest.mark.slow  # emulator processes and subprocesses (make test-fast runs none)
+
 
 @pytest.fixture(params=["gcs", "s3"])
 def store(request, monkeypatch, tmp_path):
