@@ -129,6 +129,9 @@ def test_publish_dir_writes_saved_model_pb_last_and_leaves_no_staging(store, tre
         server.upload(tree / "saved_model.pb", f"{leftover}/saved_model.pb")
     storage.publish_dir(tree, f"{base}/3")
     assert not storage.exists(stale) and storage.exists(young)  # only the day-old staging is removed
+    with pytest.raises(UsageError, match="being published .* by another export"):
+        storage.publish_dir(tree, f"{base}/2")  # `young` (version 2) began before this one: it wins
+    assert storage.exists(young) and not storage.exists(f"{base}/2")  # its files are left alone
     storage.remove_tree(young)
     assert server.keys(base) == ["3/saved_model.pb", "3/variables/variables.data-00000-of-00001",
                                  "3/variables/variables.index"]

@@ -17,13 +17,14 @@ import uuid
 
 from exportkit.errors import InfraError, UsageError
 from exportkit.log import log
-from exportkit.storage.access import exists, isdir, listdir, remove_tree, upload_tree
+from exportkit.storage.access import exists, isdir, listdir, open_write, remove_tree, upload_tree
 from exportkit.storage.remote import bounded, filesystem, strip, translated
 from exportkit.storage.urls import join, local_path, name, parent
 
 STAGING_PREFIX = ".exportkit-staging-"
 # .exportkit-staging-<version>-<unix time>-<random>: a killed export's is removed by the next publish after a day
-_STAGING = re.compile(re.escape(STAGING_PREFIX) + r"\d+-(?P<time>\d+)-[0-9a-f]+")
+_STAGING = re.compile(re.escape(STAGING_PREFIX) + r"(?P<version>\d+)-(?P<time>\d+)-(?P<id>[0-9a-f]+)")
+RESERVATION = ".exportkit-reservation"  # written first: the staging is visible to a rival before the long upload
 STALE_AFTER_S = 24 * 3600
 # Written last: the loader looks for these (tensorflow/cc/saved_model/loader.cc via reader.cc ReadSavedModel).
 _LAST = ("saved_model.pb", "saved_model.pbtxt")
@@ -37,8 +38,13 @@ def publish_dir(local_dir, url: str) -> None:
     _remove_stale_staging(parent(url))
     staging = join(parent(url), f"{STAGING_PREFIX}{name(url)}-{int(time.time())}-{uuid.uuid4().hex[:12]}")
     fs = filesystem(url)
+    copying = False  # base/N is ours to delete only once we copy into it
     try:
+        with open_write(join(staging, RESERVATION)):
+            pass
         uploaded = upload_tree(local_dir, staging)
+        _check_no_rival(url, staging)
+        copying = True
         relatives = sorted(u[len(staging) + 1:] for u in uploaded)
         first = [rel for rel in relatives if rel not in _LAST]
         last = [rel for rel in relatives if rel in _LAST]
@@ -48,11 +54,30 @@ def publish_dir(local_dir, url: str) -> None:
                     fs.copy([strip(join(staging, rel)) for rel in group], [strip(join(url, rel)) for rel in group])
         _check_complete(local_dir, url)
     except BaseException:
-        _clean(url)
+        if copying:
+            _clean(url)
         _clean(staging)
         raise
     _clean(staging)
     log.debug("storage: published %s (%d files)", url, len(relatives))
+
+
+def _check_no_rival(url: str, staging: str) -> None:
+    """Two exports publishing the same version at once (each chose it before the other's upload showed): the one
+    whose staging is older copies, the other stops. Every staging is listed before its upload and deleted only after
+    its copy, so a rival sees either it or the finished base/N."""
+    mine = _STAGING.fullmatch(name(staging))
+    key = (int(mine.group("time")), mine.group("id"))
+    for child in listdir(parent(url)):
+        other = _STAGING.fullmatch(child)
+        if (other and other.group("version") == mine.group("version") and child != name(staging)
+                and (int(other.group("time")), other.group("id")) < key
+                and time.time() - int(other.group("time")) <= STALE_AFTER_S):
+            raise UsageError(f"version {name(url)} is being published into {parent(url)} by another export right now",
+                             "export again when it is done (the next free version number is taken then)")
+    if exists(url):
+        raise UsageError(f"{url} was written by someone else while this export ran",
+                         "export again (the next free version number is taken then)")
 
 
 def _remove_stale_staging(base: str) -> None:
