@@ -233,7 +233,7 @@ def _export(options: ExportOptions, progress: Progress, published: str | None = 
                 session.start()
             import_tf()
             loaded = load_source(options.source)
-            progress.stage("load", f"{loaded.format} {options.source.src} (policy {loaded.policy})")
+            progress.stage("load", f"{loaded.format} {storage.display(options.source.src)} (policy {loaded.policy})")
 
             specs = model_input_specs(loaded.model, overrides)
             reference, reference_inputs = _load_reference(options, specs)
