@@ -209,7 +209,8 @@ def _worker_pool(server, cache: Path):
 
 
 @pytest.mark.slow
-def test_beam_workers_in_other_processes_read_records_and_model_from_the_bucket(gcs, ranker, in_process, tmp_path):
+def test_beam_workers_in_other_processes_read_records_and_model_from_the_bucket(gcs, ranker, in_process, tmp_path,
+                                                                                caplog):
     server, _ = gcs
     flags = dict(data=ranker["data"], against=ranker["drift"])
     code, in_process = in_process
@@ -225,6 +226,9 @@ def test_beam_workers_in_other_processes_read_records_and_model_from_the_bucket(
         theirs = _score(report)
         assert beam_code == code and report["verdict"] == in_process["verdict"], name
         assert {f: ours[f] for f in STATS + ("worst_records",)} == {f: theirs[f] for f in STATS + ("worst_records",)}
+    # the one local path is named to the user (workers elsewhere would not find it)
+    warned = [r.getMessage() for r in caplog.records if "on their own machines" in r.getMessage()]
+    assert len(warned) == 1 and str(ranker["drift"]) in warned[0] and "gs://" not in warned[0]
     # the pool's workers mirrored the version from the bucket into their own cache; the results file is gone
     assert list((tmp_path / "pool-cache" / "storage").rglob("saved_model.pb"))
     assert server.keys(f"{ranker['bucket']}/tmp") == []

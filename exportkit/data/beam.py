@@ -95,6 +95,8 @@ def run_pipeline(plan: BeamPlan, beam_options: list[str]) -> tuple[dict, int]:
         raise UsageError(f"--runner beam with {args['runner']} writes its results under --temp_location, and there is "
                          "none", "pass --beam-option temp_location=gs://BUCKET/tmp (a place the workers and this "
                          "machine both read and write)")
+    if args["runner"].rsplit(".", 1)[-1] not in LOCAL_RUNNERS:
+        _warn_local_paths(plan, args["runner"])
     # The results file goes also when the pipeline failed (and our own directory with it): they are no one's.
     own = tempfile.TemporaryDirectory(prefix="exportkit-beam-", ignore_cleanup_errors=True) if not given else None
     with _quiet_beam(), (own or contextlib.nullcontext(given)) as base:
@@ -104,6 +106,18 @@ def run_pipeline(plan: BeamPlan, beam_options: list[str]) -> tuple[dict, int]:
         finally:
             with contextlib.suppress(Exception):  # never written, or gone already
                 FileSystems.delete([results])
+
+
+def _warn_local_paths(plan: BeamPlan, runner: str) -> None:
+    """Workers elsewhere cannot read this machine's files: say which paths they would look for on their own."""
+    specs = [_by_url(spec) for spec in plan.runtimes]
+    paths = ([spec.path for spec in specs if spec.path and spec.name != "serving"]
+             + [spec.source_options.src for spec in specs if spec.source_options is not None]
+             + plan.source.files[:1])
+    local = list(dict.fromkeys(str(path) for path in paths if not storage.is_url(path)))
+    if local:
+        log.warning(f"--runner beam with {runner}: the workers read {', '.join(local)} on their own "
+                    "machines; where they run elsewhere, put the model, the source and the records in a bucket")
 
 
 def _run_in(args: dict, results: str, plan: BeamPlan) -> tuple[dict, int]:
