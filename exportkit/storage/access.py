@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from exportkit import files
-from exportkit.files import atomic_path, os_error
 from exportkit.storage.remote import bounded, filesystem, strip, translate_error, translated
 from exportkit.storage.urls import is_url, local_path, protocol
 
@@ -145,7 +144,7 @@ def open_write(path, what: str | None = None):
     uploaded when the block succeeds (never a partial object); on an error nothing is written."""
     what = what or str(path)
     if not is_url(path):
-        with atomic_path(local_path(path), what) as tmp:
+        with files.atomic_path(local_path(path), what) as tmp:
             with open(tmp, "wb") as fh:
                 yield fh
         return
@@ -155,7 +154,7 @@ def open_write(path, what: str | None = None):
             yield tmp
             tmp.flush()
         except OSError as err:
-            raise os_error(err, f"{what} (a local temporary file before the upload)") from None
+            raise files.os_error(err, f"{what} (a local temporary file before the upload)") from None
         with translated(path, what):
             fs.put_file(tmp.name, strip(path))
 

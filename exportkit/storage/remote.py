@@ -31,7 +31,8 @@ def bounded(fs) -> dict:
 
 
 def endpoint(proto: str) -> str | None:
-    """The endpoint the client will call, from the clients' standard environment (None: the cloud's default)."""
+    """The endpoint the client will call, from the clients' standard environment, else the cloud's (None: another
+    protocol, whose client knows its own)."""
     if proto in ("gs", "gcs"):
         host = os.environ.get("STORAGE_EMULATOR_HOST")
         if host and "://" not in host:
