@@ -1,6 +1,6 @@
 """`verify --data` benchmark (bench.py --data-only, the data section of a profile, or alone): records per second of
-the in-process runner and of Apache Beam's DirectRunner (1 and 2 worker processes) next to a hand-written loop
-(benchmarks/data_loop.py) over the same TFRecords, and the peak RSS of the whole process tree at N/5 and
+the in-process runner and of Apache Beam's FnApiRunner (in memory, 1 and 2 worker processes) next to a hand-written
+loop (benchmarks/data_loop.py) over the same TFRecords, and the peak RSS of the whole process tree at N/5 and
 2N records (the memory must not grow with the record count). The loop, the in-process run and the in-process run
 over the same records in a bucket (gs:// on a local GCS emulator, issue 49: <= 1.3x local disk) alternate
 PAIRED_RUNS times; a paired row's ratio is the median of its runs' ratios to the run before it (back to back, in
@@ -118,11 +118,11 @@ def _run_data(d: dict, records: int, log, exportkit: str, in_bucket: str) -> dic
                   str(records), str(BATCH), *d["files"][: FILES // 2]], records),
         "in-process": (verify + ["--data", d["half"]], records),
         BUCKET: (verify + ["--data", in_bucket], records),
-        "beam (DirectRunner, in-memory)": (verify + ["--data", d["half"], "--runner", "beam"], records),
-        "beam (DirectRunner, 1 worker process)": (verify + ["--data", d["half"], "--runner", "beam", "--beam-option",
+        "beam (FnApiRunner, in-memory)": (verify + ["--data", d["half"], "--runner", "beam"], records),
+        "beam (FnApiRunner, 1 worker process)": (verify + ["--data", d["half"], "--runner", "beam", "--beam-option",
                                                   "direct_running_mode=multi_processing", "--beam-option",
                                                   "direct_num_workers=1"], records),
-        "beam (DirectRunner, 2 worker processes)": (verify + ["--data", d["half"], "--runner", "beam", "--beam-option",
+        "beam (FnApiRunner, 2 worker processes)": (verify + ["--data", d["half"], "--runner", "beam", "--beam-option",
                                                    "direct_running_mode=multi_processing", "--beam-option",
                                                    "direct_num_workers=2"], records),
         f"memory: in-process, {records // 5} records": (verify + ["--data", d["all"], "--limit", str(records // 5)],
