@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exportkit import storage
 from exportkit.options.flags import check_tolerances, refuse_unknown, size_flag, texts
 from exportkit.options.launch import LaunchOptions
 from exportkit.options.server_flags import STOCK, ServerFlags, parse_server_flags
@@ -109,4 +110,7 @@ def verify_options(path, **flags) -> VerifyOptions:
     for name in ("int_range", "tol", "tf_versions", "beam_options"):
         if name in values:
             values[name] = texts(values[name])
+    for name in ("inputs", "reference"):  # files read whole: a bucket URL is read from its cached local copy
+        if values.get(name) and storage.is_url(values[name]):
+            values[name] = str(storage.local_copy(values[name]))
     return VerifyOptions(path=str(path), against=source_from_flags(against, source) if against else None, **values)
