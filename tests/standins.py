@@ -3,7 +3,8 @@
 Only the container runtime and the binary's packaging stand in: the server inside is `exportkit serve`, started with
 the very flags TF Serving's image entrypoint passes (tensorflow_serving/tools/docker/Dockerfile), so the gRPC and REST
 protocol the tests see is real. The `docker` stand-in implements the subcommands exportkit calls: `run` (detached,
-and `--rm --entrypoint tensorflow_model_server IMAGE --version`), `ps`, `logs`, `rm`, `image inspect|ls`, `pull`.
+and `--rm --entrypoint tensorflow_model_server IMAGE --version`), `ps`, `logs`, `rm`, `image inspect|ls`, `pull`,
+`stats` (the container's process's RSS).
 
 State lives in $EXPORTKIT_STANDIN_STATE: `images.json` ({image: digest}: what is "pulled"), `registry.json` (what
 `pull` can fetch), and one `containers/ID.json` per container. A container's "filesystem" is a directory of
@@ -180,6 +181,17 @@ def cmd_ps(args):
             print(rec["id"][:12] if quiet else fmt(template, rec))
 
 
+def cmd_stats(args):
+    """`stats --no-stream --format {{.MemUsage}} ID`: the container's process's RSS (/proc), as docker prints a
+    cgroup's usage (binary units, `512.3MiB / 7.6GiB`)."""
+    rec = find(args[-1])
+    if rec is None or not rec["running"]:
+        sys.exit(f"Error: No such container: {args[-1]}")
+    with open(f"/proc/{rec['pid']}/status") as f:
+        rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    print(f"{rss / 2**20:.2f}MiB / 7.6GiB")
+
+
 def cmd_logs(args):
     tail = None
     if args[0] == "--tail":
@@ -254,7 +266,8 @@ def cmd_pull(args):
 with open(STATE / "calls.log", "a") as calls:
     calls.write(json.dumps(sys.argv[1:]) + "\n")
 command, rest = sys.argv[1], sys.argv[2:]
-{"run": cmd_run, "ps": cmd_ps, "logs": cmd_logs, "rm": cmd_rm, "image": cmd_image, "pull": cmd_pull}[command](rest)
+{"run": cmd_run, "ps": cmd_ps, "logs": cmd_logs, "rm": cmd_rm, "image": cmd_image, "pull": cmd_pull,
+ "stats": cmd_stats}[command](rest)
 '''
 
 _BINARY = r'''

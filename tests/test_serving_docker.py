@@ -82,6 +82,12 @@ def test_verify_through_tf_servings_image(ranker, docker, tmp_path):
     assert mounts == [f"{ranker / '1'}:/models/{ranker.name}/1:ro"]
     assert any(a.startswith("org.exportkit.run=") for a in run)
     assert standins.containers(state) == [], "the container must be removed at the end"
+    # its memory is the container's own accounting (`docker stats`), asked once every batch was answered
+    [held] = report["memory"]["servers"]
+    assert held["server"] == "docker" and held["method"].startswith("docker stats")
+    assert [c[:2] for c in standins.calls(state) if c[0] == "stats"] == [["stats", "--no-stream"]]
+    [session] = report["memory"]["measured"]  # the model is inside it, with TensorFlow and the server
+    assert session["loaded_bytes"] < held["total_bytes"] < 4 * 10**9
 
 
 def test_missing_image_is_infrastructure_with_the_pull_to_run(ranker, docker):
@@ -188,8 +194,10 @@ def test_binary_standin_speaks_tf_servings_flags(ranker, tmp_path):
     binary = standins.write_binary(bin_dir)
     proc = run_cli("verify", ranker, "--serving", "binary", "--model-server-bin", binary, "--json", tmp_path / "r.json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    server = _serving(tmp_path / "r.json")[0]["server"]
-    assert server["kind"] == "binary" and server["version"] == standins.VERSION
+    serving, report = _serving(tmp_path / "r.json")
+    assert serving["server"]["kind"] == "binary" and serving["server"]["version"] == standins.VERSION
+    [held] = report["memory"]["servers"]  # the server process's own /proc, read while it runs
+    assert held["method"].startswith(f"/proc/") and held["total_bytes"] <= held["peak_bytes"]
 
 
 def test_compat_observes_each_version_on_its_image(ranker, docker, tmp_path):

@@ -168,6 +168,13 @@ class ServingRuntime(Runtime):
         except ServingError as err:
             self._raise(err, f"{api}(signature '{self.signature_name}')")
 
+    def memory(self) -> dict:
+        """What the server it launched holds now (ServerHandle.memory_now); {} for the worker's embedded server, whose
+        memory is the session runtime's load (verify/memory.py), and for a remote one."""
+        if self._handle is None or (self.worker is not None and self._handle.process is self.worker.process):
+            return {}
+        return self._handle.memory_now()
+
     def close(self) -> None:
         self.loaded = False
         self._closed = True

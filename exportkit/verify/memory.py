@@ -60,9 +60,26 @@ def measure(runtimes_, version_dir, baseline: dict | None, limits: dict) -> tupl
         memory["measured"].append(row)
         if swap_here:
             memory["swap"] = _swap(old, figures, row)
+    memory["servers"] = server_figures(runtimes_)
     if memory["swap"] is None:
         memory["swap"] = {"old": None, "why": _no_swap(baseline)}
     return memory, findings(memory)
+
+
+def server_figures(runtimes_) -> list[dict]:
+    """The servers verify launched (`--serving binary`, `docker`, an `exportkit serve` of its own): what each holds
+    once it answered every batch, TF Serving's own memory included, by its process's /proc or its container's
+    accounting. No baseline: the server loads the model as it starts."""
+    found = []
+    for item in runtimes_:
+        runtime = item.runtime
+        if runtime.name != "serving" or not getattr(runtime, "loaded", False):
+            continue
+        figures = runtime.memory()
+        if figures.get("total_bytes"):
+            found.append({"runtime": item.label, "server": (runtime.server or {}).get("kind"),
+                          "tf": (runtime.server or {}).get("version"), **figures})
+    return found
 
 
 def measure_diff(old_runtime, new_runtime, new_dir, limits: dict) -> dict:
@@ -135,6 +152,12 @@ def findings(memory: dict) -> list[Finding]:
                                  f"would admit this version on {size_text(estimate)} and the server can run out of "
                                  f"memory; size the server on the measured figure (more than {ESTIMATE_MARGIN}x the "
                                  f"estimate is flagged)"))
+    for server in memory.get("servers", []):
+        if max_memory is not None and server["total_bytes"] > max_memory:
+            found.append(Finding("error", "memory-limit",
+                                 f"the {server['server']} server holds {size_text(server['total_bytes'])} with the "
+                                 f"model loaded (its own memory included; {server['method']}), over --max-memory "
+                                 f"{size_text(max_memory)}: give the server more memory or shrink the model"))
     swap, max_swap = memory.get("swap") or {}, memory["limits"].get("max_swap_memory_bytes")
     if max_swap is not None and swap.get("peak_bytes") is not None and swap["peak_bytes"] > max_swap:
         found.append(Finding("error", "swap-memory-limit",
@@ -162,6 +185,12 @@ def memory_rows(memory: dict | None) -> list[tuple[str, ...]]:
                      ratio, f"{row['method']}, baseline {size_text(row['baseline_bytes'])}{gpu}"))
     if not memory["measured"]:
         rows.append(("session", "-", "-", "-", "-", "not measured: no session runtime loaded the model"))
+    for server in memory.get("servers", []):
+        peak = server.get("peak_bytes")
+        rows.append((f"{server['runtime']} ({server['server']})", str(server.get("tf") or "-"), "-",
+                     size_text(peak) if peak else "-", "-",
+                     f"the whole server holds {size_text(server['total_bytes'])} ({server['method']}; TF Serving's "
+                     f"own memory included, no baseline)"))
     swap = memory.get("swap") or {}
     if swap.get("peak_bytes") is not None:
         rows.append(("swap", "-", "-", size_text(swap["peak_bytes"]),

@@ -25,6 +25,7 @@ from exportkit.log import log
 from exportkit.options.launch import LaunchOptions, batching_file
 from exportkit.processes import pid_alive
 from exportkit.savedmodel.versions import resolve_model_path
+from exportkit.report.format import parse_size
 from exportkit.serving.launch.binary import NO_LOAD_RETRIES, batching_flags
 from exportkit.serving.launch.process import PendingServer, ServerHandle, flags_entry, free_port
 
@@ -92,7 +93,7 @@ def start_container(serving: str, path: str, model_name: str | None = None, devi
                   f"docker:{description['version']}{'-gpu' if device == 'gpu' else ''} to run the same server again",
                   file=sys.stderr)
         return ServerHandle(address, description, name, loc.version, container.remove, None, container.tail,
-                            rest_address=f"127.0.0.1:{rest_port}")
+                            rest_address=f"127.0.0.1:{rest_port}", memory=container.memory)
 
     return PendingServer(finish, container.remove)
 
@@ -264,6 +265,15 @@ class Container:
             return ""
         proc = self.cli.run("logs", "--tail", str(lines), self.id, check=False)
         return "\n".join((proc.stdout + proc.stderr).splitlines()[-lines:])
+
+    def memory(self) -> dict:
+        """The container's memory as its runtime accounts it (`docker stats`: the cgroup's usage, e.g. `512.3MiB /
+        7.6GiB`; podman prints decimal `MB`): {"total_bytes", "method"}, {} when it cannot say."""
+        if self.id is None:
+            return {}
+        proc = self.cli.run("stats", "--no-stream", "--format", "{{.MemUsage}}", self.id, check=False)
+        used = parse_size(proc.stdout.strip().split("/")[0].strip()) if proc.returncode == 0 and proc.stdout else None
+        return {"total_bytes": used, "method": f"{self.cli.name} stats (the container's cgroup)"} if used else {}
 
     def remove(self) -> None:
         """Idempotent: from finally, atexit, Ctrl-C and SIGTERM alike."""

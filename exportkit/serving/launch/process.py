@@ -42,6 +42,23 @@ class ServerHandle:
     process: subprocess.Popen | None = field(default=None, repr=False)  # None for a remote server
     tail: Callable[[], str] | None = field(default=None, repr=False)  # the server's log tail, while it runs
     rest_address: str | None = None  # "127.0.0.1:PORT" when the server also serves the REST API
+    memory: Callable[[], dict] | None = field(default=None, repr=False)  # a container's own accounting (docker)
+
+    def memory_now(self) -> dict:
+        """What the server holds now, TF Serving's own memory included: {"total_bytes", "peak_bytes"?, "method"}
+        from its container's accounting, else from /proc/PID/status of its process; {} for a remote server."""
+        if self.memory is not None:
+            return self.memory()
+        if self.process is None or self.process.poll() is not None:
+            return {}
+        try:
+            with open(f"/proc/{self.process.pid}/status") as f:
+                found = {k: int(v.split()[0]) * 1024 for k, _, v in (line.partition(":") for line in f)
+                         if k in ("VmRSS", "VmHWM")}
+        except (OSError, ValueError):
+            return {}
+        return {"total_bytes": found.get("VmRSS"), "peak_bytes": found.get("VmHWM"),
+                "method": f"/proc/{self.process.pid}/status (VmRSS, VmHWM)"}
 
     def __post_init__(self) -> None:
         if self._stop is not None:  # a server we launched: stopped at exit if nobody else does
