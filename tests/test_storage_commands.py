@@ -71,9 +71,15 @@ def test_inspect_and_verify_a_base_dir_in_a_bucket(gcs_server, ranker, tmp_path,
     shards = list((tmp_path / "cache").rglob("variables.data-*"))
     assert shards and all(p.stat().st_blocks == 0 for p in shards)  # sizes listed, weights not downloaded
 
-    verified = cli(gcs_server, "verify", f"{bucket}/ranker", "--json", tmp_path / "v.json")
+    import numpy as np
+
+    np.savez(tmp_path / "rows.npz", x=np.ones((2, 4), np.float32))
+    gcs_server.upload(tmp_path / "rows.npz", f"{bucket}/inputs/rows.npz")
+    verified = cli(gcs_server, "verify", f"{bucket}/ranker", "--inputs", f"{bucket}/inputs/rows.npz",
+                   "--json", tmp_path / "v.json")
     assert verified.returncode == 0, verified.stderr[-2000:]
     report = json.loads((tmp_path / "v.json").read_text())
+    assert "file" in report["inputs"]["source"]  # --inputs read from the bucket
     assert report["path"] == f"{bucket}/ranker/2" and report["baseline"]["old"] == f"{bucket}/ranker/1"
     assert str(tmp_path / "cache") not in verified.stdout
     assert verified.stdout.splitlines()[-1].startswith("PASSED")
