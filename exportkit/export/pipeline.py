@@ -196,6 +196,8 @@ def _export_to_bucket(options: ExportOptions, progress: Progress) -> ExportResul
     any export, then published into the bucket (storage.publish_dir: TF Serving's poller never sees it
     half-written; docs/export.md)."""
     url = options.output.rstrip("/")
+    if not storage.exists(storage.bucket(url)):
+        raise storage.not_found(url, "-o")  # before anything is loaded: says the bucket does not exist
     version = writer.choose_version(url, options.version)  # before anything is loaded, as on disk
     with tempfile.TemporaryDirectory(prefix="exportkit-export-") as tmp:
         local = dataclasses.replace(options, output=str(Path(tmp) / storage.name(url)), version=version)

@@ -142,9 +142,8 @@ def read_bytes(path) -> bytes:
 def open_write(path, what: str | None = None):
     """A binary writer for `path`, whole or not at all: a local file is renamed into place, a URL is one object
     uploaded when the block succeeds (never a partial object); on an error nothing is written."""
-    what = what or str(path)
     if not is_url(path):
-        with files.atomic_path(local_path(path), what) as tmp:
+        with files.atomic_path(local_path(path), what or str(path)) as tmp:
             with open(tmp, "wb") as fh:
                 yield fh
         return
@@ -154,8 +153,8 @@ def open_write(path, what: str | None = None):
             yield tmp
             tmp.flush()
         except OSError as err:
-            raise files.os_error(err, f"{what} (a local temporary file before the upload)") from None
-        with translated(path, what):
+            raise files.os_error(err, f"{what or path} (a local temporary file before the upload)") from None
+        with translated(path, what or ""):
             fs.put_file(tmp.name, strip(path))
 
 

@@ -123,7 +123,7 @@ def _credentials_error(err: BaseException) -> bool:
 
 def translate_error(err: BaseException, url: str, what: str = "") -> ExportkitError:
     """An object-store client's exception as exportkit's error about `url` (`what`: the flag or argument)."""
-    about = f"{what} {url}" if what else url
+    about = what if url in what else f"{what} {url}" if what else url  # `what`: "-o" or "--json gs://b/r.json"
     if isinstance(err, ExportkitError):
         return err
     if isinstance(err, FileNotFoundError):

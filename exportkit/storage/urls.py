@@ -48,6 +48,12 @@ def split(url: str) -> tuple[str, str, str]:
     return proto, bucket, key.strip("/")
 
 
+def bucket(url: str) -> str:
+    """'gs://b/models/x' -> 'gs://b'."""
+    proto, name_, _ = split(url)
+    return f"{proto}://{name_}"
+
+
 def name(path) -> str:
     """The last component: 'gs://b/models/ranker/1/' -> '1' (for a bucket root, the bucket)."""
     return str(path).rstrip("/").rsplit("/", 1)[-1] if is_url(path) else os.path.basename(os.fspath(path).rstrip("/"))
