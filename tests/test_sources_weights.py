@@ -35,6 +35,22 @@ def keras3():
 
 def tfkeras(hidden=3):
     return _two_dense(tf_keras, hidden)
+
+
+class Pair(tf_keras.layers.Layer):
+    """Two blocks of one shape, as a transformer's: with the first frozen, tf_keras stores it after the second."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.first, self.second = tf_keras.layers.Dense(4, name="first"), tf_keras.layers.Dense(4, name="second")
+
+    def call(self, x):
+        return self.second(tf_keras.activations.relu(self.first(x)))
+
+
+def pair():
+    x = tf_keras.Input((4,), name="x")
+    return tf_keras.Model(x, tf_keras.layers.Dense(1, name="score")(Pair(name="pair")(x)))
 '''
 NAMES = ("tf_model.h5", "weights.hdf5", "model.weights.h5")
 X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
@@ -56,9 +72,16 @@ def files(tmp_path_factory):
                                   ("tf_keras .weights.h5", "tfkeras", "tfk.weights.h5"),
                                   ("Keras 3 .weights.h5", "keras3", "k3.weights.h5")):
         model = namespace[builder]()
-        model.set_weights([np.random.default_rng(len(made)).normal(size=w.shape) for w in model.get_weights()])
+        rng = np.random.default_rng(len(made))
+        model.set_weights([rng.normal(size=w.shape) for w in model.get_weights()])
         model.save_weights(str(root / suffix))
         made[kind] = (root / suffix, f"wbuilders:{builder}", np.asarray(model(X)))
+    tuned = namespace["pair"]()  # fine-tuned with its first block frozen
+    rng = np.random.default_rng(7)
+    tuned.set_weights([rng.normal(size=w.shape) for w in tuned.get_weights()])
+    tuned.get_layer("pair").first.trainable = False
+    tuned.save_weights(str(root / "tuned.h5"))
+    made["frozen block"] = (root / "tuned.h5", "wbuilders:pair", np.asarray(tuned(X)))
     full = namespace["tfkeras"]()
     full.set_weights([np.full(w.shape, 0.5) for w in full.get_weights()])
     full.save(str(root / "full.h5"))
@@ -92,6 +115,20 @@ def test_weights_load_by_content_under_any_name(files, tmp_path, kind, name):
     loaded = _load(renamed, builder, root / "site")
     assert loaded.format == "weights"
     np.testing.assert_allclose(np.asarray(loaded.model(X)), expected, rtol=1e-6)
+
+
+def test_weights_saved_with_a_frozen_block_load_by_name(files):
+    """In order, the frozen first block's weights would land in the second (same shapes: no error); the file names
+    them, so they load where they belong, as Hugging Face's loader does."""
+    import sys
+
+    root, made = files
+    source, builder, expected = made["frozen block"]
+    loaded = _load(source, builder, root / "site")
+    np.testing.assert_allclose(np.asarray(loaded.model(X)), expected, rtol=1e-6)
+    in_order = sys.modules["wbuilders"].pair()
+    in_order.load_weights(str(source))  # what Keras' reader does with it
+    assert not np.allclose(np.asarray(in_order(X)), expected, rtol=1e-6)
 
 
 def test_weights_that_do_not_fit_say_what_the_file_is(files, tmp_path):

@@ -26,7 +26,8 @@ from exportkit.savedmodel.checkpoint import read_checkpoint
 from exportkit import storage
 from exportkit.errors import UsageError
 from exportkit.savedmodel.versions import check_path, path_problem
-from exportkit.sources.hdf5 import MODEL, SAVING_LIB_WEIGHTS, h5_content, is_hdf5, keras_readable, neither_message
+from exportkit.sources.hdf5 import (LAYER_WEIGHTS, MODEL, SAVING_LIB_WEIGHTS, h5_content, is_hdf5, keras_readable,
+                                    neither_message)
 from exportkit.sources.kerases import (KERAS3, KERASES, TF_KERAS, Keras, keras_of, mismatch_remedy, parse_choice,
                                       prepare_process)
 from exportkit.options.source import SourceOptions
@@ -575,8 +576,8 @@ def _restore_checkpoint(model, src: str) -> None:
 def _restore_weights(model, src: str) -> None:
     """Keras' own load_weights, given the file under a name that makes it read the file as what it holds: Keras
     picks its reader by the suffix. Weights by layer (and a full model's) load in layer order, as tf_keras and
-    Keras 3 load any .h5 (Hugging Face's own loader matches the same weights by name); the reader checks the
-    layer and weight counts and the shapes itself."""
+    Keras 3 load any .h5 (the reader checks layer and weight counts and shapes), unless the file names them in
+    another order than the model's (_reordered_by_name)."""
     content = h5_content(src)
     if content is not None and content.kind is None:
         raise UsageError(*neither_message(src, content))
@@ -586,7 +587,8 @@ def _restore_weights(model, src: str) -> None:
                                   "with model.save_weights(...)")
     with keras_readable(src, content.kind) if content else contextlib.nullcontext(src) as readable:
         try:
-            model.load_weights(readable)
+            if not (content and content.kind in (LAYER_WEIGHTS, MODEL) and _reordered_by_name(model, src)):
+                model.load_weights(readable)
         except (ValueError, KeyError, OSError) as err:
             what = f", {content.describe()}," if content else ""
             raise UsageError(f"weights file {src}{what} does not fit the model's architecture "
@@ -595,6 +597,48 @@ def _restore_weights(model, src: str) -> None:
                              "--model-config)") from err
     if content is not None and content.kind == SAVING_LIB_WEIGHTS:  # its reader skips entries the model lacks
         _check_weights_file_consumed(model, src)
+
+
+def _reordered_by_name(model, src: str) -> bool:
+    """Keras reads weights by layer in order: within a layer, trainable weights first (`_legacy_weights`). A model
+    saved with part of a layer frozen (fine-tuning a transformer with its lower blocks frozen) stores those weights
+    last, and in order they would land in their neighbours, silently when the shapes agree; Hugging Face's own
+    loader matches them by name. When the file names each layer's weights as the model does (the first scope, the
+    model's own name, aside) but in another order, assign them by name and return True; otherwise (the same
+    order, or names that say nothing, as Keras 3's or renamed layers') return False: Keras' reader loads the file."""
+    import h5py
+
+    def text(name) -> str:
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    def scoped(name: str) -> str:
+        return name.split("/", 1)[-1]
+
+    layers = [layer for layer in model.layers if layer.weights]
+    with h5py.File(src, "r") as f:
+        group = f if "layer_names" in f.attrs else f["model_weights"]
+        saved = [(text(n), [text(w) for w in group[text(n)].attrs.get("weight_names", [])])
+                 for n in group.attrs["layer_names"]]
+        saved = [(n, names) for n, names in saved if names]
+        if len(saved) != len(layers):
+            return False  # Keras' reader says what does not fit
+        pairs, reordered = [], False
+        for layer, (layer_name, names) in zip(layers, saved):
+            variables = layer.trainable_weights + layer.non_trainable_weights
+            own, theirs = [scoped(v.name) for v in variables], [scoped(n) for n in names]
+            if sorted(own) != sorted(theirs) or len(set(own)) != len(own):
+                return False
+            reordered |= own != theirs
+            stored = dict(zip(theirs, names))
+            pairs += [(v, layer_name, group[layer_name][stored[key]][()]) for v, key in zip(variables, own)]
+    if not reordered:
+        return False
+    for variable, layer_name, value in pairs:
+        if tuple(variable.shape) != value.shape:
+            raise ValueError(f"layer {layer_name}: {variable.name} has shape {tuple(variable.shape)}, the file's "
+                             f"{value.shape}")
+        variable.assign(value)
+    return True
 
 
 def model_policy(model) -> str:
