@@ -115,8 +115,11 @@ def test_export_publishes_into_the_bucket(gcs_server, ranker, tmp_path, cli):
     assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
 
 
-def test_errors_name_the_url_and_take_their_exit_codes(gcs_server, tmp_path):
+def test_errors_name_the_url_and_take_their_exit_codes(gcs_server, ranker, tmp_path):
     env = _env(gcs_server, tmp_path)
+    nowhere = run_cli("export", ranker / "model.keras", "-o", "gs://no-such-bucket/ranker", env=env)
+    assert nowhere.returncode == 2 and "-o gs://no-such-bucket/ranker: the bucket no-such-bucket does not exist" \
+        in nowhere.stderr  # refused before the model is loaded
     missing = run_cli("verify", "gs://no-such-bucket/models/ranker", env=env)
     assert missing.returncode == 2 and "the bucket no-such-bucket does not exist" in missing.stderr
     nothing = run_cli("inspect", f"{gcs_server.bucket('cmd-errors')}/models/none", env=env)
@@ -125,5 +128,5 @@ def test_errors_name_the_url_and_take_their_exit_codes(gcs_server, tmp_path):
     down = run_cli("verify", "gs://models/ranker", env={**env, "STORAGE_EMULATOR_HOST": f"127.0.0.1:{free_port()}"})
     assert down.returncode == 3 and "cannot reach the storage endpoint" in down.stderr
     assert time.monotonic() - started < 20
-    for proc in (missing, nothing, down):
+    for proc in (nowhere, missing, nothing, down):
         assert "Traceback" not in proc.stderr and "fix:" in proc.stderr
