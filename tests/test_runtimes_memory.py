@@ -205,6 +205,20 @@ def test_big_variables_and_the_swap_with_the_version_served_before(models, tmp_p
 
 @pytest.mark.slow
 @pytest.mark.serving
+def test_one_load_at_a_time_counts_the_memory_the_session_reuses(models, monkeypatch):
+    """Over ONE_LOAD_AT_A_TIME_BYTES the TF2 load is dropped before the TF1 load; with oneDNN, TensorFlow's CPU
+    allocator keeps the dropped tensors' memory and the TF1 load reuses it, so the process does not grow."""
+    from exportkit.verify import execute
+
+    monkeypatch.setattr(execute, "ONE_LOAD_AT_A_TIME_BYTES", 10**6)
+    path, feed = models["big"]
+    code, report, _ = _verify(path, "--no-baseline")
+    [row] = report["memory"]["measured"]
+    assert close(row["loaded_bytes"], independent(path, feed)["loaded"]), row
+
+
+@pytest.mark.slow
+@pytest.mark.serving
 def test_a_lookup_table_from_a_vocabulary_takes_more_than_the_estimate(models):
     path, feed = models["table"]
     code, report, _ = _verify(path, "--max-memory", "10MB")

@@ -144,11 +144,15 @@ class Worker:
 
         with self.lock:
             future = self.loads.pop(request["loader"], None)
-        if future is not None and future.done() and future.exception() is None:
-            future.result().close()
-        del future
-        gc.collect()  # tf.saved_model.load's object graph has cycles: free its variables now, not some time later
-        self.meter.forget(request["loader"])
+
+        def drop() -> None:
+            nonlocal future
+            if future is not None and future.done() and future.exception() is None:
+                future.result().close()
+            future = None
+            gc.collect()  # tf.saved_model.load's object graph has cycles: free its variables now, not some time later
+
+        self.meter.release(request["loader"], drop)
         with self.lock:
             self.ran = {(loader, name) for loader, name in self.ran if loader != request["loader"]}
         self.reply(request, ok=True)

@@ -52,6 +52,15 @@ def _held(status):
     return status["RssAnon"] + status["RssShmem"] if "RssAnon" in status else None
 
 
+def _allocated():
+    """Bytes TensorFlow's CPU allocator has handed out now, where it keeps statistics (oneDNN's pool); else None."""
+    tf = sys.modules.get("tensorflow")
+    try:
+        return tf.config.experimental.get_memory_info("CPU:0")["current"] if tf is not None else None
+    except (ValueError, AttributeError, KeyError):
+        return None
+
+
 def _reset_peak():
     """VmHWM back to the current RSS (`echo 5 > /proc/self/clear_refs`, Linux >= 4.0); False where not allowed."""
     try:
@@ -91,6 +100,7 @@ class MemoryMeter:
         self.peak_from = None  # the loader whose load reset VmHWM
         self.sampled = 0
         self.hwm_reset = False
+        self.pooled = 0  # what unloaded models left in TensorFlow's CPU allocator's pool (`release`)
 
     def load(self, loader, do_load, reset_peak=False):
         """do_load() between two readings, one load at a time. Also what is not the model's, to be left out of the
@@ -98,22 +108,36 @@ class MemoryMeter:
         calls under one name add up."""
         with self.lock:
             _trim()
-            before = _held(_status())
+            before, in_use = _held(_status()), _allocated()
             if reset_peak:
                 self.hwm_reset, self.peak_from, self.sampled = _reset_peak(), loader, before or 0
             result = do_load()
             _trim()  # what it freed is not held (a transient graph copy, say): the figure is what it keeps
             after = _held(_status())
             if before is not None and after is not None:
+                grown = after - before
+                if self.pooled and in_use is not None:  # it took memory an unloaded model left in the pool
+                    reused = min(self.pooled, max(0, (_allocated() or 0) - in_use))
+                    grown, self.pooled = grown + reused, self.pooled - reused
                 earlier = self.loads.get(loader, {"before": before, "grown": 0})
-                self.loads[loader] = {"before": earlier["before"], "grown": earlier["grown"] + after - before}
+                self.loads[loader] = {"before": earlier["before"], "grown": earlier["grown"] + grown}
             return result
 
     def sample(self):
         self.sampled = max(self.sampled, _held(_status()) or 0)
 
-    def forget(self, loader):
-        self.loads.pop(loader, None)
+    def release(self, loader, do_unload):
+        """do_unload() between two readings: what the unloaded model leaves in TensorFlow's own CPU allocator (with
+        oneDNN, the default on x86, a pool that keeps freed tensors' memory) is credited to the next loads, which
+        reuse it instead of growing the process (see `load`)."""
+        with self.lock:
+            before = _held(_status())
+            do_unload()
+            _trim()
+            after = _held(_status())
+            entry = self.loads.pop(loader, None)
+            if entry is not None and before is not None and after is not None:
+                self.pooled += max(0, entry["grown"] - (before - after))
 
     def figures(self, loader):
         """{"baseline_bytes", "loaded_bytes", "peak_bytes", "method"} of `loader`'s load; {} when not measured."""
