@@ -250,6 +250,19 @@ def test_many_small_functions_through_the_python_api(models):
 
 
 @pytest.mark.slow
+@pytest.mark.gpu
+def test_on_a_gpu_the_row_carries_tensorflows_gpu_statistics(request):
+    from conftest import has_gpu
+
+    if not has_gpu():
+        pytest.skip("no GPU: TensorFlow's GPU:0 statistics need one")
+    path, _ = request.getfixturevalue("models")["big"]
+    code, report, _ = _verify(path, "--device", "gpu", "--runtimes", "session", "--no-baseline")
+    [row] = report["memory"]["measured"]
+    assert row["gpu"]["peak_bytes"] >= 60 * 10**6  # the variables live on the GPU
+
+
+@pytest.mark.slow
 def test_diff_measures_the_swap_in_the_new_versions_worker_and_gates_it(models):
     new, old = models["big"], models["old"]
     out = models["root"] / "diff.json"
