@@ -19,8 +19,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import pickle
 import re
+import shlex
+import sys
 import tempfile
 import uuid
 from collections import Counter
@@ -162,7 +165,18 @@ def _pipeline(args: dict):
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
     info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
-    return beam.Pipeline(runner=fn_runner.FnApiRunner(provision_info=info), options=options)
+    environment = None
+    if args.get("direct_running_mode") == "multi_processing" and args["default_sdk_harness_log_level"] == "CRITICAL":
+        # FnApiRunner's own multi_processing workers, but with their stderr closed: sdk_worker.py prints a failing
+        # bundle's traceback there whatever the log level, and the failure comes back as the pipeline's exception.
+        # (FnApiRunner sets that environment itself when the option is on: it goes from what run_pipeline sees.)
+        from apache_beam.transforms.environments import SubprocessSDKEnvironment
+
+        command = f"exec {shlex.quote(sys.executable)} -m apache_beam.runners.worker.sdk_worker_main 2>{os.devnull}"
+        environment = SubprocessSDKEnvironment.from_command_string(command)
+        options = PipelineOptions([f"--{k}={v}" for k, v in args.items() if k != "direct_running_mode"])
+    return beam.Pipeline(runner=fn_runner.FnApiRunner(provision_info=info, default_environment=environment),
+                         options=options)
 
 
 def _build(p, plan: BeamPlan, results: str) -> None:
