@@ -35,11 +35,11 @@ def bert():
 
 
 def gpt2():
-    """A causal language model: logits over the vocabulary at every position (no key/value cache returned)."""
+    """A causal language model: logits over the vocabulary at every position, and its key/value cache
+    (`past_key_values`, one [2, batch, heads, length, head size] tensor per block)."""
     from transformers import GPT2Config, TFGPT2LMHeadModel
 
-    model = TFGPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64,
-                                         use_cache=False))
+    model = TFGPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64))
     model(model.dummy_inputs)
     return model
 

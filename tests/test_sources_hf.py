@@ -25,6 +25,9 @@ HERE = Path(__file__).resolve().parent
 FAMILIES = {"distilbert": {"input_ids", "attention_mask"},
             "bert": {"input_ids", "attention_mask", "token_type_ids"},
             "gpt2": {"input_ids", "attention_mask"}}
+# GPT-2's key/value cache (past_key_values_0) holds the batch in its second dimension: TF Serving's REST row format
+# and batching cannot serve it, so its users export the logits
+FLAGS = {"gpt2": ["--signature", "serving_default:outputs=logits"]}
 
 
 def _run(*args, cwd=None, timeout=600) -> subprocess.CompletedProcess:
@@ -49,7 +52,7 @@ def exports(corpus) -> dict:
     """One export per family: `exportkit export d/tf_model.h5 --builder hf_builder:FAMILY --python-path site`."""
     return {family: _run("-m", "exportkit", "export", corpus / "models" / family / "tf_model.h5", "--builder",
                          f"hf_builder:{family}", "--python-path", corpus / "site", "-o", corpus / "out" / family,
-                         cwd=corpus)
+                         *FLAGS.get(family, []), cwd=corpus)
             for family in FAMILIES}
 
 
@@ -91,3 +94,14 @@ def test_save_pretrained_saved_model_verifies_inspects_and_passes_compat(corpus)
     assert {k: v["dtype"] for k, v in inputs.items()} == {"input_ids": "int32", "attention_mask": "int32"}
     proc = _run("-m", "exportkit", "compat", version, "--tf", "2.12-2.21", cwd=corpus)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_tuple_inside_a_dict_output_is_one_output_per_tensor():
+    import tensorflow as tf
+
+    from exportkit.sources.model_io import flat_outputs, output_keys
+
+    raw = {"logits": tf.zeros([2, 5]), "past_key_values": (tf.ones([2, 2, 3]), 2 * tf.ones([2, 2, 3]))}
+    keys = output_keys(None, raw)
+    assert keys == ["logits", "past_key_values_0", "past_key_values_1"]
+    assert [float(t[0, 0, 0]) if t.shape.rank == 3 else t.shape[1] for t in flat_outputs(raw, keys)] == [5, 1.0, 2.0]

@@ -101,7 +101,7 @@ def output_keys(model, outputs, names: list[str] | None = None) -> list[str]:
             raise UsageError(f"--output-names: the model returns a dict, whose keys already name its outputs "
                              f"({', '.join(sorted(outputs))})",
                              "drop --output-names (or output_names in exportkit.toml)")
-        return sorted(outputs)
+        return list(_dict_entries(outputs))
     flat = keras.tree.flatten(outputs)
     if names:
         if len(names) != len(flat):
@@ -125,10 +125,29 @@ def feed_model(model, tensors: dict):
     return model(x, training=False)
 
 
+def _dict_entries(outputs: dict) -> dict:
+    """{key: tensor} of a dict output by sorted key; a value that is itself a list, tuple or dict of tensors (a
+    Hugging Face causal LM's `past_key_values`, one tensor per block) becomes `key_0`, `key_1`, ...: a signature
+    output is one tensor."""
+    import keras
+
+    entries = {}
+    for key in sorted(outputs):
+        value = outputs[key]
+        if isinstance(value, (list, tuple, dict)):
+            entries.update({f"{key}_{i}": t for i, t in enumerate(keras.tree.flatten(value))})
+        else:
+            entries[key] = value
+    return entries
+
+
 def flat_outputs(outputs, keys: list[str]) -> list:
     import keras
 
-    return [outputs[k] for k in keys] if isinstance(outputs, dict) else keras.tree.flatten(outputs)
+    if isinstance(outputs, dict):
+        entries = _dict_entries(outputs)
+        return [entries[k] for k in keys]
+    return keras.tree.flatten(outputs)
 
 
 def keyed_outputs(model, raw, names: list[str] | None = None) -> dict:
