@@ -630,14 +630,15 @@ def _reordered_by_name(model, src: str) -> bool:
                 return False
             reordered |= own != theirs
             stored = dict(zip(theirs, names))
-            pairs += [(v, layer_name, group[layer_name][stored[key]][()]) for v, key in zip(variables, own)]
-    if not reordered:
-        return False
-    for variable, layer_name, value in pairs:
-        if tuple(variable.shape) != value.shape:
-            raise ValueError(f"layer {layer_name}: {variable.name} has shape {tuple(variable.shape)}, the file's "
-                             f"{value.shape}")
-        variable.assign(value)
+            pairs += [(v, layer_name, stored[key]) for v, key in zip(variables, own)]
+        if not reordered:
+            return False  # names only (a weights file can be large): Keras' reader loads it
+        for variable, layer_name, name in pairs:
+            value = group[layer_name][name][()]
+            if tuple(variable.shape) != value.shape:
+                raise ValueError(f"layer {layer_name}: {variable.name} has shape {tuple(variable.shape)}, the "
+                                 f"file's {value.shape}")
+            variable.assign(value)
     return True
 
 
