@@ -38,16 +38,30 @@ def ranker(tmp_path_factory):
     return root
 
 
-def _env(server, tmp_path) -> dict:
-    return {**server.env, "EXPORTKIT_CACHE_DIR": str(tmp_path / "cache")}
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """The module's own cache directory (bucket mirrors under storage/), seeded with the installed TensorFlow's op
+    registry when the user's cache has it, so that inspect and verify do not list TensorFlow's ops again."""
+    import shutil
+
+    from exportkit.files import cache_dir
+
+    root = tmp_path_factory.mktemp("cache")
+    for registry in cache_dir().glob("ops-*.json"):
+        shutil.copy(registry, root / registry.name)
+    return root
+
+
+def _env(server, cache) -> dict:
+    return {**server.env, "EXPORTKIT_CACHE_DIR": str(cache)}
 
 
 @pytest.fixture
-def cli(monkeypatch, tmp_path):
+def cli(monkeypatch, tmp_path, cache):
     """cli(server, *args): the CLI in this process (TensorFlow imported once), its clients and any worker process
-    pointed at `server`, with a fresh cache; the working directory is tmp_path."""
+    pointed at `server`, with the module's cache; the working directory is tmp_path."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("EXPORTKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("EXPORTKIT_CACHE_DIR", str(cache))
 
     def run(server, *args):
         use_server(server, monkeypatch)
@@ -56,7 +70,7 @@ def cli(monkeypatch, tmp_path):
     return run
 
 
-def test_inspect_and_verify_a_base_dir_in_a_bucket(gcs_server, ranker, tmp_path, cli):
+def test_inspect_and_verify_a_base_dir_in_a_bucket(gcs_server, ranker, tmp_path, cli, cache):
     bucket = gcs_server.bucket("cmd-inspect")
     gcs_server.upload(ranker / "ranker", f"{bucket}/ranker")
     local = cli(gcs_server, "inspect", ranker / "ranker", "--json")
@@ -68,7 +82,7 @@ def test_inspect_and_verify_a_base_dir_in_a_bucket(gcs_server, ranker, tmp_path,
     import exportkit
 
     assert exportkit.inspect(f"{bucket}/ranker").path == f"{bucket}/ranker/2"  # the Python API reads URLs too
-    shards = list((tmp_path / "cache").rglob("variables.data-*"))
+    shards = list((cache / "storage" / "sizes-only").glob("gs@*/cmd-inspect/ranker/2/variables/variables.data-*"))
     assert shards and all(p.stat().st_blocks == 0 for p in shards)  # sizes listed, weights not downloaded
 
     import numpy as np
@@ -81,7 +95,7 @@ def test_inspect_and_verify_a_base_dir_in_a_bucket(gcs_server, ranker, tmp_path,
     report = json.loads((tmp_path / "v.json").read_text())
     assert "file" in report["inputs"]["source"]  # --inputs read from the bucket
     assert report["path"] == f"{bucket}/ranker/2" and report["baseline"]["old"] == f"{bucket}/ranker/1"
-    assert str(tmp_path / "cache") not in verified.stdout
+    assert str(cache) not in verified.stdout
     assert verified.stdout.splitlines()[-1].startswith("PASSED")
 
 
@@ -115,8 +129,8 @@ def test_export_publishes_into_the_bucket(gcs_server, ranker, tmp_path, cli):
     assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
 
 
-def test_errors_name_the_url_and_take_their_exit_codes(gcs_server, ranker, tmp_path):
-    env = _env(gcs_server, tmp_path)
+def test_errors_name_the_url_and_take_their_exit_codes(gcs_server, ranker, cache):
+    env = _env(gcs_server, cache)
     nowhere = run_cli("export", ranker / "model.keras", "-o", "gs://no-such-bucket/ranker", env=env)
     assert nowhere.returncode == 2 and "-o gs://no-such-bucket/ranker: the bucket no-such-bucket does not exist" \
         in nowhere.stderr  # refused before the model is loaded
