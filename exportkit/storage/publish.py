@@ -5,8 +5,9 @@ TF Serving polls the model base path and aspires version N as soon as a child na
 descendant and the poller keeps each one's first path component, then parses it as an integer). An object store
 has no atomic rename, so the version's files are uploaded (the slow part) under a staging prefix whose first
 component is not a number, which the poller ignores; they are then copied server-side into base/N/ with
-saved_model.pb last, and the staging prefix is deleted. On any failure both are deleted. docs/export.md says what
-window remains.
+saved_model.pb last, and the staging prefix is deleted. Of two exports racing for N, the older staging copies and
+the other stops. On any failure the staging is deleted, and base/N too once this export began copying into it.
+docs/export.md says what window remains.
 """
 from __future__ import annotations
 
