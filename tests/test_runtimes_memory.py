@@ -101,6 +101,11 @@ def test_a_size_that_is_not_one_is_a_usage_error(tmp_path):
     assert "fix: pass --max-memory 512MB" in result.stderr + result.stdout
 
 
+def test_a_memory_gate_that_measures_nothing_is_a_usage_error(tmp_path):
+    result = invoke("verify", tmp_path, "--data", "warmup", "--max-memory", "1GB")
+    assert result.returncode == 2 and "--max-memory is measured on verify's own batches" in result.stdout + result.stderr
+
+
 def test_limits_come_from_the_base_directorys_exportkit_toml_and_flags_win(tmp_path):
     (tmp_path / "3").mkdir()
     (tmp_path / "3" / "saved_model.pb").write_bytes(b"")
@@ -231,6 +236,9 @@ def test_a_lookup_table_from_a_vocabulary_takes_more_than_the_estimate(models):
     assert "memory-over-estimate" in codes and "resource tracker would admit" in codes["memory-over-estimate"]
     assert code == 1 and "over --max-memory 10 MB" in codes["memory-limit"]
     assert report["memory"]["swap"] == {"old": None, "why": "no lower version in the base directory"}
+    # a gate with nothing it can read is exit 2, never a pass
+    result = invoke("verify", path, "--runtimes", "golden,saved_model", "--max-memory", "1GB")
+    assert result.returncode == 2 and "--max-memory measured nothing" in result.stdout + result.stderr
 
 
 @pytest.mark.slow

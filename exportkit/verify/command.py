@@ -31,7 +31,7 @@ from exportkit.verify.dataset import verify_data
 from exportkit.verify.execute import Execution, installed_workers, run_plan, started, versioned_pythons
 from exportkit.inputs.loader import rows
 from exportkit.verify.latency import latency_findings
-from exportkit.verify.memory import measure
+from exportkit.verify.memory import measure, unmeasured
 from exportkit.verify.output import finish, save
 from exportkit.verify.pairs import agreement, compare_all
 from exportkit.verify.plan import (Model, Plan, check_tol_keys, devices_of, make_plan, protocol_of, read_model,
@@ -99,6 +99,7 @@ def _verify(o: VerifyOptions, devices: list[str], names: list[str], per_output: 
         report.memory, memory_found = measure(runtimes_, model.version_dir, report.baseline,
                                               {"max_memory": o.max_memory, "max_swap_memory": o.max_swap_memory})
         report.findings += memory_found
+        unmeasured(report.memory, names)
         loaded_by = next((p for item in runtimes_ if (p := getattr(item.runtime, "keras_package", None))), None)
         if loaded_by:  # the report names the Keras that rebuilt the training source
             report.toolchain = toolchain(loaded_by)
@@ -126,6 +127,10 @@ def _options(o: VerifyOptions):
         raise UsageError("--tf runs on the generated/golden batches, not on --data records (not supported yet)",
                          "run `exportkit verify PATH --tf X.Y` and `exportkit verify PATH --data GLOB` separately")
     names = selected_runtimes(o.runtimes, o.serving, o.against, protocol_of(o.serving_protocol, o.serving))
+    if o.data and (o.max_memory or o.max_swap_memory):  # a gate measures what it names, never a silent pass
+        gate = "--max-memory" if o.max_memory else "--max-swap-memory"
+        raise UsageError(f"{gate} is measured on verify's own batches, which --data does not run",
+                         f"run `exportkit verify PATH {gate} SIZE` without --data")
     if o.max_latency_ms is not None and all(RUNTIME_KINDS[n] == "recorded" for n in names):
         raise UsageError(f"--max-latency-ms has nothing to measure: runtimes {', '.join(names)} replay recorded "
                          f"answers and run no model", "add a runtime that runs it (--runtimes session,serving), or "

@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from exportkit import storage
+from exportkit.errors import UsageError
 from exportkit.findings import Finding
 from exportkit.report.format import size_text
 from exportkit.savedmodel.resources import ESTIMATE_MARGIN, over_estimate, serving_estimate
@@ -64,6 +65,21 @@ def measure(runtimes_, version_dir, baseline: dict | None, limits: dict) -> tupl
     if memory["swap"] is None:
         memory["swap"] = {"old": None, "why": _no_swap(baseline)}
     return memory, findings(memory)
+
+
+def unmeasured(memory: dict, names: list[str]) -> None:
+    """A gate that measured nothing is exit 2, never a pass: --max-memory without a session runtime or a launched
+    server, --max-swap-memory against a deployed version (its memory is not ours to read). A first version has no
+    swap to gate: TF Serving loads it alone (the report says so)."""
+    limits, swap = memory["limits"], memory.get("swap") or {}
+    if limits.get("max_memory_bytes") is not None and not memory["measured"] and not memory.get("servers"):
+        raise UsageError(f"--max-memory measured nothing: runtimes {', '.join(names)} hold no load of the model "
+                         f"exportkit can read", "add the session runtime (--runtimes ...,session), or leave "
+                                                "--max-memory out")
+    if limits.get("max_swap_memory_bytes") is not None and (swap.get("why") or "").startswith("not available"):
+        raise UsageError(f"--max-swap-memory measured nothing: {swap.get('why') or 'no swap'}",
+                         "verify the base directory that holds both versions (or pass --baseline DIR), or leave "
+                         "--max-swap-memory out")
 
 
 def server_figures(runtimes_) -> list[dict]:
