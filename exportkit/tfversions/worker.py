@@ -25,10 +25,13 @@ import traceback
 import zipfile
 
 LENGTHS = ".__len__"
-# Plotting and image libraries that TensorFlow's import of Keras loads when installed (keras.src.visualization,
-# image utilities) and no SavedModel load uses; None in sys.modules makes their import an ImportError, which Keras
-# handles. A third of a second of every worker's TensorFlow import (exportkit.runtimes.session_worker does the same).
-NOT_FOR_LOADING = ("matplotlib", "PIL")
+# Libraries that TensorFlow's import loads when installed and no SavedModel load uses; None in sys.modules makes
+# their import an ImportError, which the importers handle. Plotting and images (keras.src.visualization, image
+# utilities): a third of a second of every worker's import. JAX: tensorflow/lite/python/util.py tries
+# `from jax import jit` for the TFLite converter: 1.5 s and 145 MB of every worker's import where jax is installed;
+# a jax2tf export's XlaCallModule is a C++ kernel and needs none of it. (exportkit.runtimes.session_worker and
+# `exportkit serve` do the same: processes that load SavedModels only.)
+NOT_FOR_LOADING = ("matplotlib", "PIL", "jax", "jaxlib")
 
 
 def _status():

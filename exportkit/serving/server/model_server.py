@@ -249,7 +249,11 @@ def _reload_config_file(core: ServerCore, path: str) -> None:
 
 
 def serve_main(argv: list[str]) -> int:
-    """`exportkit serve ARGS...` with either spelling."""
+    """`exportkit serve ARGS...` with either spelling: a process that loads SavedModels only."""
+    from exportkit.tfversions.worker import NOT_FOR_LOADING
+
+    if "tensorflow" not in sys.modules:
+        sys.modules.update(dict.fromkeys(NOT_FOR_LOADING))
     return serve(parse_flags(argv))
 
 
