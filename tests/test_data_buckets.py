@@ -102,7 +102,7 @@ def test_save_failures_in_a_bucket_are_whole_or_absent(store, tmp_path):
     assert [(i["file"], i["index"]) for i in index] == [(source.files[0], 2), (source.files[0], 7)]
 
     missing = f"{bucket.split(':')[0]}://no-such-bucket"
-    with pytest.raises(UsageError, match=f"no bucket {missing}"):
+    with pytest.raises(UsageError, match="the bucket no-such-bucket does not exist"):
         FailureWriter(f"{missing}/failures", source)
 
 

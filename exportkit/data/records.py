@@ -17,12 +17,9 @@ import contextlib
 import glob as globlib
 import json
 import os
-import shutil
-import tempfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -32,7 +29,7 @@ from exportkit.inputs.load import cast_input, load_inputs
 from exportkit.inputs.spec import InputSpec
 from exportkit.inputs.tfrecord import tfrecord_blocks, tfrecord_frame, tfrecord_records
 from exportkit.errors import UsageError
-from exportkit.files import StagedDir, os_error
+from exportkit.files import os_error
 from exportkit.tfexample.signatures import check_examples
 from exportkit.tfexample.parser import ExampleParser
 
@@ -242,9 +239,9 @@ def _sizes(files: list[str]) -> list[int]:
 class FailureWriter:
     """`--save-failures DIR`: failing TFRecord records as they were read (failures.tfrecord), npz rows as
     failures-N.npz, and where each came from (failures.index.jsonl). Written into a staging directory and moved
-    into DIR when the run completes (files.StagedDir; in a bucket, _BucketDir), so an interrupted run (or a full
-    disk) leaves no half-written files; a DIR that cannot be written is refused before any runtime starts (exit 2; a
-    full disk is exit 3)."""
+    into DIR when the run completes (storage.staged_dir: renames on disk; in a bucket, uploads, the index last), so
+    an interrupted run (or a full disk) leaves no half-written files; a DIR that cannot be written is refused before
+    any runtime starts (exit 2; a full disk is exit 3)."""
 
     def __init__(self, directory: str, source: DataSource):
         self.what = f"--save-failures {directory}"
@@ -252,11 +249,12 @@ class FailureWriter:
         self.count = 0
         self._records = None  # the open failures.tfrecord (TFRecord framing, as TFRecordWriter writes it)
         self._npz = 0
-        self._staged = (_BucketDir if storage.is_url(directory) else StagedDir)(directory, self.what)
+        self._staging = contextlib.ExitStack()  # left by close(): committed, or aborted by an exception
+        self._stage = self._staging.enter_context(storage.staged_dir(directory, self.what, "failures.index.jsonl"))
         try:
-            self._index = (self._staged.stage / "failures.index.jsonl").open("w")
+            self._index = (self._stage / "failures.index.jsonl").open("w")
         except OSError as err:
-            self._staged.abort()
+            self._abort()
             raise os_error(err, self.what) from None
 
     def write(self, batch: RecordBatch, failing: np.ndarray) -> None:
@@ -271,13 +269,13 @@ class FailureWriter:
     def _write(self, batch: RecordBatch, rows: np.ndarray) -> None:
         if batch.records is not None:
             if self._records is None:
-                self._records = (self._staged.stage / "failures.tfrecord").open("wb")
+                self._records = (self._stage / "failures.tfrecord").open("wb")
             for r in rows:
                 self._records.write(tfrecord_frame(batch.records[r]))
         else:
             from exportkit.inputs.npz import write_npz
 
-            write_npz(self._staged.stage / f"failures-{self._npz}.npz", {k: v[rows] for k, v in batch.rows.items()})
+            write_npz(self._stage / f"failures-{self._npz}.npz", {k: v[rows] for k, v in batch.rows.items()})
             self._npz += 1
         for r in rows:
             self._index.write(json.dumps({"file": self.source.files[batch.file_nos[r]], "index": int(batch.indices[r]),
@@ -295,44 +293,18 @@ class FailureWriter:
             except OSError as err:
                 commit, failure = False, failure or os_error(err, self.what)
         if commit:
-            self._staged.commit()
+            self._staging.close()
         else:
-            self._staged.abort()
+            self._abort()
         if failure:
             raise failure
 
+    def _abort(self) -> None:
+        self._staging.__exit__(_Aborted, _Aborted(), None)  # storage.staged_dir removes what it staged
 
-class _BucketDir:
-    """StagedDir for a bucket URL: the files are staged in a local temporary directory and uploaded when the run
-    completes, each one object written whole (storage.open_write), the index last; a failed upload removes what it
-    had uploaded. An object store has no rename, so a reader may see the data files a moment before the index."""
 
-    def __init__(self, url: str, what: str):
-        self.url, self.what = url.rstrip("/"), what
-        bucket = "/".join(self.url.split("/", 3)[:3])  # gs://bucket
-        if not storage.exists(bucket):
-            raise UsageError(f"{what}: there is no bucket {bucket}", f"create {bucket}, or pass a URL in a bucket "
-                             "that exists")
-        self.stage = Path(tempfile.mkdtemp(prefix="exportkit-failures-"))
-
-    def commit(self) -> None:
-        uploaded = []
-        try:
-            for staged in sorted(self.stage.iterdir(), key=lambda p: p.name == "failures.index.jsonl"):
-                target = storage.join(self.url, staged.name)
-                with staged.open("rb") as source, storage.open_write(target, self.what) as sink:
-                    shutil.copyfileobj(source, sink)
-                uploaded.append(target)
-        except BaseException:
-            for target in uploaded:
-                with contextlib.suppress(Exception):
-                    storage.remove_tree(target)
-            raise
-        finally:
-            self.abort()
-
-    def abort(self) -> None:
-        shutil.rmtree(self.stage, ignore_errors=True)
+class _Aborted(Exception):
+    """Thrown into storage.staged_dir to leave it without writing anything."""
 
 
 @dataclass

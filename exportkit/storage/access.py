@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from exportkit import files
-from exportkit.storage.remote import bounded, filesystem, strip, translate_error, translated
-from exportkit.storage.urls import is_url, local_path, protocol
+from exportkit.storage.remote import bounded, filesystem, not_found, strip, translate_error, translated
+from exportkit.storage.urls import bucket, is_url, local_path, protocol
 
 _BLOCK = 4 * 1024 * 1024  # read-ahead block of a remote reader: memory stays bounded whatever the object's size
 # Uploads: gcsfs and s3fs send a file in chunks of 50 MiB held in memory, many files at once (s3fs: 10 chunks of a
@@ -158,39 +158,46 @@ def open_write(path, what: str | None = None):
             fs.put_file(tmp.name, strip(path))
 
 
-def upload_tree(local_dir, url: str) -> list[str]:
-    """Every file under `local_dir` to the same relative names under `url` (parallel); the uploaded URLs."""
+def upload_tree(local_dir, url: str, last: str | None = None) -> list[str]:
+    """Every file under `local_dir` to the same relative names under `url` (parallel; the file named `last`, an
+    index of the others, after them); the uploaded URLs."""
     fs = filesystem(url)
     sources, targets = [], []
     root = local_path(local_dir)
-    for folder, _, files in os.walk(root):
-        for file in files:
+    for folder, _, names in os.walk(root):
+        for file in names:
             source = os.path.join(folder, file)
             relative = os.path.relpath(source, root).replace(os.sep, "/")
             sources.append(source)
             targets.append(f"{strip(url)}/{relative}")
+    index = f"{strip(url)}/{last}"
     with translated(url):
-        if sources:
-            fs.put(sources, targets, **_UPLOAD.get(protocol(url), {}))
+        for later in (False, True):
+            group = [(s, t) for s, t in zip(sources, targets) if (t == index) == later]
+            if group:
+                fs.put([s for s, _ in group], [t for _, t in group], **_UPLOAD.get(protocol(url), {}))
     proto = protocol(url)
     return [f"{proto}://{target}" for target in targets]
 
 
 @contextmanager
-def staged_dir(path, what: str):
+def staged_dir(path, what: str, last: str | None = None):
     """Yield a local directory whose files all land in `path` when the block succeeds, and none otherwise: a local
-    path as files.staged_dir does it (renames); a URL uploaded at the end, what was uploaded of a failed upload
-    deleted (an object store has no rename: a reader may see some files a moment before the others)."""
+    path as files.staged_dir does it (renames); a URL uploaded at the end (`last`, an index of the others, after
+    them), what was uploaded of a failed upload deleted (an object store has no rename: a reader may see some files a
+    moment before the others). A URL in a bucket that does not exist is refused before the block runs."""
     if not is_url(path):
         with files.staged_dir(local_path(path), what) as stage:
             yield stage
         return
+    if not exists(bucket(path)):
+        raise not_found(str(path), what)
     stage = tempfile.mkdtemp(prefix="exportkit-stage-")
     try:
         yield Path(stage)
         names = [os.path.relpath(os.path.join(d, f), stage) for d, _, fs in os.walk(stage) for f in fs]
         try:
-            upload_tree(stage, str(path))
+            upload_tree(stage, str(path), last)
         except BaseException:
             for name in names:
                 try:
