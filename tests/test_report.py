@@ -303,3 +303,15 @@ def test_explicit_tolerance_shows_in_table():
     rt = RuntimeResult("keras", "in-process", "cpu", comparisons=comps)
     r = VerifyReport("p", "s", "golden", [RuntimeResult("golden", "recorded", is_reference=True), rt])
     assert r.passed and "atol=0.01 rtol=0" in render_text(r)
+
+
+def test_sizes_print_below_1000_of_their_unit_at_every_boundary():
+    from exportkit.report.format import size_text
+    from exportkit.verify.messages import size_text as with_binary
+
+    assert [size_text(n) for n in (999, 1000, 999_499, 999_500, 999_999, 10**6, 999_999_999, 1_234_000_000)] == [
+        "999 B", "1 kB", "999 kB", "1 MB", "1 MB", "1 MB", "1 GB", "1.23 GB"]
+    assert size_text(-999_999) == "-1 MB" and size_text(1500 * 10**12) == "1500 TB" and size_text(None) == "-"
+    # the binary figure beside it: MiB = 2^20, and 2^30 - 1 bytes is 1 GiB, not 1.02e+03 MiB
+    assert with_binary(10**6) == "1 MB (0.954 MiB)" and with_binary(2**30 - 1) == "1.07 GB (1 GiB)"
+    assert with_binary(9_600_000) == "9.6 MB (9.16 MiB)"

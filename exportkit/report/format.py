@@ -102,12 +102,22 @@ def parse_size(text: str | int) -> int | None:
     return None if unit is None else int(float(match.group(1)) * unit)
 
 
+DECIMAL_UNITS = (("kB", 10**3), ("MB", 10**6), ("GB", 10**9), ("TB", 10**12))
+
+
 def size_text(n: int | None) -> str:
     """`520 MB` (3 significant digits, decimal units: MB = 10^6 bytes), `-` for None."""
     if n is None:
         return "-"
     sign, n = ("-" if n < 0 else ""), abs(n)
-    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
-        if n >= scale:
-            return f"{sign}{n / scale:.3g} {unit}"
-    return f"{sign}{n} B"
+    return f"{sign}{n} B" if n < 1000 else sign + scaled(n, DECIMAL_UNITS)
+
+
+def scaled(n: float, units: tuple[tuple[str, int], ...]) -> str:
+    """`n` (>= 0) at 3 significant digits in the first of `units` (smallest first) where that reads below 1000:
+    999,999 bytes is `1 MB`, not `1e+03 kB`; the last unit takes any larger figure."""
+    for unit, scale in units:
+        shown = float(f"{n / scale:.3g}")
+        if shown < 1000:
+            break
+    return f"{shown:g} {unit}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from exportkit.findings import Finding
-from exportkit.report.format import size_text as decimal_size
+from exportkit.report.format import scaled, size_text as decimal_size
 from exportkit.serving.messages import (CLIENT_MAX_RECEIVE, RECEIVE_OPTION, SERVER_MAX_MESSAGE, ModelSpec,
                                         request_bytes, response_bytes, rows_within, tensor_bytes)
 
@@ -23,8 +23,7 @@ def size_text(n: float | None) -> str:
     the limits are binary (4 MiB = 4,194,304 bytes)."""
     if n is None or n < 10**6:
         return decimal_size(None if n is None else int(n))
-    unit, scale = ("GiB", 2**30) if n >= 2**30 else ("MiB", 2**20)
-    return f"{decimal_size(int(n))} ({n / scale:.3g} {unit})"
+    return f"{decimal_size(int(n))} ({scaled(n, (('MiB', 2**20), ('GiB', 2**30), ('TiB', 2**40)))})"
 
 
 def _rows(batch: dict) -> int:
