@@ -30,8 +30,13 @@ REFERENCE_OUTPUTS = "reference_outputs"  # outputs of the model as trained (expo
 def variables_bytes(version_dir: str | Path) -> int:
     """Bytes of the files under variables/ (what every load reads and holds): inspect reports it, verify decides
     from it whether to load one way at a time."""
+    return tree_bytes(Path(version_dir) / "variables")
+
+
+def tree_bytes(directory: str | Path, follow_links: bool = False) -> int:
+    """Bytes of every file under `directory`, recursively (a file that cannot be read counts 0)."""
     total = 0
-    for dirpath, _dirnames, filenames in os.walk(Path(version_dir) / "variables"):
+    for dirpath, _dirnames, filenames in os.walk(directory, followlinks=follow_links):
         for name in filenames:
             try:
                 total += (Path(dirpath) / name).stat().st_size

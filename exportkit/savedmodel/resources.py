@@ -10,8 +10,9 @@ from a text asset, for one, takes several times its file.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from exportkit.savedmodel.layout import tree_bytes
 
 RAM_MULTIPLIER = 1.2  # kResourceEstimateRAMMultiplier (servables/tensorflow/util.cc)
 RAM_PAD_BYTES = 0  # kResourceEstimateRAMPadBytes
@@ -27,14 +28,7 @@ ESTIMATE_SLACK_BYTES = 16 * 10**6
 def disk_bytes(version_dir: str | Path) -> int:
     """Bytes of every file under the version directory, recursively (GetModelDiskSize; links followed, as
     Env::IsDirectory and GetFileSize follow them)."""
-    total = 0
-    for dirpath, _dirnames, filenames in os.walk(Path(version_dir), followlinks=True):
-        for name in filenames:
-            try:
-                total += (Path(dirpath) / name).stat().st_size
-            except OSError:
-                pass
-    return total
+    return tree_bytes(version_dir, follow_links=True)
 
 
 def ram_estimate(files_bytes: int) -> int:
