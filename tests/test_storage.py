@@ -214,6 +214,21 @@ def test_no_credentials_is_an_infra_error(s3_server, monkeypatch):
     remote.forget_clients()
 
 
+def test_a_url_without_a_bucket_is_a_usage_error():
+    """'gs://' was stripped to the local path 'gs:' (verify: exit 3, FileNotFoundError); 'gs:///x' was 'no such
+    object'; export -o gs:// a TypeError."""
+    from exportkit.export.pipeline import export_model
+    from exportkit.options.export import ExportOptions
+    from exportkit.savedmodel.versions import resolve_savedmodel_dir
+
+    for call in (lambda: resolve_savedmodel_dir("gs://"), lambda: resolve_savedmodel_dir("s3:///models/m"),
+                 lambda: storage.listdir("gs:///x"), lambda: storage.glob("s3:///logs/*.gz")):
+        with pytest.raises(UsageError, match="names no bucket"):
+            call()
+    with pytest.raises(UsageError, match=r"^-o gs://: the URL names no bucket"):
+        export_model(ExportOptions(source=None, output="gs://"))  # before the source is looked at
+
+
 def test_a_missing_extra_names_the_pip_line():
     blocker = ("import sys\n"
                "class Block:\n"

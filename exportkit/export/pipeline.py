@@ -195,6 +195,7 @@ def _export_to_bucket(options: ExportOptions, progress: Progress) -> ExportResul
     """-o gs://.../NAME: the version is built and self-checked in a local temporary base directory named NAME, as
     any export, then published into the bucket (storage.publish_dir: TF Serving's poller never sees it
     half-written; docs/export.md)."""
+    storage.require_bucket(options.output, "-o")
     url = options.output.rstrip("/")
     if not storage.exists(storage.bucket(url)):
         raise storage.not_found(url, "-o")  # before anything is loaded: says the bucket does not exist

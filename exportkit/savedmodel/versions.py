@@ -85,6 +85,7 @@ def version_path(base: str | Path, version: int) -> str | Path:
 
 def resolve_version_url(url: str) -> str:
     """The SavedModel version URL meant by a bucket `url`, resolved as resolve_savedmodel_dir resolves a path."""
+    storage.require_bucket(url)
     url = url.rstrip("/")
     if storage.name(url) in (SAVED_MODEL_PB, SAVED_MODEL_PBTXT) and not storage.isdir(url) and storage.exists(url):
         return storage.parent(url)

@@ -81,8 +81,17 @@ def _make(proto: str):
     return fsspec.filesystem(proto, use_listings_cache=False)
 
 
+def require_bucket(url: str, what: str = "") -> None:
+    """A URL without a bucket name ('gs://', 'gs:///x') is a usage error, before any client is asked (stripping
+    its slashes would make 'gs://' the local path 'gs:'); `what`: the flag, as in translate_error."""
+    if not split(url)[1]:
+        raise UsageError(f"{what + ' ' if what else ''}{url}: the URL names no bucket",
+                         "spell it PROTOCOL://BUCKET/PATH (e.g. gs://my-bucket/models/ranker)")
+
+
 def filesystem(url: str):
     """The fsspec filesystem for `url`'s protocol (made on first use; the endpoint checked once)."""
+    require_bucket(url)
     proto = protocol(url)
     key = (proto, os.getpid())
     with _lock:
