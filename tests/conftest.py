@@ -98,30 +98,33 @@ def tree_snapshot(path: Path) -> dict:
 SESSION_CHILDREN: set[int] = set()  # pids of session-scoped servers: allowed to outlive the test that started them
 
 
-def _storage_server(cls):
+def _storage_server(cls, tmp_path_factory):
+    """`cls` started; its .env also names a cache of its own (EXPORTKIT_CACHE_DIR), so that what a test mirrors from
+    it never lands in the user's cache (~/.cache/exportkit/storage); a test may still set a cache after it."""
     server = cls()
     SESSION_CHILDREN.add(server.proc.pid)
     SESSION_CHILDREN.update(p.pid for p in psutil.Process(server.proc.pid).children(recursive=True))
+    server.env["EXPORTKIT_CACHE_DIR"] = str(tmp_path_factory.mktemp(f"{cls.__name__}-cache"))
     return server
 
 
 @pytest.fixture(scope="session")
-def gcs_server():
+def gcs_server(tmp_path_factory):
     """A GCS emulator on loopback for the session (tests/storage_servers.py): .endpoint, .env, .bucket(name),
     .upload(local, url), .keys(url)."""
     from tests.storage_servers import GcsServer
 
-    server = _storage_server(GcsServer)
+    server = _storage_server(GcsServer, tmp_path_factory)
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="session")
-def s3_server():
+def s3_server(tmp_path_factory):
     """moto's S3 server on loopback for the session, as gcs_server."""
     from tests.storage_servers import S3Server
 
-    server = _storage_server(S3Server)
+    server = _storage_server(S3Server, tmp_path_factory)
     yield server
     server.stop()
 

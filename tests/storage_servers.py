@@ -2,7 +2,8 @@
 subprocess on a free port, filled and inspected with the real client libraries (google-cloud-storage, boto3).
 
     server.endpoint          'http://127.0.0.1:PORT'
-    server.env               the clients' standard variables (STORAGE_EMULATOR_HOST / AWS_ENDPOINT_URL, ...)
+    server.env               the clients' standard variables (STORAGE_EMULATOR_HOST / AWS_ENDPOINT_URL, ...), and
+                             EXPORTKIT_CACHE_DIR, a cache of the server's own (tests/conftest.py)
     server.bucket(name)      create a bucket (if new): 'gs://name' / 's3://name'
     server.upload(src, url)  a file or a directory tree, with the real client
     server.keys(url)         the object names under a URL, with the real client

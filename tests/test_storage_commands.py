@@ -65,6 +65,7 @@ def cli(monkeypatch, tmp_path, cache):
 
     def run(server, *args):
         use_server(server, monkeypatch)
+        monkeypatch.setenv("EXPORTKIT_CACHE_DIR", str(cache))  # not the server's own (use_server sets it)
         return invoke(*args)
 
     return run
