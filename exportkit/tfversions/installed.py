@@ -7,7 +7,6 @@ graph's ops against it and never imports TensorFlow itself.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
