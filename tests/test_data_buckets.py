@@ -95,6 +95,9 @@ def test_save_failures_in_a_bucket_are_whole_or_absent(store, tmp_path):
     writer.write(batch, failing)
     writer.close(commit=True)
     assert server.keys(f"{bucket}/failures/run") == ["failures.index.jsonl", "failures.tfrecord"]
+    if bucket.startswith("gs://"):  # the index is uploaded after what it indexes (a GCS generation is its write time)
+        generation = {b.name: b.generation for b in server.client.list_blobs(bucket[5:], prefix="failures/run/")}
+        assert generation["failures/run/failures.index.jsonl"] > generation["failures/run/failures.tfrecord"]
     saved = storage.read_bytes(f"{bucket}/failures/run/failures.tfrecord")
     assert saved == tfrecord_frame(b"r2") + tfrecord_frame(b"r7")
     lines = storage.read_bytes(f"{bucket}/failures/run/failures.index.jsonl").decode().splitlines()
