@@ -295,6 +295,7 @@ def test_verdict_without_gates_says_whether_anything_changed():
 
 @pytest.mark.parametrize("flags, problem", [
     (["--max-changed-top1", "five"], "is not a share"),
+    (["--max-changed-top1", "1"], "reads as the fraction 1 (100%"),  # meant 1%: it passed 87% changed
     (["--max-abs-change", "p42=1"], "is not QUANTILE=VALUE"),
     (["--min-metric-delta", "-0.1"], "needs --label"),
 ])

@@ -77,6 +77,9 @@ def parse_share(text) -> float | None:
         value = math.nan
     if not 0 <= value <= 1:
         raise UsageError(f"--max-changed-top1 {text!r} is not a share", "pass a percentage (0.5%) or a fraction (0.005)")
+    if value == 1 and not text.strip().endswith("%"):  # a gate that never fails; "1" most likely meant 1%
+        raise UsageError(f"--max-changed-top1 {text!r} reads as the fraction 1 (100%: a gate that never fails)",
+                         "write 1% for one percent (or 100% to allow every top-1 answer to change)")
     return value
 
 
