@@ -6,7 +6,8 @@ its config, called once on its dummy inputs so that its weights exist. test_sour
     python tests/hf_corpus.py OUT_DIR
 
 OUT_DIR/<family>/tf_model.h5 (+ config.json) and, recorded from the model as trained, tf_model.h5.reference.npz
-(exportkit.record_reference); OUT_DIR/distilbert_sm/saved_model/1 from `save_pretrained(d, saved_model=True)`.
+(exportkit.record_reference); OUT_DIR/distilbert_sm/saved_model/1 and OUT_DIR/bert_sm/saved_model/1 from
+`save_pretrained(d, saved_model=True)`.
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def main(out: str) -> None:
         model.save_pretrained(f"{out}/{name}")
         exportkit.record_reference(model, Path(out, name, "tf_model.h5.reference.npz"), samples=4)
     distilbert().save_pretrained(f"{out}/distilbert_sm", saved_model=True)
+    bert().save_pretrained(f"{out}/bert_sm", saved_model=True)  # token_type_ids index a 2-row table
 
 
 if __name__ == "__main__":

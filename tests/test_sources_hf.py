@@ -96,6 +96,23 @@ def test_save_pretrained_saved_model_verifies_inspects_and_passes_compat(corpus)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_save_pretrained_bert_saved_model_verifies_on_the_ranges_its_graph_bounds(corpus):
+    """No manifest records its ranges: they are read from the graph (the default 0:10 overflows the 2 segments of
+    token_type_ids, which no server request holds)."""
+    from exportkit.savedmodel.int_ranges import graph_int_ranges
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
+    from exportkit.savedmodel.signature_defs import signatures_of
+
+    version = corpus / "models" / "bert_sm" / "saved_model" / "1"
+    meta_graph = select_meta_graph(read_saved_model_proto(version))
+    assert graph_int_ranges(meta_graph, signatures_of(meta_graph)) == {
+        "input_ids": (0, 100), "token_type_ids": (0, 2), "attention_mask": (0, 2)}
+    proc = _run("-m", "exportkit", "verify", version, "--runtimes", "saved_model,session", cwd=corpus)
+    assert proc.returncode == 0 and "PASSED" in proc.stdout, proc.stdout + proc.stderr
+    proc = _run("-m", "exportkit", "verify", version, "--runtimes", "saved_model", "--int-range", "0:10", cwd=corpus)
+    assert proc.returncode == 1 and "is not in [0, 2)" in proc.stdout, proc.stdout  # --int-range still overrides
+
+
 def test_a_tuple_inside_a_dict_output_is_one_output_per_tensor():
     import tensorflow as tf
 

@@ -113,11 +113,13 @@ def resolve_int_ranges(flags: IntRangeFlags, integer_keys: list[str], found: Int
                                for key in integer_keys})
 
 
-def recorded_int_ranges(flags: IntRangeFlags, manifest, signatures: dict) -> IntRanges:
+def recorded_int_ranges(flags: IntRangeFlags, manifest, signatures: dict, derived: dict | None = None) -> IntRanges:
     """The ranges a SavedModel's inputs are generated from (verify, compat --run, inspect --requests): what its
-    export recorded (`manifest`: an exportkit.savedmodel.manifest.Manifest, or None; else the default), with
-    --int-range over them. `signatures`: in
+    export recorded (`manifest`: an exportkit.savedmodel.manifest.Manifest, or None), else the ranges `derived`
+    from its graph (exportkit.savedmodel.int_ranges), else the default, with --int-range over them. `signatures`: in
     savedmodel.signatures_of's form."""
     keys = sorted({key for signature in signatures.values() for key, info in signature.get("inputs", {}).items()
                    if is_integer(info.get("dtype") or "")})
-    return resolve_int_ranges(flags, keys, IntRanges.from_manifest(manifest.golden if manifest else None))
+    golden = manifest.golden if manifest else None
+    found = IntRanges.from_manifest(golden) if golden else IntRanges(by_input=dict(derived or {}))
+    return resolve_int_ranges(flags, keys, found)

@@ -158,7 +158,8 @@ def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, ma
     """One row of inputs for `name`: the golden record's first row when it belongs to this signature, else
     generated (serialized tf.Example where the signature parses them)."""
     from exportkit.inputs.generate import generate_batches
-    from exportkit.inputs.ranges import parse_int_range_flags, recorded_int_ranges
+    from exportkit.inputs.ranges import parse_int_range_flags
+    from exportkit.savedmodel.int_ranges import savedmodel_int_ranges
     from exportkit.tfexample.signatures import input_specs
     from exportkit.savedmodel.layout import read_golden
     from exportkit.signature_constants import DEFAULT_SIGNATURE
@@ -168,7 +169,7 @@ def _request_batch(version_dir: Path, meta_graph, name: str, signature: dict, ma
         if golden and set(golden[0]) == set(signature["inputs"]):
             return {k: v[:1] if getattr(v, "ndim", 0) else v for k, v in golden[0].items()}
     specs = input_specs(meta_graph, name, signature, version_dir)
-    ranges = recorded_int_ranges(parse_int_range_flags(list(int_range)), manifest, {name: signature})
+    ranges = savedmodel_int_ranges(parse_int_range_flags(list(int_range)), manifest, meta_graph, {name: signature})
     return generate_batches(specs, samples=1, seed=0, int_range=ranges)[0]
 
 

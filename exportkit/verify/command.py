@@ -15,7 +15,9 @@ Examples encoded from the very tensor batches its tensor twin gets, and the two 
 """
 from __future__ import annotations
 
-from exportkit.inputs.ranges import parse_int_range_flags, recorded_int_ranges
+from exportkit.inputs.ranges import parse_int_range_flags
+from exportkit.savedmodel.int_ranges import savedmodel_int_ranges
+from exportkit.savedmodel.reader import select_meta_graph
 from exportkit import storage
 from exportkit.errors import CheckFailed, UsageError
 from exportkit.savedmodel.manifest import read_manifest
@@ -137,9 +139,9 @@ def _options(o: VerifyOptions):
                                                       "leave --max-latency-ms out")
     if o.against:  # before TensorFlow is imported: which Keras `tf.keras` means in the training code
         from exportkit.sources.kerases import prepare_process
-        from exportkit.sources.load import detect_format
+        from exportkit.sources.load import source_format
 
-        prepare_process(o.against, detect_format(o.against.src, o.against.format))
+        prepare_process(o.against, source_format(o.against))
     if "serving" in names or "rest" in names:
         from exportkit.serving.launch.modes import check_serving_mode
 
@@ -162,8 +164,9 @@ def _read(o: VerifyOptions, devices: list[str], per_output: dict):
         require_gpu()  # before any process is started: no GPU is an infrastructure failure (exit 3)
     manifest, manifest_findings = read_manifest(version_dir)
     findings += manifest_findings
-    # the ranges the model was exported with fit its integer inputs (e.g. vocabularies); --int-range over them
-    lo_hi = recorded_int_ranges(int_range, manifest, signatures)
+    # the ranges the model was exported with fit its integer inputs (e.g. vocabularies), else the ones its graph
+    # bounds (a server only gets valid ids); --int-range over them
+    lo_hi = savedmodel_int_ranges(int_range, manifest, select_meta_graph(proto), signatures)
     baseline_found, baseline = checks.baseline_findings(o, signatures, selected, version_dir)
     findings += baseline_found
     report = VerifyReport(path=storage.display(version_dir), signature=", ".join(selected) or (o.signature_name or ""),
@@ -210,8 +213,6 @@ def _judge(o: VerifyOptions, plan: Plan, execution: Execution, report: VerifyRep
 
     A stateful signature (its answers depend on earlier calls, runtimes/verdicts.py): the outputs that do differ
     between runs are left out of the comparisons, and the finding says the cause is state."""
-    from exportkit.savedmodel.reader import select_meta_graph
-
     by_name = {c.name: c for c in plan.checks}
     stateful = signature_state(select_meta_graph(model.proto), [c.name for c in plan.checks])
     for c in plan.checks:
