@@ -109,6 +109,24 @@ def test_probe_sizes_only_for_open_dims_and_capped():
     assert batch["t"].shape == (1, 40) and batch["m"].shape == (1, 40)
 
 
+def test_a_wide_matmul_is_not_batch_dependent_but_batch_statistics_are():
+    """oneDNN orders a 5000-term float32 sum differently at batch 1 and 8: round-off on the scale of the largest
+    answers (~1e-4 near 100), which an element-wise 1e-5 test blames on batching for answers near zero."""
+    import tensorflow as tf
+
+    from exportkit.compare.tolerances import default_tolerance
+    from exportkit.verify.behaviours import batch_dependent_outputs
+
+    tolerance = lambda key, dtype: default_tolerance(dtype)  # noqa: E731
+    w = tf.constant(np.random.default_rng(0).standard_normal((5000, 10)).astype("float32"))
+    for seed in range(10):
+        x = tf.constant(np.random.default_rng(seed).standard_normal((8, 5000)).astype("float32"))
+        alone, in_batch = tf.matmul(x[:1], w).numpy(), tf.matmul(x, w).numpy()
+        assert batch_dependent_outputs({"y": alone}, {"y": in_batch}, 1, tolerance) == [], seed
+        normalised = (in_batch - in_batch.mean(axis=0)) / in_batch.std(axis=0)  # a training-mode BatchNorm
+        assert batch_dependent_outputs({"y": alone}, {"y": normalised}, 1, tolerance) == ["y"], seed
+
+
 def test_baseline_added_input_with_a_default_is_compatible():
     from exportkit.verify.baseline import compare_signature_sets
 
