@@ -77,8 +77,8 @@ def run_compat(o: CompatOptions) -> CompatReport:
             raise UsageError(f"{version_dir} has no signature '{signature_name}' to run",
                              "pass --signature-name with one of its signatures")
         servers = _servers(serving, [r.tf for r in rows], device, o.launch) if serving else {}
-        _observe(rows, version_dir, signature_name, signature, o.samples, o.seed, o.int_range, o.atol, o.rtol, o.tol,
-                 run=o.run, servers=servers, device=device, launch=o.launch, load_timeout=o.load_timeout)
+        _observe(rows, version_dir, meta_graph, signature_name, signature, o.samples, o.seed, o.int_range, o.atol,
+                 o.rtol, o.tol, run=o.run, servers=servers, device=device, launch=o.launch, load_timeout=o.load_timeout)
     return CompatReport(path=storage.display(version_dir), device=device, versions=rows, run=o.run, server=server,
                         flags=flags)
 
@@ -104,11 +104,12 @@ def _servers(serving: str, versions: list[str], device: str, launch) -> dict[str
     return {v: f"docker:{container.image_of_version(cli, v, device)}" for v in versions}
 
 
-def _observe(rows, version_dir, signature_name, signature, samples, seed, int_range, atol, rtol, tol, *,
+def _observe(rows, version_dir, meta_graph, signature_name, signature, samples, seed, int_range, atol, rtol, tol, *,
              run=True, servers=None, device="cpu", launch=None, load_timeout=120.0) -> None:
     """Fill `observed`/`error` of each row from session@X.Y (`run`) and `served` from TF Serving X.Y's image
     (`servers`: {X.Y: docker mode}), compared with the reference like verify does."""
-    from exportkit.inputs.ranges import parse_int_range_flags, recorded_int_ranges
+    from exportkit.inputs.ranges import parse_int_range_flags
+    from exportkit.savedmodel.int_ranges import savedmodel_int_ranges
     from exportkit.savedmodel.manifest import read_manifest
     from exportkit.compare.tolerances import parse_tol
     from exportkit.verify.report import VerifyReport
@@ -123,7 +124,8 @@ def _observe(rows, version_dir, signature_name, signature, samples, seed, int_ra
     # installs what is missing, before anything runs
     pythons = versioned_pythons([",".join(r.tf for r in rows)]) if run else {}
     manifest, _ = read_manifest(version_dir)
-    lo_hi = recorded_int_ranges(parse_int_range_flags(int_range or []), manifest, {signature_name: signature})
+    lo_hi = savedmodel_int_ranges(parse_int_range_flags(int_range or []), manifest, meta_graph,
+                                  {signature_name: signature})
     check = signature_checks({signature_name: signature}, [signature_name], version_dir, manifest, lo_hi,
                              samples=samples, seed=seed)[0]
     batches = check.batches

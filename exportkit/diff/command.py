@@ -191,12 +191,16 @@ def _feeder(o: DiffOptions, data: str, new: Version, name: str, signature: dict)
 
 def _generated(o: DiffOptions, new: Version, name: str):
     """Without --data: NEW's golden batches and generated ones (as verify makes them), as Fed batches."""
-    from exportkit.inputs.ranges import IntRangeFlags, recorded_int_ranges
+    from exportkit.inputs.ranges import IntRangeFlags
+    from exportkit.savedmodel.int_ranges import savedmodel_int_ranges
     from exportkit.savedmodel.manifest import read_manifest
+    from exportkit.savedmodel.reader import read_saved_model_proto, select_meta_graph
     from exportkit.verify.plan import signature_checks
 
     manifest, _ = read_manifest(new.path)
-    lo_hi = recorded_int_ranges(IntRangeFlags(), manifest, new.signatures)
+    # what NEW's export recorded, else what its graph bounds (a Hugging Face SavedModel's token_type_ids: 0:2)
+    meta_graph = None if manifest and manifest.golden else select_meta_graph(read_saved_model_proto(new.path))
+    lo_hi = savedmodel_int_ranges(IntRangeFlags(), manifest, meta_graph, new.signatures)
     (check,) = signature_checks(new.signatures, [name], new.path, manifest, lo_hi, samples=o.samples, seed=o.seed)
     files, start = ["<golden>", "<generated>"], {0: 0, 1: 0}
     batches = []
