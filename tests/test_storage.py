@@ -229,6 +229,38 @@ def test_a_url_without_a_bucket_is_a_usage_error():
         export_model(ExportOptions(source=None, output="gs://"))  # before the source is looked at
 
 
+def test_a_request_gcsfs_gives_up_on_prints_no_traceback():
+    """gcsfs logs what it gives up on with logger.exception; without a handler Python printed that traceback above
+    exportkit's message (seen with a server hung mid-read). Here a loopback server answers 400 (not retried)."""
+    import http.server
+    import json
+    import threading
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"error": {"code": 400, "message": "refused here"}}).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    probe = ("from exportkit import storage\n"
+             "try:\n    storage.exists('gs://bk/x')\nexcept Exception as err:\n    print(type(err).__name__, err)\n")
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{server.server_address[1]}"}
+    try:
+        proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env)
+    finally:
+        server.shutdown()
+    assert proc.stdout.startswith("InfraError gs://bk/x: the storage service failed") and "refused here" in proc.stdout
+    assert "Traceback" not in proc.stderr and "refused here" not in proc.stderr, proc.stderr
+
+
 def test_a_missing_extra_names_the_pip_line():
     blocker = ("import sys\n"
                "class Block:\n"

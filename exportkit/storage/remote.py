@@ -3,6 +3,7 @@ once per protocol with bounded timeouts, and their failures said as exportkit's 
 object: exit 2 naming the URL; no credentials, a refused or unreachable endpoint: exit 3, in seconds)."""
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -21,6 +22,10 @@ READ_TIMEOUT_S = 20.0  # without a byte from the server (per request; the client
 CALL_TIMEOUT_S = 20.0
 
 _lock = threading.Lock()
+# gcsfs logs each request it gives up on with logger.exception; with no handler anywhere, Python's last-resort handler
+# printed that traceback on stderr above exportkit's own one-line message (a hung server mid-read). A caller who
+# configures logging still gets them.
+logging.getLogger("gcsfs").addHandler(logging.NullHandler())
 _filesystems: dict[tuple[str, int], object] = {}  # by protocol and process: the clients are not fork-safe
 _reachable: set[str] = set()
 
