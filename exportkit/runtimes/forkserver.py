@@ -45,8 +45,9 @@ from pathlib import Path
 
 WORKER_COMMAND = [sys.executable, "-I", "-m", "exportkit.runtimes.session_worker"]
 ADDRESS_VARIABLE = "EXPORTKIT_WARM_START"  # the socket of the warm start a process was started inside
-# Set per test (pytest) and per warm start: neither TensorFlow nor a worker reads them.
-IGNORED = ("PYTEST_CURRENT_TEST", ADDRESS_VARIABLE)
+# Set per test (pytest) and per warm start, or by JAX's import in a caller whose TensorFlow import brought it in
+# (TPU_SKIP_MDS_QUERY): neither TensorFlow nor a worker reads them (workers keep jax out: NOT_FOR_LOADING).
+IGNORED = ("PYTEST_CURRENT_TEST", ADDRESS_VARIABLE, "TPU_SKIP_MDS_QUERY")
 VERSIONED_WORKER = Path(__file__).parents[1] / "tfversions" / "worker.py"  # a managed TF X.Y environment's worker
 READY_TIMEOUT = 600.0
 
