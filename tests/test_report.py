@@ -106,7 +106,7 @@ def test_infrastructure_failure_does_not_blame_the_model():
 def test_failed_by_lint_error_only():
     r = _report(lint_error=True)
     assert not r.passed
-    assert verdict_line(r) == "FAILED: lint: 1 error (py-func)"
+    assert verdict_line(r) == "FAILED: 1 error finding (py-func)"
 
 
 def test_warning_finding_does_not_fail_but_is_reported():
@@ -117,7 +117,7 @@ def test_warning_finding_does_not_fail_but_is_reported():
     assert [(f["severity"], f["code"]) for f in to_json(warned)["findings"]] == [("warning", "fixed-batch")]
     as_error = _report(skipped=False, warning=False)
     as_error.findings.append(Finding("error", "fixed-batch", "input 'x' has a fixed batch dim 8"))
-    assert not as_error.passed and verdict_line(as_error) == "FAILED: lint: 1 error (fixed-batch)"
+    assert not as_error.passed and verdict_line(as_error) == "FAILED: 1 error finding (fixed-batch)"
 
 
 def test_nothing_compared():

@@ -241,7 +241,7 @@ def test_verify_of_a_model_the_runtimes_cannot_load(built, tmp_path, monkeypatch
     assert code == 1
     verdict = report["verdict"]
     assert len(verdict) < 200, verdict
-    assert verdict == (f"FAILED: lint: 1 error (unknown-op); saved_model, session: could not load the model "
+    assert verdict == (f"FAILED: 1 error finding (unknown-op); saved_model, session: could not load the model "
                        f"(unknown op {UNKNOWN_OP})")
     dom = render(page, "verify-unloadable")
     assert dom.one(id="verdict")["text"] == verdict

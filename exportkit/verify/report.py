@@ -180,7 +180,8 @@ def failures(report: VerifyReport) -> list[str]:
     errors = [f.code for f in report.findings if f.severity == "error" and not f.code.startswith("baseline-")]
     if errors:
         codes = ", ".join(dict.fromkeys(errors))
-        out.append(f"lint: {len(errors)} error{'s' if len(errors) != 1 else ''} ({codes})")
+        # not only lint's: XLA, memory and message-size findings are errors too
+        out.append(f"{len(errors)} error finding{'s' if len(errors) != 1 else ''} ({codes})")
         out += [VERDICTS[code] for code in dict.fromkeys(errors) if code in VERDICTS]
     broken = {}
     for c in report.chain:
