@@ -211,30 +211,42 @@ def _worker_pool(server, cache: Path):
 
 
 @pytest.mark.slow
-def test_beam_workers_in_other_processes_read_records_and_model_from_the_bucket(gcs, ranker, in_process, tmp_path,
-                                                                                caplog, capfd):
+def _verify_cli(path, report: Path, data: str, against: Path, beam_options: list[str]) -> tuple[int, dict, str]:
+    """verify --data --runner beam as the user runs it, in a process of its own (a Beam run leaves its runner's
+    threads in the process that drove it): (exit code, the JSON report, stderr)."""
+    options = [f"--beam-option={o}" for o in beam_options]
+    proc = subprocess.run([sys.executable, "-m", "exportkit", "verify", str(path), "--json", str(report),
+                           "--serving", "none", "--runtimes", "keras,saved_model", "--against", str(against),
+                           "--batch-size", "50", "--data", data, "--runner", "beam", *options],
+                          env=dict(os.environ), capture_output=True, text=True, timeout=600)
+    return proc.returncode, json.loads(report.read_text()), proc.stderr
+
+
+def test_beam_workers_in_other_processes_read_records_and_model_from_the_bucket(gcs, ranker, in_process, tmp_path):
     server, _ = gcs
     flags = dict(data=ranker["data"], against=ranker["drift"])
-    code, in_process = in_process
-    runs = {"multi_processing": _verify(ranker["version"], tmp_path / "m.json", runner="beam", **flags, beam_options=[
-        "direct_running_mode=multi_processing", "direct_num_workers=2"])}
-    # the worker processes write on this process's stderr: nothing (Beam's sdk_worker.py prints a failing bundle's
+    in_code, in_process = in_process
+    code, report, err = _verify_cli(ranker["version"], tmp_path / "m.json", **flags, beam_options=[
+        "direct_running_mode=multi_processing", "direct_num_workers=2"])
+    # the worker processes write on the driver's stderr: nothing (Beam's sdk_worker.py prints a failing bundle's
     # traceback there whatever the log level; exportkit closes it, the failure comes back as one message)
-    worker_output = capfd.readouterr().err
-    assert "INFO:" not in worker_output and "WARNING:root" not in worker_output, worker_output[-2000:]
+    assert "INFO:" not in err and "WARNING:root" not in err, err[-2000:]
+    runs, stderrs = {"multi_processing": (code, report)}, [err]
     with _worker_pool(server, tmp_path / "pool-cache") as port:
-        runs["portable"] = _verify(ranker["version"], tmp_path / "p.json", runner="beam", **flags, beam_options=[
+        code, report, err = _verify_cli(ranker["version"], tmp_path / "p.json", **flags, beam_options=[
             "runner=PortableRunner", "job_endpoint=embed", "environment_type=EXTERNAL",
             f"environment_config=localhost:{port}", f"temp_location={ranker['bucket']}/tmp"])
+        runs["portable"] = (code, report)
+        stderrs.append(err)
     ours = _score(in_process)
-    assert code == 1 and ours["records"] == 400
+    assert in_code == 1 and ours["records"] == 400
     for name, (beam_code, report) in runs.items():
         theirs = _score(report)
-        assert beam_code == code and report["verdict"] == in_process["verdict"], name
+        assert beam_code == in_code and report["verdict"] == in_process["verdict"], name
         assert {f: ours[f] for f in STATS + ("worst_records",)} == {f: theirs[f] for f in STATS + ("worst_records",)}
     # the one local path is named to the user (workers elsewhere would not find it)
-    warned = [r.getMessage() for r in caplog.records if "on their own machines" in r.getMessage()]
-    assert len(warned) == 1 and str(ranker["drift"]) in warned[0] and "gs://" not in warned[0]
+    warned = [line for err in stderrs for line in err.splitlines() if "on their own machines" in line]
+    assert len(warned) == 1 and str(ranker["drift"]) in warned[0] and "gs://" not in warned[0], stderrs
     # the pool's workers mirrored the version from the bucket into their own cache; the results file is gone
     assert list((tmp_path / "pool-cache" / "storage").rglob("saved_model.pb"))
     assert server.keys(f"{ranker['bucket']}/tmp") == []
