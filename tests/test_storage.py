@@ -124,7 +124,8 @@ def test_publish_dir_writes_saved_model_pb_last_and_leaves_no_staging(store, tre
     server, bucket = store
     base = storage.join(bucket, "published")
     stale, young = f"{base}/.exportkit-staging-2-{int(time.time()) - 2 * 86400}-0f", \
-        f"{base}/.exportkit-staging-2-{int(time.time())}-1e"  # a killed export's; one uploading now
+        f"{base}/.exportkit-staging-2-{int(time.time()) - 1}-1e"  # a killed export's; one uploading now (a second
+    # older than this test's publish: in the same second the random ids would decide which is older)
     for leftover in (stale, young):
         server.upload(tree / "saved_model.pb", f"{leftover}/saved_model.pb")
     storage.publish_dir(tree, f"{base}/3")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import socket
 import threading
 from contextlib import contextmanager
@@ -65,12 +66,25 @@ def _check_reachable(url: str, proto: str) -> None:
     _reachable.add(address)
 
 
+def _import_gcsfs() -> None:
+    """gcsfs asks an emulator a gRPC question it cannot answer and waits 60 s per bucket (DESIGN.md) unless
+    GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false when it is imported; set only for that import, so the environment the
+    user gave is the one every process exportkit starts gets (a forked worker's must equal a fresh one's)."""
+    variable = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
+    if "gcsfs" in sys.modules or not os.environ.get("STORAGE_EMULATOR_HOST") or variable in os.environ:
+        return
+    os.environ[variable] = "false"
+    try:
+        import gcsfs  # noqa: F401
+    finally:
+        del os.environ[variable]
+
+
 def _make(proto: str):
     if proto in ("gs", "gcs"):
-        if os.environ.get("STORAGE_EMULATOR_HOST"):
-            # gcsfs asks the emulator a gRPC question it cannot answer and waits 60 s per bucket (DESIGN.md)
-            os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
         import aiohttp
+
+        _import_gcsfs()
         import gcsfs
 
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S)
